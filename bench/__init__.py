@@ -1,0 +1,1 @@
+"""Benchmarks and the real-model corpus they (and the tests) run on."""

@@ -1,0 +1,5 @@
+import sys
+
+from pypto_offline.cli import main
+
+sys.exit(main())

@@ -1,0 +1,31 @@
+"""Errors a user can act on.
+
+A ``PyptoOfflineError`` is bad input or an unusable environment: the CLI prints its one-line message
+(what, where, what to do) and exits with code 2, without a traceback. Anything else escaping the
+pipeline is a bug of ours.
+"""
+from __future__ import annotations
+
+
+class PyptoOfflineError(Exception):
+    """Bad input: carries what went wrong, where, and what the user can do about it."""
+
+    def __init__(self, what: str, *, where: str | None = None, fix: str | None = None):
+        super().__init__(what)
+        self.what = what
+        self.where = where
+        self.fix = fix
+
+    def __str__(self) -> str:
+        text = f"{self.where}: {self.what}" if self.where else self.what
+        if self.fix:
+            text += f" ({self.fix})"
+        return " ".join(text.split())
+
+
+class ModelError(PyptoOfflineError):
+    """The ONNX model itself is malformed or outside what the compiler accepts."""
+
+
+class UsageError(PyptoOfflineError):
+    """The caller's options are wrong (unknown input name, bad shape string, ...)."""

@@ -1,0 +1,1 @@
+"""Fusion: classification, convex partition, view algebra, cost model (fusion issue)."""

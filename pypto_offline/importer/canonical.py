@@ -1,0 +1,431 @@
+"""One canonical form per in-scope op, whatever opset and encoding the source used.
+
+Each normaliser reads a node in its opset's encoding (attributes before opset 10/11/13, inputs
+after) and returns canonical parameters: every axis explicit and non-negative, every index
+resolved and clamped, every default filled in. It also emits the node again in the canonical
+encoding valid at the model's opset (parameters as int64 initializers where the opset takes
+inputs), so the normalised graph still runs in onnxruntime.
+
+A parameter computed at run time makes the op a boundary (``NotCanonical``); an impossible one (a
+Reshape whose sizes do not multiply out) is a ``ModelError`` naming the node.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from pypto_offline.errors import ModelError
+from pypto_offline.importer.scope import ELEMENTWISE_OPS
+
+FLT_MAX = float(np.finfo(np.float32).max)
+
+
+class NotCanonical(Exception):
+    """The op cannot be put in canonical form (a run-time parameter): it stays a boundary."""
+
+
+@dataclass
+class NodeContext:
+    """What a normaliser may look at, and where it puts the initializers it emits."""
+
+    node: onnx.NodeProto
+    opset: int
+    where: str
+    constants: Mapping[str, np.ndarray]
+    shapes: Mapping[str, tuple[int, ...] | None]
+    dtypes: Mapping[str, int]
+    new_initializers: list[onnx.TensorProto] = field(default_factory=list)
+
+    def attr(self, name: str, default: Any = None) -> Any:
+        for attribute in self.node.attribute:
+            if attribute.name == name:
+                return helper.get_attribute_value(attribute)
+        return default
+
+    def input_name(self, index: int) -> str:
+        return self.node.input[index] if index < len(self.node.input) else ""
+
+    def const(self, index: int) -> np.ndarray | None:
+        """A constant input's value; None if the optional input is absent."""
+        name = self.input_name(index)
+        if not name:
+            return None
+        if name not in self.constants:
+            raise NotCanonical(f"input {index} ({name!r}) is computed at run time")
+        return self.constants[name]
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        shape = self.shapes.get(name)
+        if shape is None:
+            raise NotCanonical(f"the shape of {name!r} is not static")
+        return tuple(shape)
+
+    def in_shape(self, index: int = 0) -> tuple[int, ...]:
+        return self.shape(self.input_name(index))
+
+    def error(self, what: str, fix: str = "the model is inconsistent: re-export it") -> ModelError:
+        return ModelError(what, where=self.where, fix=fix)
+
+    def axis(self, axis: int, rank: int) -> int:
+        if not -rank <= axis < rank:
+            raise self.error(f"axis {axis} is out of range for rank {rank}")
+        return axis % rank
+
+    def initializer(self, param: str, value: np.ndarray) -> str:
+        name = f"{self.node.output[0]}__{param}"
+        self.new_initializers.append(numpy_helper.from_array(np.asarray(value), name))
+        return name
+
+    def int64_input(self, param: str, values: Sequence[int]) -> str:
+        return self.initializer(param, np.asarray(values, dtype=np.int64))
+
+    def scalar_like_input(self, param: str, value: Any, index: int = 0) -> str:
+        dtype = helper.tensor_dtype_to_np_dtype(self.dtypes[self.input_name(index)])
+        return self.initializer(param, np.asarray(value, dtype=dtype))
+
+    def emit(self, inputs: Sequence[str], **attrs: Any) -> onnx.NodeProto:
+        node = helper.make_node(self.node.op_type, list(inputs), list(self.node.output),
+                                name=self.node.name, domain=self.node.domain, **attrs)
+        return node
+
+
+@dataclass(frozen=True)
+class Canonical:
+    params: dict[str, Any]
+    node: onnx.NodeProto
+
+
+Normaliser = Callable[[NodeContext], Canonical]
+NORMALISERS: dict[str, Normaliser] = {}
+
+
+def normaliser(*op_types: str):
+    def register(fn: Normaliser) -> Normaliser:
+        for op_type in op_types:
+            NORMALISERS[op_type] = fn
+        return fn
+    return register
+
+
+def normalise(ctx: NodeContext) -> Canonical:
+    return NORMALISERS[ctx.node.op_type](ctx)
+
+
+def _ints(values) -> list[int]:
+    return [int(v) for v in np.asarray(values).reshape(-1)]
+
+
+def _scalar(value: np.ndarray | None) -> Any:
+    return None if value is None else np.asarray(value).reshape(-1)[0].item()
+
+
+# ---------------------------------------------------------------- Slice
+
+
+def slice_bounds(start: int, end: int, step: int, dim: int) -> tuple[int, int]:
+    """ONNX Slice's clamping: returns (start, end) with end == -1 meaning 'past the front'."""
+    start = start + dim if start < 0 else start
+    end = end + dim if end < 0 else end
+    if step > 0:
+        return min(max(start, 0), dim), min(max(end, 0), dim)
+    return min(max(start, 0), dim - 1), min(max(end, -1), dim - 1)
+
+
+def slice_length(start: int, end: int, step: int) -> int:
+    return len(range(start, end, step))
+
+
+@normaliser("Slice")
+def _slice(ctx: NodeContext) -> Canonical:
+    shape = ctx.in_shape()
+    rank = len(shape)
+    if ctx.opset < 10:
+        starts, ends = ctx.attr("starts", []), ctx.attr("ends", [])
+        axes, steps = ctx.attr("axes", list(range(len(starts)))), [1] * len(starts)
+    else:
+        starts, ends = _ints(ctx.const(1)), _ints(ctx.const(2))
+        axes_value, steps_value = ctx.const(3), ctx.const(4)
+        axes = list(range(len(starts))) if axes_value is None else _ints(axes_value)
+        steps = [1] * len(starts) if steps_value is None else _ints(steps_value)
+    if not len(starts) == len(ends) == len(axes) == len(steps):
+        raise ctx.error("starts, ends, axes and steps have different lengths")
+    full_starts, full_ends, full_steps = [0] * rank, list(shape), [1] * rank
+    for axis, start, end, step in zip(axes, starts, ends, steps):
+        axis = ctx.axis(axis, rank)
+        if step == 0:
+            raise ctx.error("a Slice step is 0")
+        full_starts[axis], full_ends[axis] = slice_bounds(start, end, step, shape[axis])
+        full_steps[axis] = step
+    params = {"starts": tuple(full_starts), "ends": tuple(full_ends), "steps": tuple(full_steps)}
+    # An end of -1 (through index 0, backwards) must not read as 'last element' once emitted.
+    emitted_ends = [-(d + 1) if e == -1 else e for e, d in zip(full_ends, shape)]
+    if ctx.opset < 10:
+        node = ctx.emit([ctx.input_name(0)], starts=full_starts, ends=emitted_ends,
+                        axes=list(range(rank)))
+    else:
+        node = ctx.emit([ctx.input_name(0), ctx.int64_input("starts", full_starts),
+                         ctx.int64_input("ends", emitted_ends),
+                         ctx.int64_input("axes", list(range(rank))),
+                         ctx.int64_input("steps", full_steps)])
+    return Canonical(params, node)
+
+
+# ---------------------------------------------------------------- Pad
+
+
+@normaliser("Pad")
+def _pad(ctx: NodeContext) -> Canonical:
+    rank = len(ctx.in_shape())
+    if ctx.opset < 11:
+        pads = list(ctx.attr("pads", ctx.attr("paddings", [])))
+        mode = ctx.attr("mode", b"constant")
+        value = float(ctx.attr("value", 0.0))
+        axes = list(range(rank))
+    else:
+        pads = _ints(ctx.const(1))
+        mode = ctx.attr("mode", b"constant")
+        value = _scalar(ctx.const(2))
+        value = 0 if value is None else value
+        axes_value = ctx.const(3)
+        axes = list(range(rank)) if axes_value is None else _ints(axes_value)
+    mode = mode.decode() if isinstance(mode, bytes) else mode
+    if len(pads) != 2 * len(axes):
+        raise ctx.error(f"Pad has {len(pads)} pads for {len(axes)} axes")
+    full = [0] * (2 * rank)
+    for i, axis in enumerate(axes):
+        axis = ctx.axis(axis, rank)
+        full[axis], full[axis + rank] = pads[i], pads[i + len(axes)]
+    params = {"pads": tuple(full), "mode": mode, "value": value if mode == "constant" else None}
+    if ctx.opset < 11:
+        node = ctx.emit([ctx.input_name(0)], pads=full, mode=mode, value=float(value))
+    else:
+        inputs = [ctx.input_name(0), ctx.int64_input("pads", full)]
+        if mode == "constant":
+            inputs.append(ctx.scalar_like_input("value", value))
+        node = ctx.emit(inputs, mode=mode)
+    return Canonical(params, node)
+
+
+# ---------------------------------------------------------------- Tile, Expand, Concat, Split
+
+
+@normaliser("Tile")
+def _tile(ctx: NodeContext) -> Canonical:
+    repeats = _ints(ctx.const(1))
+    if len(repeats) != len(ctx.in_shape()):
+        raise ctx.error(f"Tile has {len(repeats)} repeats for rank {len(ctx.in_shape())}")
+    node = ctx.emit([ctx.input_name(0), ctx.int64_input("repeats", repeats)])
+    return Canonical({"repeats": tuple(repeats)}, node)
+
+
+@normaliser("Expand")
+def _expand(ctx: NodeContext) -> Canonical:
+    try:
+        shape = np.broadcast_shapes(ctx.in_shape(), tuple(_ints(ctx.const(1))))
+    except ValueError:
+        raise ctx.error(f"Expand cannot broadcast {list(ctx.in_shape())} to "
+                        f"{_ints(ctx.const(1))}") from None
+    node = ctx.emit([ctx.input_name(0), ctx.int64_input("shape", shape)])
+    return Canonical({"shape": tuple(int(d) for d in shape)}, node)
+
+
+@normaliser("Concat")
+def _concat(ctx: NodeContext) -> Canonical:
+    axis = ctx.axis(ctx.attr("axis", 0), len(ctx.in_shape()))
+    return Canonical({"axis": axis}, ctx.emit(list(ctx.node.input), axis=axis))
+
+
+def split_sizes(ctx: NodeContext, dim: int) -> list[int]:
+    outputs = len(ctx.node.output)
+    if ctx.opset < 13:
+        sizes = ctx.attr("split")
+        sizes = None if sizes is None else list(sizes)
+    else:
+        given = ctx.const(1)
+        sizes = None if given is None else _ints(given)
+    if sizes is None:
+        if ctx.attr("num_outputs") is not None:  # opset 18: the last part may be smaller
+            part = -(-dim // outputs)
+            sizes = [min(part, dim - i * part) for i in range(outputs)]
+        elif dim % outputs == 0:
+            sizes = [dim // outputs] * outputs
+        else:
+            raise ctx.error(f"axis of size {dim} does not split evenly into {outputs} outputs")
+    if sum(sizes) != dim or len(sizes) != outputs:
+        raise ctx.error(f"split sizes {sizes} do not cover the axis of size {dim} in {outputs} parts")
+    return sizes
+
+
+@normaliser("Split")
+def _split(ctx: NodeContext) -> Canonical:
+    shape = ctx.in_shape()
+    axis = ctx.axis(ctx.attr("axis", 0), len(shape))
+    sizes = split_sizes(ctx, shape[axis])
+    if ctx.opset < 13:
+        node = ctx.emit([ctx.input_name(0)], axis=axis, split=sizes)
+    else:
+        node = ctx.emit([ctx.input_name(0), ctx.int64_input("split", sizes)], axis=axis)
+    return Canonical({"axis": axis, "sizes": tuple(sizes)}, node)
+
+
+# ---------------------------------------------------------------- Reshapes
+
+
+def _axes_operand(ctx: NodeContext) -> list[int] | None:
+    if ctx.opset < 13:
+        axes = ctx.attr("axes")
+        return None if axes is None else list(axes)
+    value = ctx.const(1)
+    return None if value is None else _ints(value)
+
+
+def _emit_axes(ctx: NodeContext, axes: list[int]) -> onnx.NodeProto:
+    if ctx.opset < 13:
+        return ctx.emit([ctx.input_name(0)], axes=axes)
+    return ctx.emit([ctx.input_name(0), ctx.int64_input("axes", axes)])
+
+
+@normaliser("Squeeze")
+def _squeeze(ctx: NodeContext) -> Canonical:
+    shape = ctx.in_shape()
+    axes = _axes_operand(ctx)
+    if axes is None:
+        axes = [i for i, d in enumerate(shape) if d == 1]
+    axes = sorted({ctx.axis(a, len(shape)) for a in axes})
+    if any(shape[a] != 1 for a in axes):
+        raise ctx.error(f"Squeeze of axes {axes} whose size is not 1 in shape {list(shape)}")
+    return Canonical({"axes": tuple(axes)}, _emit_axes(ctx, axes))
+
+
+@normaliser("Unsqueeze")
+def _unsqueeze(ctx: NodeContext) -> Canonical:
+    axes = _axes_operand(ctx) or []
+    rank = len(ctx.in_shape()) + len(axes)
+    normalised = sorted({ctx.axis(a, rank) for a in axes})
+    if len(normalised) != len(axes):
+        raise ctx.error(f"Unsqueeze repeats an axis in {axes}")
+    return Canonical({"axes": tuple(normalised)}, _emit_axes(ctx, normalised))
+
+
+def resolve_reshape(ctx: NodeContext, shape: Sequence[int], target: Sequence[int],
+                    allowzero: bool) -> list[int]:
+    """Replace 0 (copy, unless allowzero) and -1 (infer) by sizes; refuse sizes that disagree."""
+    out = [shape[i] if d == 0 and not allowzero and i < len(shape) else d
+           for i, d in enumerate(target)]
+    total = int(np.prod(shape, dtype=np.int64))
+    if out.count(-1) > 1 or any(d < -1 for d in out):
+        raise ctx.error(f"Reshape target {list(target)} is invalid (one -1 at most, no other "
+                        f"negative size)")
+    if -1 in out:
+        known = int(np.prod([d for d in out if d != -1], dtype=np.int64))
+        if known == 0 or total % known:
+            raise ctx.error(f"Reshape of {list(shape)} ({total} elements) to {list(target)}: "
+                            f"the sizes do not multiply out")
+        out[out.index(-1)] = total // known
+    if int(np.prod(out, dtype=np.int64)) != total:
+        raise ctx.error(f"Reshape of {list(shape)} ({total} elements) to {list(target)}: "
+                        f"the sizes do not multiply out")
+    return out
+
+
+@normaliser("Reshape")
+def _reshape(ctx: NodeContext) -> Canonical:
+    shape = ctx.in_shape()
+    target = list(ctx.attr("shape", [])) if ctx.opset < 5 else _ints(ctx.const(1))
+    allowzero = bool(ctx.attr("allowzero", 0))
+    out = resolve_reshape(ctx, shape, target, allowzero)
+    params = {"shape": tuple(out)}
+    if ctx.opset < 5:
+        return Canonical(params, ctx.emit([ctx.input_name(0)], shape=out))
+    if 0 in out and ctx.opset >= 14:
+        node = ctx.emit([ctx.input_name(0), ctx.int64_input("shape", out)], allowzero=1)
+    elif 0 in out:  # before allowzero a literal 0 means 'copy': keep the source's own encoding
+        node = ctx.emit([ctx.input_name(0), ctx.int64_input("shape", target)])
+    else:
+        node = ctx.emit([ctx.input_name(0), ctx.int64_input("shape", out)])
+    return Canonical(params, node)
+
+
+@normaliser("Flatten")
+def _flatten(ctx: NodeContext) -> Canonical:
+    rank = len(ctx.in_shape())
+    axis = ctx.attr("axis", 1)
+    if not -rank <= axis <= rank:
+        raise ctx.error(f"Flatten axis {axis} is out of range for rank {rank}")
+    axis = axis + rank if axis < 0 else axis
+    return Canonical({"axis": axis}, ctx.emit([ctx.input_name(0)], axis=axis))
+
+
+@normaliser("Transpose")
+def _transpose(ctx: NodeContext) -> Canonical:
+    rank = len(ctx.in_shape())
+    perm = list(ctx.attr("perm", list(range(rank))[::-1]))
+    perm = [ctx.axis(p, rank) for p in perm]
+    if sorted(perm) != list(range(rank)):
+        raise ctx.error(f"Transpose perm {perm} is not a permutation of rank {rank}")
+    return Canonical({"perm": tuple(perm)}, ctx.emit([ctx.input_name(0)], perm=perm))
+
+
+# ---------------------------------------------------------------- Gather, DepthToSpace, ...
+
+
+@normaliser("Gather")
+def _gather(ctx: NodeContext) -> Canonical:
+    shape = ctx.in_shape()
+    axis = ctx.axis(ctx.attr("axis", 0), len(shape))
+    indices = np.asarray(ctx.const(1), dtype=np.int64)  # NotCanonical when data-dependent
+    dim = shape[axis]
+    if indices.size and (indices.min() < -dim or indices.max() >= dim):
+        raise ctx.error(f"Gather index out of range for an axis of size {dim}")
+    indices = np.where(indices < 0, indices + dim, indices)
+    node = ctx.emit([ctx.input_name(0), ctx.initializer("indices", indices)], axis=axis)
+    return Canonical({"axis": axis, "indices": indices}, node)
+
+
+@normaliser("Clip")
+def _clip(ctx: NodeContext) -> Canonical:
+    ctx.in_shape()
+    if ctx.opset < 11:
+        low, high = float(ctx.attr("min", -FLT_MAX)), float(ctx.attr("max", FLT_MAX))
+        node = ctx.emit([ctx.input_name(0)], min=low, max=high)
+        return Canonical({"min": low, "max": high}, node)
+    low, high = _scalar(ctx.const(1)), _scalar(ctx.const(2))
+    inputs = [ctx.input_name(0),
+              "" if low is None else ctx.scalar_like_input("min", low),
+              "" if high is None else ctx.scalar_like_input("max", high)]
+    while inputs and not inputs[-1]:
+        inputs.pop()
+    return Canonical({"min": low, "max": high}, ctx.emit(inputs))
+
+
+def schema_attributes(ctx: NodeContext) -> dict[str, Any]:
+    """Every attribute the op's schema defines at this opset, defaults filled in."""
+    schema = onnx.defs.get_schema(ctx.node.op_type, ctx.opset, "")
+    params: dict[str, Any] = {}
+    for name, attribute in schema.attributes.items():
+        value = ctx.attr(name)
+        if value is None and attribute.default_value.type != onnx.AttributeProto.UNDEFINED:
+            value = helper.get_attribute_value(attribute.default_value)
+        if value is not None:
+            params[name] = value.decode() if isinstance(value, bytes) else value
+    return params
+
+
+def _same_node_with_explicit_attributes(ctx: NodeContext) -> Canonical:
+    for name in ctx.node.input:
+        if name:
+            ctx.shape(name)
+    params = schema_attributes(ctx)
+    return Canonical(params, ctx.emit(list(ctx.node.input), **params))
+
+
+for _op in ELEMENTWISE_OPS - {"Clip"}:
+    NORMALISERS[_op] = _same_node_with_explicit_attributes
+# Their attributes are their whole parameter set (SpaceToDepth gained `mode` at opset 28, so a
+# hand-written list would silently drop it).
+for _op in ("Cast", "Identity", "DepthToSpace", "SpaceToDepth"):
+    NORMALISERS[_op] = _same_node_with_explicit_attributes

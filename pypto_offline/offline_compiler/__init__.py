@@ -1,0 +1,1 @@
+"""Pipeline orchestration and the blob format (blob issue)."""

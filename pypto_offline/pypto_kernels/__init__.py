@@ -1,0 +1,1 @@
+"""PyPTO kernel generation, tiling, compile and cache (kernels issue)."""

@@ -1,0 +1,1 @@
+"""The HTML fusion report (report issue)."""

@@ -1,0 +1,1 @@
+"""Ascend NPUs (descriptors arrive with the targets issue)."""

@@ -1,0 +1,1 @@
+"""Kirin phone NPUs (descriptors arrive with the targets issue)."""
