@@ -32,7 +32,7 @@ def _run_onnxruntime(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]):
     import onnxruntime as ort
 
     options = ort.SessionOptions()
-    options.log_severity_level = 3
+    options.log_severity_level = 4  # errors arrive as exceptions; keep its log off the terminal
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     session = ort.InferenceSession(model.SerializeToString(), options,
                                    providers=["CPUExecutionProvider"])

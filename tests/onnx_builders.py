@@ -1,0 +1,41 @@
+"""Tiny one-node models for unit tests (synthetic on purpose: they test rules, not claims)."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+
+def one_node(op_type: str, x_shape, *, opset: int, params: dict | None = None, outputs: int = 1,
+             x_dtype=onnx.TensorProto.FLOAT, runtime_inputs=(), out_shape=None,
+             **attrs) -> onnx.ModelProto:
+    """``op_type(x, *params, *runtime_inputs)``; ``params`` maps input names to constant values
+    (None = an absent optional input); ``runtime_inputs`` are (name, elem_type, shape) graph
+    inputs; ``out_shape`` types the outputs where onnx's inference cannot (a broken model)."""
+    initializers, inputs = [], ["x"]
+    for name, value in (params or {}).items():
+        if value is None:
+            inputs.append("")
+            continue
+        initializers.append(numpy_helper.from_array(np.asarray(value), name))
+        inputs.append(name)
+    inputs += [name for name, _, _ in runtime_inputs]
+    while inputs and inputs[-1] == "":
+        inputs.pop()
+    names = [f"y{i}" for i in range(outputs)]
+    node = helper.make_node(op_type, inputs, names, name=f"the_{op_type.lower()}", **attrs)
+    graph_inputs = [helper.make_tensor_value_info("x", x_dtype, list(x_shape))]
+    graph_inputs += [helper.make_tensor_value_info(*spec) for spec in runtime_inputs]
+    graph = helper.make_graph([node], "unit", graph_inputs,
+                              [onnx.ValueInfoProto(name=n) for n in names], initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    if out_shape is not None:
+        for output in model.graph.output:
+            output.CopyFrom(helper.make_tensor_value_info(output.name, x_dtype, out_shape))
+        return model
+    return onnx.shape_inference.infer_shapes(model)  # types the outputs, as an exporter would
+
+
+def seeded(shape, dtype=np.float32, seed=0) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal(shape).astype(dtype)
