@@ -7,7 +7,7 @@ import pytest
 
 from pypto_offline import import_model
 from pypto_offline.runtime import run_model
-from tests.backend_cases import in_scope_cases
+from bench.backend_cases import in_scope_cases
 
 CASES = in_scope_cases()
 
