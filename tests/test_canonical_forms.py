@@ -178,3 +178,29 @@ def test_any_slice_means_what_numpy_slicing_means(data):
     np.testing.assert_array_equal(x[index], expected)
     np.testing.assert_array_equal(run_model(graph.model, {"x": x})["y0"], expected)
     assert graph.tensors["y0"].shape == expected.shape
+
+
+def test_other_domains_and_control_flow_pass_through_untouched():
+    from onnx import helper
+
+    branch = helper.make_graph([helper.make_node("Relu", ["x"], ["r"])], "then", [],
+                               [helper.make_tensor_value_info("r", TensorProto.FLOAT, [2])])
+    other = helper.make_graph([helper.make_node("Neg", ["x"], ["n"])], "else", [],
+                              [helper.make_tensor_value_info("n", TensorProto.FLOAT, [2])])
+    nodes = [
+        helper.make_node("If", ["flag"], ["y"], name="branchy", then_branch=branch,
+                         else_branch=other),
+        helper.make_node("MyOp", ["y"], ["z"], name="custom", domain="com.example", alpha=2.0),
+    ]
+    graph = helper.make_graph(
+        nodes, "flow",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2]),
+         helper.make_tensor_value_info("flag", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, [2])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid("com.example", 1)])
+    model.ir_version = 8
+    imported = import_model(model)
+    assert [(n.op_type, n.in_scope) for n in imported.nodes] == [("If", False), ("MyOp", False)]
+    for before, after in zip(model.graph.node, imported.model.graph.node):
+        assert before == after
