@@ -78,7 +78,6 @@ def _wrap(name: str, model, torch):
 
 
 def export_model(name: str, target: Path) -> None:
-    import onnx
     import onnx_ir as ir
     import onnxruntime as ort
     import torch

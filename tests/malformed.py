@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "example.onnx"

@@ -2,7 +2,6 @@
 in onnxruntime. A model that cannot be fetched or exported is a failure, never a skip."""
 from __future__ import annotations
 
-import numpy as np
 import onnx
 import pytest
 

@@ -2,21 +2,20 @@
 
 Each normaliser reads a node in its opset's encoding (attributes before opset 10/11/13, inputs
 after) and returns canonical parameters: every axis explicit and non-negative, every index
-resolved and clamped, every default filled in. It also emits the node again in the canonical
-encoding valid at the model's opset (parameters as int64 initializers where the opset takes
-inputs), so the normalised graph still runs in onnxruntime.
+resolved and clamped, every default filled in. ``encoding.encode`` writes them back as a node
+valid at the model's opset, so the normalised graph still runs in onnxruntime.
 
 A parameter computed at run time makes the op a boundary (``NotCanonical``); an impossible one (a
 Reshape whose sizes do not multiply out) is a ``ModelError`` naming the node.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import helper
 
 from pypto_offline.errors import ModelError
 from pypto_offline.importer.scope import ELEMENTWISE_OPS
@@ -30,7 +29,7 @@ class NotCanonical(Exception):
 
 @dataclass
 class NodeContext:
-    """What a normaliser may look at, and where it puts the initializers it emits."""
+    """What a normaliser may look at."""
 
     node: onnx.NodeProto
     opset: int
@@ -38,7 +37,6 @@ class NodeContext:
     constants: Mapping[str, np.ndarray]
     shapes: Mapping[str, tuple[int, ...] | None]
     dtypes: Mapping[str, int]
-    new_initializers: list[onnx.TensorProto] = field(default_factory=list)
 
     def attr(self, name: str, default: Any = None) -> Any:
         for attribute in self.node.attribute:
@@ -75,31 +73,9 @@ class NodeContext:
             raise self.error(f"axis {axis} is out of range for rank {rank}")
         return axis % rank
 
-    def initializer(self, param: str, value: np.ndarray) -> str:
-        name = f"{self.node.output[0]}__{param}"
-        self.new_initializers.append(numpy_helper.from_array(np.asarray(value), name))
-        return name
-
-    def int64_input(self, param: str, values: Sequence[int]) -> str:
-        return self.initializer(param, np.asarray(values, dtype=np.int64))
-
-    def scalar_like_input(self, param: str, value: Any, index: int = 0) -> str:
-        dtype = helper.tensor_dtype_to_np_dtype(self.dtypes[self.input_name(index)])
-        return self.initializer(param, np.asarray(value, dtype=dtype))
-
-    def emit(self, inputs: Sequence[str], **attrs: Any) -> onnx.NodeProto:
-        node = helper.make_node(self.node.op_type, list(inputs), list(self.node.output),
-                                name=self.node.name, domain=self.node.domain, **attrs)
-        return node
 
 
-@dataclass(frozen=True)
-class Canonical:
-    params: dict[str, Any]
-    node: onnx.NodeProto
-
-
-Normaliser = Callable[[NodeContext], Canonical]
+Normaliser = Callable[[NodeContext], dict[str, Any]]
 NORMALISERS: dict[str, Normaliser] = {}
 
 
@@ -111,7 +87,7 @@ def normaliser(*op_types: str):
     return register
 
 
-def normalise(ctx: NodeContext) -> Canonical:
+def normalise(ctx: NodeContext) -> dict[str, Any]:
     return NORMALISERS[ctx.node.op_type](ctx)
 
 
@@ -140,7 +116,7 @@ def slice_length(start: int, end: int, step: int) -> int:
 
 
 @normaliser("Slice")
-def _slice(ctx: NodeContext) -> Canonical:
+def _slice(ctx: NodeContext) -> dict[str, Any]:
     shape = ctx.in_shape()
     rank = len(shape)
     if ctx.opset < 10:
@@ -160,25 +136,14 @@ def _slice(ctx: NodeContext) -> Canonical:
             raise ctx.error("a Slice step is 0")
         full_starts[axis], full_ends[axis] = slice_bounds(start, end, step, shape[axis])
         full_steps[axis] = step
-    params = {"starts": tuple(full_starts), "ends": tuple(full_ends), "steps": tuple(full_steps)}
-    # An end of -1 (through index 0, backwards) must not read as 'last element' once emitted.
-    emitted_ends = [-(d + 1) if e == -1 else e for e, d in zip(full_ends, shape)]
-    if ctx.opset < 10:
-        node = ctx.emit([ctx.input_name(0)], starts=full_starts, ends=emitted_ends,
-                        axes=list(range(rank)))
-    else:
-        node = ctx.emit([ctx.input_name(0), ctx.int64_input("starts", full_starts),
-                         ctx.int64_input("ends", emitted_ends),
-                         ctx.int64_input("axes", list(range(rank))),
-                         ctx.int64_input("steps", full_steps)])
-    return Canonical(params, node)
+    return {"starts": tuple(full_starts), "ends": tuple(full_ends), "steps": tuple(full_steps)}
 
 
 # ---------------------------------------------------------------- Pad
 
 
 @normaliser("Pad")
-def _pad(ctx: NodeContext) -> Canonical:
+def _pad(ctx: NodeContext) -> dict[str, Any]:
     rank = len(ctx.in_shape())
     if ctx.opset < 11:
         pads = list(ctx.attr("pads", ctx.attr("paddings", [])))
@@ -199,44 +164,34 @@ def _pad(ctx: NodeContext) -> Canonical:
     for i, axis in enumerate(axes):
         axis = ctx.axis(axis, rank)
         full[axis], full[axis + rank] = pads[i], pads[i + len(axes)]
-    params = {"pads": tuple(full), "mode": mode, "value": value if mode == "constant" else None}
-    if ctx.opset < 11:
-        node = ctx.emit([ctx.input_name(0)], pads=full, mode=mode, value=float(value))
-    else:
-        inputs = [ctx.input_name(0), ctx.int64_input("pads", full)]
-        if mode == "constant":
-            inputs.append(ctx.scalar_like_input("value", value))
-        node = ctx.emit(inputs, mode=mode)
-    return Canonical(params, node)
+    return {"pads": tuple(full), "mode": mode, "value": value if mode == "constant" else None}
 
 
 # ---------------------------------------------------------------- Tile, Expand, Concat, Split
 
 
 @normaliser("Tile")
-def _tile(ctx: NodeContext) -> Canonical:
+def _tile(ctx: NodeContext) -> dict[str, Any]:
     repeats = _ints(ctx.const(1))
     if len(repeats) != len(ctx.in_shape()):
         raise ctx.error(f"Tile has {len(repeats)} repeats for rank {len(ctx.in_shape())}")
-    node = ctx.emit([ctx.input_name(0), ctx.int64_input("repeats", repeats)])
-    return Canonical({"repeats": tuple(repeats)}, node)
+    return {"repeats": tuple(repeats)}
 
 
 @normaliser("Expand")
-def _expand(ctx: NodeContext) -> Canonical:
+def _expand(ctx: NodeContext) -> dict[str, Any]:
     try:
         shape = np.broadcast_shapes(ctx.in_shape(), tuple(_ints(ctx.const(1))))
     except ValueError:
         raise ctx.error(f"Expand cannot broadcast {list(ctx.in_shape())} to "
                         f"{_ints(ctx.const(1))}") from None
-    node = ctx.emit([ctx.input_name(0), ctx.int64_input("shape", shape)])
-    return Canonical({"shape": tuple(int(d) for d in shape)}, node)
+    return {"shape": tuple(int(d) for d in shape)}
 
 
 @normaliser("Concat")
-def _concat(ctx: NodeContext) -> Canonical:
+def _concat(ctx: NodeContext) -> dict[str, Any]:
     axis = ctx.axis(ctx.attr("axis", 0), len(ctx.in_shape()))
-    return Canonical({"axis": axis}, ctx.emit(list(ctx.node.input), axis=axis))
+    return {"axis": axis}
 
 
 def split_sizes(ctx: NodeContext, dim: int) -> list[int]:
@@ -261,15 +216,11 @@ def split_sizes(ctx: NodeContext, dim: int) -> list[int]:
 
 
 @normaliser("Split")
-def _split(ctx: NodeContext) -> Canonical:
+def _split(ctx: NodeContext) -> dict[str, Any]:
     shape = ctx.in_shape()
     axis = ctx.axis(ctx.attr("axis", 0), len(shape))
     sizes = split_sizes(ctx, shape[axis])
-    if ctx.opset < 13:
-        node = ctx.emit([ctx.input_name(0)], axis=axis, split=sizes)
-    else:
-        node = ctx.emit([ctx.input_name(0), ctx.int64_input("split", sizes)], axis=axis)
-    return Canonical({"axis": axis, "sizes": tuple(sizes)}, node)
+    return {"axis": axis, "sizes": tuple(sizes)}
 
 
 # ---------------------------------------------------------------- Reshapes
@@ -283,14 +234,8 @@ def _axes_operand(ctx: NodeContext) -> list[int] | None:
     return None if value is None else _ints(value)
 
 
-def _emit_axes(ctx: NodeContext, axes: list[int]) -> onnx.NodeProto:
-    if ctx.opset < 13:
-        return ctx.emit([ctx.input_name(0)], axes=axes)
-    return ctx.emit([ctx.input_name(0), ctx.int64_input("axes", axes)])
-
-
 @normaliser("Squeeze")
-def _squeeze(ctx: NodeContext) -> Canonical:
+def _squeeze(ctx: NodeContext) -> dict[str, Any]:
     shape = ctx.in_shape()
     axes = _axes_operand(ctx)
     if axes is None:
@@ -298,17 +243,17 @@ def _squeeze(ctx: NodeContext) -> Canonical:
     axes = sorted({ctx.axis(a, len(shape)) for a in axes})
     if any(shape[a] != 1 for a in axes):
         raise ctx.error(f"Squeeze of axes {axes} whose size is not 1 in shape {list(shape)}")
-    return Canonical({"axes": tuple(axes)}, _emit_axes(ctx, axes))
+    return {"axes": tuple(axes)}
 
 
 @normaliser("Unsqueeze")
-def _unsqueeze(ctx: NodeContext) -> Canonical:
+def _unsqueeze(ctx: NodeContext) -> dict[str, Any]:
     axes = _axes_operand(ctx) or []
     rank = len(ctx.in_shape()) + len(axes)
     normalised = sorted({ctx.axis(a, rank) for a in axes})
     if len(normalised) != len(axes):
         raise ctx.error(f"Unsqueeze repeats an axis in {axes}")
-    return Canonical({"axes": tuple(normalised)}, _emit_axes(ctx, normalised))
+    return {"axes": tuple(normalised)}
 
 
 def resolve_reshape(ctx: NodeContext, shape: Sequence[int], target: Sequence[int],
@@ -333,48 +278,41 @@ def resolve_reshape(ctx: NodeContext, shape: Sequence[int], target: Sequence[int
 
 
 @normaliser("Reshape")
-def _reshape(ctx: NodeContext) -> Canonical:
+def _reshape(ctx: NodeContext) -> dict[str, Any]:
     shape = ctx.in_shape()
     target = list(ctx.attr("shape", [])) if ctx.opset < 5 else _ints(ctx.const(1))
     allowzero = bool(ctx.attr("allowzero", 0))
     out = resolve_reshape(ctx, shape, target, allowzero)
-    params = {"shape": tuple(out)}
-    if ctx.opset < 5:
-        return Canonical(params, ctx.emit([ctx.input_name(0)], shape=out))
-    if 0 in out and ctx.opset >= 14:
-        node = ctx.emit([ctx.input_name(0), ctx.int64_input("shape", out)], allowzero=1)
-    elif 0 in out:  # before allowzero a literal 0 means 'copy': keep the source's own encoding
-        node = ctx.emit([ctx.input_name(0), ctx.int64_input("shape", target)])
-    else:
-        node = ctx.emit([ctx.input_name(0), ctx.int64_input("shape", out)])
-    return Canonical(params, node)
+    if 0 in out and 5 <= ctx.opset < 14:  # before allowzero, a literal 0 means 'copy'
+        raise NotCanonical("a zero-sized Reshape needs opset 14 (allowzero)")
+    return {"shape": tuple(out)}
 
 
 @normaliser("Flatten")
-def _flatten(ctx: NodeContext) -> Canonical:
+def _flatten(ctx: NodeContext) -> dict[str, Any]:
     rank = len(ctx.in_shape())
     axis = ctx.attr("axis", 1)
     if not -rank <= axis <= rank:
         raise ctx.error(f"Flatten axis {axis} is out of range for rank {rank}")
     axis = axis + rank if axis < 0 else axis
-    return Canonical({"axis": axis}, ctx.emit([ctx.input_name(0)], axis=axis))
+    return {"axis": axis}
 
 
 @normaliser("Transpose")
-def _transpose(ctx: NodeContext) -> Canonical:
+def _transpose(ctx: NodeContext) -> dict[str, Any]:
     rank = len(ctx.in_shape())
     perm = list(ctx.attr("perm", list(range(rank))[::-1]))
     perm = [ctx.axis(p, rank) for p in perm]
     if sorted(perm) != list(range(rank)):
         raise ctx.error(f"Transpose perm {perm} is not a permutation of rank {rank}")
-    return Canonical({"perm": tuple(perm)}, ctx.emit([ctx.input_name(0)], perm=perm))
+    return {"perm": tuple(perm)}
 
 
 # ---------------------------------------------------------------- Gather, DepthToSpace, ...
 
 
 @normaliser("Gather")
-def _gather(ctx: NodeContext) -> Canonical:
+def _gather(ctx: NodeContext) -> dict[str, Any]:
     shape = ctx.in_shape()
     axis = ctx.axis(ctx.attr("axis", 0), len(shape))
     indices = np.asarray(ctx.const(1), dtype=np.int64)  # NotCanonical when data-dependent
@@ -382,24 +320,15 @@ def _gather(ctx: NodeContext) -> Canonical:
     if indices.size and (indices.min() < -dim or indices.max() >= dim):
         raise ctx.error(f"Gather index out of range for an axis of size {dim}")
     indices = np.where(indices < 0, indices + dim, indices)
-    node = ctx.emit([ctx.input_name(0), ctx.initializer("indices", indices)], axis=axis)
-    return Canonical({"axis": axis, "indices": indices}, node)
+    return {"axis": axis, "indices": indices}
 
 
 @normaliser("Clip")
-def _clip(ctx: NodeContext) -> Canonical:
+def _clip(ctx: NodeContext) -> dict[str, Any]:
     ctx.in_shape()
     if ctx.opset < 11:
-        low, high = float(ctx.attr("min", -FLT_MAX)), float(ctx.attr("max", FLT_MAX))
-        node = ctx.emit([ctx.input_name(0)], min=low, max=high)
-        return Canonical({"min": low, "max": high}, node)
-    low, high = _scalar(ctx.const(1)), _scalar(ctx.const(2))
-    inputs = [ctx.input_name(0),
-              "" if low is None else ctx.scalar_like_input("min", low),
-              "" if high is None else ctx.scalar_like_input("max", high)]
-    while inputs and not inputs[-1]:
-        inputs.pop()
-    return Canonical({"min": low, "max": high}, ctx.emit(inputs))
+        return {"min": float(ctx.attr("min", -FLT_MAX)), "max": float(ctx.attr("max", FLT_MAX))}
+    return {"min": _scalar(ctx.const(1)), "max": _scalar(ctx.const(2))}
 
 
 def schema_attributes(ctx: NodeContext) -> dict[str, Any]:
@@ -415,17 +344,16 @@ def schema_attributes(ctx: NodeContext) -> dict[str, Any]:
     return params
 
 
-def _same_node_with_explicit_attributes(ctx: NodeContext) -> Canonical:
+def _schema_attributes_of_static_tensors(ctx: NodeContext) -> dict[str, Any]:
     for name in ctx.node.input:
         if name:
             ctx.shape(name)
-    params = schema_attributes(ctx)
-    return Canonical(params, ctx.emit(list(ctx.node.input), **params))
+    return schema_attributes(ctx)
 
 
 for _op in ELEMENTWISE_OPS - {"Clip"}:
-    NORMALISERS[_op] = _same_node_with_explicit_attributes
+    NORMALISERS[_op] = _schema_attributes_of_static_tensors
 # Their attributes are their whole parameter set (SpaceToDepth gained `mode` at opset 28, so a
 # hand-written list would silently drop it).
 for _op in ("Cast", "Identity", "DepthToSpace", "SpaceToDepth"):
-    NORMALISERS[_op] = _same_node_with_explicit_attributes
+    NORMALISERS[_op] = _schema_attributes_of_static_tensors

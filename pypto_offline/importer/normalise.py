@@ -9,6 +9,7 @@ import onnx
 from onnx import numpy_helper
 
 from pypto_offline.importer.canonical import NodeContext, NotCanonical, normalise
+from pypto_offline.importer.encoding import data_inputs, encode
 from pypto_offline.importer.graph import Node
 from pypto_offline.importer.scope import in_scope
 from pypto_offline.importer.validation import node_label
@@ -31,19 +32,30 @@ def normalise_graph(model: onnx.ModelProto, opset: int, shapes: Mapping[str, tup
                           dtypes)
         try:
             _require_tensors(node, dtypes)
-            canonical = normalise(ctx)
+            params = normalise(ctx)
         except NotCanonical as why:
             new_nodes.append(node)
             records.append(_record(node, why_not=str(why)))
             continue
-        new_nodes.append(canonical.node)
-        added.extend(ctx.new_initializers)
-        records.append(_record(canonical.node, params=canonical.params))
+        inputs = data_inputs(node.op_type, node.input)
+        make_initializer = _initializer_maker(node.output[0], added)
+        rewritten = encode(node.op_type, params, inputs, node.output, opset,
+                           dtypes.get(inputs[0], 0) if inputs else 0, make_initializer, node.name)
+        new_nodes.append(rewritten)
+        records.append(_record(rewritten, params=params))
     del graph.node[:]
     graph.node.extend(new_nodes)
     graph.initializer.extend(added)
     _drop_unused_initializers(graph)
     return model, records
+
+
+def _initializer_maker(prefix: str, sink: list[onnx.TensorProto]):
+    def make(param: str, value: np.ndarray) -> str:
+        name = f"{prefix}__{param}"
+        sink.append(numpy_helper.from_array(value, name))
+        return name
+    return make
 
 
 def _require_tensors(node: onnx.NodeProto, dtypes: Mapping[str, int]) -> None:

@@ -1,0 +1,123 @@
+"""Canonical parameters → ONNX nodes valid at a given opset.
+
+The one place that knows each in-scope op's encoding per opset (attributes before opset 10/11/13,
+inputs after). The importer uses it to write the normalised graph (parameters become
+initializers); fusion uses it to write function bodies (parameters become Constant nodes, since a
+function has no initializers and must use the model's opset).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+import onnx
+from onnx import helper
+
+# Turns a parameter (its name and value) into the name of a tensor holding it.
+MakeConstant = Callable[[str, np.ndarray], str]
+
+# A Slice end below -dim stays below 0 after ONNX adds dim, so it clamps to 'past the front'.
+BEFORE_FRONT = -(2**63)
+
+# Ops whose non-data inputs are parameters folded into canonical params: only input 0 is data.
+SINGLE_DATA_INPUT = frozenset({"Slice", "Pad", "Tile", "Expand", "Split", "Squeeze",
+                               "Unsqueeze", "Reshape", "Gather", "Clip"})
+
+
+def data_inputs(op_type: str, inputs: Sequence[str]) -> list[str]:
+    return list(inputs[:1]) if op_type in SINGLE_DATA_INPUT else list(inputs)
+
+
+def encode(op_type: str, params: Mapping[str, Any], inputs: Sequence[str], outputs: Sequence[str],
+           opset: int, dtype: int, make_constant: MakeConstant, name: str = "") -> onnx.NodeProto:
+    """One node computing ``op_type`` with ``params`` on the data ``inputs``.
+
+    ``dtype`` is the element type of the first data input (for Pad's and Clip's scalars)."""
+    encoder = _ENCODERS.get(op_type, _attributes_only)
+    node_inputs, attrs = encoder(params, list(inputs), opset, _Constants(make_constant, dtype))
+    return helper.make_node(op_type, node_inputs, list(outputs), name=name, **attrs)
+
+
+class _Constants:
+    def __init__(self, make_constant: MakeConstant, dtype: int):
+        self._make = make_constant
+        self._np_dtype = helper.tensor_dtype_to_np_dtype(dtype) if dtype else np.float32
+
+    def ints(self, param: str, values) -> str:
+        return self._make(param, np.asarray(values, dtype=np.int64))
+
+    def scalar(self, param: str, value) -> str:
+        return self._make(param, np.asarray(value, dtype=self._np_dtype))
+
+    def array(self, param: str, value) -> str:
+        return self._make(param, np.asarray(value))
+
+
+def _slice(p, inputs, opset, const):
+    rank = len(p["starts"])
+    ends = [BEFORE_FRONT if end == -1 and step < 0 else end
+            for end, step in zip(p["ends"], p["steps"])]
+    if opset < 10:
+        return inputs, {"starts": list(p["starts"]), "ends": ends, "axes": list(range(rank))}
+    return inputs + [const.ints("starts", p["starts"]), const.ints("ends", ends),
+                     const.ints("axes", range(rank)), const.ints("steps", p["steps"])], {}
+
+
+def _pad(p, inputs, opset, const):
+    if opset < 11:
+        return inputs, {"pads": list(p["pads"]), "mode": p["mode"], "value": float(p["value"] or 0)}
+    extra = [const.scalar("value", p["value"])] if p["mode"] == "constant" else []
+    return inputs + [const.ints("pads", p["pads"])] + extra, {"mode": p["mode"]}
+
+
+def _tile(p, inputs, opset, const):
+    return inputs + [const.ints("repeats", p["repeats"])], {}
+
+
+def _expand(p, inputs, opset, const):
+    return inputs + [const.ints("shape", p["shape"])], {}
+
+
+def _split(p, inputs, opset, const):
+    if opset < 13:
+        return inputs, {"axis": p["axis"], "split": list(p["sizes"])}
+    return inputs + [const.ints("split", p["sizes"])], {"axis": p["axis"]}
+
+
+def _axes(p, inputs, opset, const):
+    if opset < 13:
+        return inputs, {"axes": list(p["axes"])}
+    return inputs + [const.ints("axes", p["axes"])], {}
+
+
+def _reshape(p, inputs, opset, const):
+    shape = list(p["shape"])
+    if opset < 5:
+        return inputs, {"shape": shape}
+    attrs = {"allowzero": 1} if 0 in shape and opset >= 14 else {}
+    return inputs + [const.ints("shape", shape)], attrs
+
+
+def _gather(p, inputs, opset, const):
+    return inputs + [const.array("indices", np.asarray(p["indices"], np.int64))], {"axis": p["axis"]}
+
+
+def _clip(p, inputs, opset, const):
+    if opset < 11:
+        return inputs, {"min": float(p["min"]), "max": float(p["max"])}
+    extra = ["" if p["min"] is None else const.scalar("min", p["min"]),
+             "" if p["max"] is None else const.scalar("max", p["max"])]
+    while extra and not extra[-1]:
+        extra.pop()
+    return inputs + extra, {}
+
+
+def _attributes_only(p, inputs, opset, const):
+    """Ops whose attributes are their whole parameter set (Concat, Transpose, elementwise, ...)."""
+    return inputs, dict(p)
+
+
+_ENCODERS = {
+    "Slice": _slice, "Pad": _pad, "Tile": _tile, "Expand": _expand, "Split": _split,
+    "Squeeze": _axes, "Unsqueeze": _axes, "Reshape": _reshape, "Gather": _gather, "Clip": _clip,
+}
