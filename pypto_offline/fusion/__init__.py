@@ -1,1 +1,116 @@
-"""Fusion: classification, convex partition, view algebra, cost model (fusion issue)."""
+"""Fusion: decide what becomes one kernel.
+
+    plan = plan_fusion(imported_graph, target)
+
+Passes, one per file: ``classify`` (memory-bound and expressible on the target) → ``partition``
+(maximal convex regions within the Unified Buffer) → ``simplify`` (view rewrite rules over each
+region's program, ``rules`` and ``views``) → ``cost`` (fuse only where it pays) → ``lower`` (the
+compiled ONNX graph with one function call per region).
+"""
+from __future__ import annotations
+
+from pypto_offline.fusion.classify import VIEW_ONLY_OPS, node_id, node_tensors, why_not_fusable
+from pypto_offline.fusion.cost import fused_cost, node_cost, time_us, total
+from pypto_offline.fusion.lower import compiled_model
+from pypto_offline.fusion.partition import partition
+from pypto_offline.fusion.program import Program, build_program
+from pypto_offline.fusion.records import (DOES_NOT_PAY, Cost, FusionPlan, Region, RegionOp,
+                                          Totals, Unfused)
+from pypto_offline.fusion.simplify import simplify
+from pypto_offline.importer import ImportedGraph, Node
+from pypto_offline.importer.scope import in_scope
+from pypto_offline.targets import Target
+
+__all__ = ["Cost", "FusionPlan", "Region", "RegionOp", "Totals", "Unfused", "plan_fusion"]
+
+
+def plan_fusion(graph: ImportedGraph, target: Target) -> FusionPlan:
+    verdicts = {node_id(n): why_not_fusable(n, graph, target) for n in graph.nodes}
+    fusable = {nid for nid, verdict in verdicts.items() if verdict is None}
+    nodes = {node_id(n): n for n in graph.nodes}
+    accepted: list[tuple[Region, Program]] = []
+    refused: dict[str, str] = {}
+    for members in partition(graph, fusable, target):
+        region, program = _region(f"region_{len(accepted)}", [nodes[m] for m in members], graph,
+                                  target)
+        why = _why_it_does_not_pay(region)
+        if why is None:
+            accepted.append((region, program))
+        else:
+            refused.update({m: why for m in members})
+    regions = [region for region, _ in accepted]
+    model = compiled_model(graph, accepted)
+    unfused = _unfused(graph, verdicts, regions, refused)
+    return FusionPlan(target.name, tuple(regions), tuple(unfused),
+                      _totals(graph, regions, model, target), model)
+
+
+def _region(region_id: str, members: list[Node], graph: ImportedGraph, target: Target
+            ) -> tuple[Region, Program]:
+    inputs, outputs = _boundary_tensors(members, graph)
+    program = build_program(graph, members, inputs, outputs)
+    original = tuple(program.ops)
+    applied = simplify(program)
+    region = Region(
+        id=region_id, nodes=tuple(node_id(n) for n in members), inputs=inputs, outputs=outputs,
+        original=original, simplified=tuple(program.ops), rules_applied=tuple(applied),
+        unfused=total((node_cost(n, graph, target) for n in members), target),
+        fused=fused_cost(inputs, outputs, graph, target))
+    return region, program
+
+
+def _boundary_tensors(members: list[Node], graph: ImportedGraph):
+    produced = {name for n in members for name in n.outputs}
+    inside = {node_id(n) for n in members}
+    read = [name for n in members for name in node_tensors(n)
+            if name not in produced and name not in n.outputs]
+    used_outside = {name for n in graph.nodes if node_id(n) not in inside for name in n.inputs}
+    used_outside |= set(graph.outputs)
+    written = [name for n in members for name in n.outputs if name in used_outside]
+    return tuple(dict.fromkeys(read)), tuple(dict.fromkeys(written))
+
+
+def _why_it_does_not_pay(region: Region) -> str | None:
+    if region.unfused.kernels == 0:
+        return "metadata only: no kernel to save"
+    if region.unfused.kernels == 1:
+        return "one kernel already: fusing saves no launch and no traffic"
+    if region.fused.time_us >= region.unfused.time_us:
+        return (f"estimated {region.fused.time_us:.2f} us fused against "
+                f"{region.unfused.time_us:.2f} us unfused")
+    return None
+
+
+def _unfused(graph, verdicts, regions, refused) -> list[Unfused]:
+    fused = {nid for region in regions for nid in region.nodes}
+    result = []
+    for node in graph.nodes:
+        nid = node_id(node)
+        if nid in fused or not in_scope(node.op_type, node.domain):
+            continue
+        if verdicts[nid] is not None:
+            category, reason = verdicts[nid]
+        elif nid in refused:
+            category, reason = DOES_NOT_PAY, refused[nid]
+        elif node.op_type in VIEW_ONLY_OPS:
+            category, reason = DOES_NOT_PAY, "metadata only: no kernel to save"
+        else:
+            category, reason = DOES_NOT_PAY, "no fusable neighbour"
+        result.append(Unfused(nid, node.op_type, category, reason))
+    return result
+
+
+def _totals(graph, regions, model, target: Target) -> Totals:
+    before = total((node_cost(n, graph, target) for n in graph.nodes), target)
+    saved_kernels = sum(r.unfused.kernels for r in regions) - len(regions)
+    saved_bytes = sum(r.unfused.gm_bytes - r.fused.gm_bytes for r in regions)
+    kernels_after = before.kernels - saved_kernels
+    bytes_after = before.gm_bytes - saved_bytes
+    return Totals(
+        nodes_before=len(graph.nodes), nodes_after=len(model.graph.node),
+        kernels_before=before.kernels, kernels_after=kernels_after, fused_kernels=len(regions),
+        ops_fused=sum(len(r.nodes) for r in regions),
+        gm_bytes_before=before.gm_bytes, gm_bytes_after=bytes_after,
+        gm_bytes_lower_bound=bytes_after,
+        est_time_us_before=before.time_us, est_time_us_after=time_us(kernels_after, bytes_after,
+                                                                     target))

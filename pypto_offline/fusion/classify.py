@@ -1,0 +1,54 @@
+"""Classification: which nodes are memory-bound ops the target's kernels can take.
+
+Memory-bound = the importer's data-movement ops plus elementwise math, in canonical form. Anything
+else is a boundary. A memory-bound op the target cannot take (a dtype it lacks, an op or mode the
+kernel generator cannot express, a rank too high) stays out with that reason.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from pypto_offline.fusion.records import BOUNDARY, CANNOT_EXPRESS
+from pypto_offline.importer import ImportedGraph, Node
+from pypto_offline.importer.encoding import data_inputs
+from pypto_offline.importer.scope import in_scope
+from pypto_offline.targets import Target
+
+# Metadata-only on contiguous data: no kernel, no bytes, before or after fusion.
+VIEW_ONLY_OPS = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity"})
+
+
+def node_id(node: Node) -> str:
+    """Tensor names are unique (SSA), node names are not: a node is known by its first output."""
+    return node.outputs[0]
+
+
+def node_tensors(node: Node) -> list[str]:
+    """The data tensors a kernel for this node would read and write (parameters excluded)."""
+    inputs = data_inputs(node.op_type, node.inputs) if node.in_scope else list(node.inputs)
+    return [name for name in list(inputs) + list(node.outputs) if name]
+
+
+def why_not_fusable(node: Node, graph: ImportedGraph, target: Target) -> tuple[str, str] | None:
+    """(category, reason) if the node cannot join a kernel; None if it can."""
+    if not in_scope(node.op_type, node.domain):
+        return BOUNDARY, f"{node.op_type} is not a memory-bound op"
+    if not node.in_scope:
+        return BOUNDARY, node.why_not_canonical or "not in canonical form"
+    kernels = target.kernels
+    if node.op_type not in kernels.ops:
+        return CANNOT_EXPRESS, f"the kernel generator ({kernels.source}) has no {node.op_type}"
+    if node.op_type == "Pad" and node.params["mode"] not in kernels.pad_modes:
+        return CANNOT_EXPRESS, f"Pad mode {node.params['mode']!r} is not expressible"
+    if node.op_type == "Slice" and any(step < 0 for step in node.params["steps"]):
+        return CANNOT_EXPRESS, "Slice with a negative step is not expressible"
+    for name in node_tensors(node):
+        info = graph.tensors.get(name)
+        if info is None or info.shape is None:
+            return BOUNDARY, f"tensor {name!r} has no static shape"
+        dtype = np.dtype(info.np_dtype).name
+        if dtype not in target.dtypes.value:
+            return CANNOT_EXPRESS, f"{target.name} kernels take no {dtype} ({name!r})"
+        if len(info.shape) > kernels.max_rank:
+            return CANNOT_EXPRESS, f"rank {len(info.shape)} of {name!r} exceeds {kernels.max_rank}"
+    return None

@@ -1,0 +1,96 @@
+"""Partition: maximal convex regions of fusable nodes on the DAG.
+
+Regions grow by merging the two ends of a producer→consumer edge, in graph order. A merge is
+refused when it would make the region non-convex (a path leaves the region and comes back, so that
+fusing would create a cycle; checked by reachability on the graph of regions) or when the working
+set of one tile of every tensor in the region would not fit the target's Unified Buffer. Regions
+keep several inputs and outputs and fan-out inside (Split → … → Concat, rotary, window partition).
+"""
+from __future__ import annotations
+
+from collections import deque
+from math import prod
+
+import networkx as nx
+
+from pypto_offline.fusion.classify import node_id, node_tensors
+from pypto_offline.importer import ImportedGraph, Node
+from pypto_offline.targets import Target
+
+# PyPTO's data-movement tiles need a last dimension of a multiple of 32 bytes.
+ROW_ALIGN_BYTES = 32
+
+
+def min_tile_bytes(graph: ImportedGraph, name: str) -> int:
+    """One tile of the innermost axis (a row, 32-byte aligned): what any tiling keeps in UB."""
+    info = graph.tensors[name]
+    row = (info.shape[-1] if info.shape else 1) * info.np_dtype.itemsize
+    return -(-row // ROW_ALIGN_BYTES) * ROW_ALIGN_BYTES if prod(info.shape or (1,)) else 0
+
+
+def partition(graph: ImportedGraph, fusable: set[str], target: Target) -> list[list[str]]:
+    """Regions as lists of node ids in graph order; only regions of two or more nodes."""
+    nodes = {node_id(n): n for n in graph.nodes}
+    order = [node_id(n) for n in graph.nodes]
+    region_of = {nid: nid for nid in order}
+    members = {nid: [nid] for nid in order}
+    working = {nid: _working_set(graph, [nodes[nid]]) for nid in order}
+    quotient = _node_graph(graph)
+    for consumer in order:
+        if consumer not in fusable:
+            continue
+        for producer in list(quotient.predecessors(region_of[consumer])):
+            a, b = producer, region_of[consumer]
+            if a == b or not (set(members[a]) <= fusable):
+                continue
+            if working[a] + working[b] > target.ub_plan_bytes.value:
+                continue
+            if _creates_cycle(quotient, a, b):
+                continue
+            _merge(quotient, a, b, region_of, members, working)
+    regions = [sorted(m, key=order.index) for m in members.values() if len(m) > 1]
+    return sorted(regions, key=lambda r: order.index(r[0]))
+
+
+def _node_graph(graph: ImportedGraph) -> nx.DiGraph:
+    producer = {name: node_id(n) for n in graph.nodes for name in n.outputs if name}
+    dag = nx.DiGraph()
+    dag.add_nodes_from(node_id(n) for n in graph.nodes)
+    for n in graph.nodes:
+        for name in n.inputs:
+            if name in producer:
+                dag.add_edge(producer[name], node_id(n))
+    return dag
+
+
+def _working_set(graph: ImportedGraph, nodes: list[Node]) -> int:
+    names = {name for n in nodes for name in node_tensors(n)}
+    return sum(min_tile_bytes(graph, name) for name in names if graph.tensors.get(name)
+               and graph.tensors[name].shape is not None)
+
+
+def _creates_cycle(quotient: nx.DiGraph, a: str, b: str) -> bool:
+    """Merging a and b is a cycle iff one reaches the other through a third region."""
+    return _reaches_indirectly(quotient, a, b) or _reaches_indirectly(quotient, b, a)
+
+
+def _reaches_indirectly(quotient: nx.DiGraph, source: str, target: str) -> bool:
+    queue = deque(s for s in quotient.successors(source) if s != target)
+    seen = set(queue)
+    while queue:
+        current = queue.popleft()
+        if current == target:
+            return True
+        for nxt in quotient.successors(current):
+            if nxt not in seen:
+                seen.add(nxt)
+                queue.append(nxt)
+    return False
+
+
+def _merge(quotient, a, b, region_of, members, working) -> None:
+    nx.contracted_nodes(quotient, a, b, self_loops=False, copy=False)
+    for nid in members[b]:
+        region_of[nid] = a
+    members[a].extend(members.pop(b))
+    working[a] += working.pop(b)

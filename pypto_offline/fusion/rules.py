@@ -1,0 +1,231 @@
+"""Rewrite rules over a region's program, one small function each (onnxscript's rewrite rules are
+the model). A rule looks at one op and its producers and returns the ops that replace it, or None.
+Rules only ever reroute an op to read from earlier tensors; ``Program.prune`` then drops what no
+output needs any more.
+"""
+from __future__ import annotations
+
+from types import MappingProxyType
+from typing import Callable
+
+import numpy as np
+
+from pypto_offline.fusion.program import Program
+from pypto_offline.fusion.records import RegionOp
+from pypto_offline.fusion.views import ViewStack
+
+Rule = Callable[[Program, RegionOp], "list[RegionOp] | None"]
+UNARY_VIEW_OPS = frozenset({"Slice", "Pad", "Transpose", "Expand", "Reshape", "Identity"})
+BROADCASTING_OPS = frozenset({"Add", "Sub", "Mul", "Div", "Max", "Min", "Where", "Pow", "Mod",
+                              "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "And",
+                              "Or", "Xor", "PRelu", "Sum", "Mean"})
+
+
+def _op(op_type, inputs, outputs, **params) -> RegionOp:
+    return RegionOp(op_type, tuple(inputs), tuple(outputs), MappingProxyType(params))
+
+
+def _identity(source: str, op: RegionOp) -> list[RegionOp]:
+    return [_op("Identity", [source], op.outputs)]
+
+
+def _single_producer(prog: Program, op: RegionOp, op_type: str) -> RegionOp | None:
+    producer = prog.producer(op.inputs[0])
+    return producer if producer is not None and producer.op_type == op_type else None
+
+
+def no_op(prog: Program, op: RegionOp) -> list[RegionOp] | None:
+    """Ops that move nothing: full Slice, zero Pad, identity Transpose, same-shape Reshape or
+    Expand, Tile by ones, Cast to the same type, one-input Concat, one-output Split."""
+    if op.op_type == "Identity":
+        return None
+    source = op.inputs[0]
+    same_shape = prog.shapes[source] == prog.shapes[op.outputs[0]]
+    p = op.params
+    trivial = {
+        "Slice": lambda: same_shape and all(s == 1 for s in p["steps"]),
+        "Pad": lambda: all(v == 0 for v in p["pads"]),
+        "Transpose": lambda: list(p["perm"]) == sorted(p["perm"]),
+        "Reshape": lambda: same_shape,
+        "Expand": lambda: same_shape,
+        "Tile": lambda: all(r == 1 for r in p["repeats"]),
+        "Cast": lambda: prog.dtypes[source] == prog.dtypes[op.outputs[0]],
+        "Concat": lambda: len(op.inputs) == 1,
+        "Split": lambda: len(op.outputs) == 1,
+    }.get(op.op_type)
+    return _identity(source, op) if trivial is not None and trivial() else None
+
+
+def view_chain(prog: Program, op: RegionOp) -> list[RegionOp] | None:
+    """A chain of view ops whose composed index map is the identity, or a plain reshape of the
+    chain's start, becomes that (inverse transposes, reshape round trips, reshape chains)."""
+    if op.op_type not in UNARY_VIEW_OPS or op.op_type == "Identity":
+        return None
+    chain = [op]
+    while (producer := prog.producer(chain[-1].inputs[0])) is not None \
+            and producer.op_type in UNARY_VIEW_OPS:
+        chain.append(producer)
+    if len(chain) < 2:
+        return None
+    start = chain[-1].inputs[0]
+    stack = ViewStack.of(prog.shapes[start])
+    for step in reversed(chain):
+        stack = stack.apply(step.op_type, step.params)
+        if stack is None:
+            return None
+    if stack.is_identity:
+        return _identity(start, op)
+    covers_input = np.prod(stack.shape) == np.prod(prog.shapes[start])  # not just a prefix
+    if len(stack.views) == 1 and stack.views[0].is_contiguous and covers_input:
+        return [_op("Reshape", [start], op.outputs, shape=tuple(stack.shape))]
+    return None
+
+
+def compose_slices(outer, inner, dims) -> tuple[tuple, tuple, tuple]:
+    """Slice(Slice(x)) as one Slice of x: start, end, step per axis."""
+    starts, ends, steps = [], [], []
+    for (s1, e1, st1), (s2, e2, st2), dim in zip(zip(*inner), zip(*outer), dims):
+        count = len(range(s2, e2, st2))
+        start, step = s1 + s2 * st1, st1 * st2
+        if count == 0:
+            start, end, step = 0, 0, 1
+        else:
+            end = start + count * step
+            end = max(end, -1) if step < 0 else min(end, dim)
+        starts.append(start)
+        ends.append(end)
+        steps.append(step)
+    return tuple(starts), tuple(ends), tuple(steps)
+
+
+def slice_of_slice(prog: Program, op: RegionOp) -> list[RegionOp] | None:
+    inner = _single_producer(prog, op, "Slice") if op.op_type == "Slice" else None
+    if inner is None:
+        return None
+    source = inner.inputs[0]
+    starts, ends, steps = compose_slices(
+        (op.params["starts"], op.params["ends"], op.params["steps"]),
+        (inner.params["starts"], inner.params["ends"], inner.params["steps"]),
+        prog.shapes[source])
+    return [_op("Slice", [source], op.outputs, starts=starts, ends=ends, steps=steps)]
+
+
+def _constant_pad(op: RegionOp | None) -> bool:
+    return op is not None and op.op_type == "Pad" and op.params["mode"] == "constant"
+
+
+def pad_of_pad(prog: Program, op: RegionOp) -> list[RegionOp] | None:
+    inner = _single_producer(prog, op, "Pad") if _constant_pad(op) else None
+    if not _constant_pad(inner) or inner.params["value"] != op.params["value"] \
+            or min(op.params["pads"] + inner.params["pads"]) < 0:
+        return None
+    pads = tuple(a + b for a, b in zip(op.params["pads"], inner.params["pads"]))
+    return [_op("Pad", [inner.inputs[0]], op.outputs, pads=pads, mode="constant",
+                value=op.params["value"])]
+
+
+def slice_of_pad(prog: Program, op: RegionOp) -> list[RegionOp] | None:
+    """Slice(Pad(x)) → Pad(Slice(x)): cut the data first, pad only what the window keeps."""
+    pad = _single_producer(prog, op, "Pad") if op.op_type == "Slice" else None
+    if not _constant_pad(pad) or any(s != 1 for s in op.params["steps"]) \
+            or min(pad.params["pads"]) < 0:
+        return None
+    source = pad.inputs[0]
+    dims = prog.shapes[source]
+    rank = len(dims)
+    starts, ends, pads_before, pads_after = [], [], [], []
+    for axis, dim in enumerate(dims):
+        before = pad.params["pads"][axis]
+        lo, hi = op.params["starts"][axis], op.params["ends"][axis]
+        data_lo, data_hi = max(lo - before, 0), min(hi - before, dim)
+        if data_lo >= data_hi:
+            return None  # the window holds only padding on this axis
+        starts.append(data_lo)
+        ends.append(data_hi)
+        pads_before.append(max(before - lo, 0))
+        pads_after.append(max(hi - (before + dim), 0))
+    sliced = prog.new_tensor(source, [e - s for s, e in zip(starts, ends)], "slice")
+    return [_op("Slice", [source], [sliced], starts=tuple(starts), ends=tuple(ends),
+                steps=(1,) * rank),
+            _op("Pad", [sliced], op.outputs, pads=tuple(pads_before + pads_after),
+                mode="constant", value=pad.params["value"])]
+
+
+def transpose_of_transpose(prog: Program, op: RegionOp) -> list[RegionOp] | None:
+    inner = _single_producer(prog, op, "Transpose") if op.op_type == "Transpose" else None
+    if inner is None:
+        return None
+    perm = tuple(inner.params["perm"][p] for p in op.params["perm"])
+    return [_op("Transpose", [inner.inputs[0]], op.outputs, perm=perm)]
+
+
+def reshape_of_reshape(prog: Program, op: RegionOp) -> list[RegionOp] | None:
+    inner = _single_producer(prog, op, "Reshape") if op.op_type == "Reshape" else None
+    if inner is None:
+        return None
+    return [_op("Reshape", [inner.inputs[0]], op.outputs, shape=op.params["shape"])]
+
+
+def _axis_slice(op: RegionOp | None, axis: int, dims) -> tuple[str, int, int] | None:
+    """(source, start, end) if ``op`` slices only ``axis`` of its source with step 1."""
+    if op is None or op.op_type != "Slice" or any(s != 1 for s in op.params["steps"]):
+        return None
+    for other, (s, e, d) in enumerate(zip(op.params["starts"], op.params["ends"], dims)):
+        if other != axis and (s, e) != (0, d):
+            return None
+    return op.inputs[0], op.params["starts"][axis], op.params["ends"][axis]
+
+
+def slices_concat_roll(prog: Program, op: RegionOp) -> list[RegionOp] | None:
+    """Concat(x[k:], x[:k]) along one axis is a roll of x by k (a cyclic shift)."""
+    if op.op_type != "Concat" or len(op.inputs) != 2:
+        return None
+    axis = op.params["axis"]
+    parts = []
+    for name in op.inputs:
+        producer = prog.producer(name)
+        source_dims = prog.shapes[producer.inputs[0]] if producer is not None else ()
+        parts.append(_axis_slice(producer, axis, source_dims))
+    if None in parts or parts[0][0] != parts[1][0]:
+        return None
+    (source, s0, e0), (_, s1, e1) = parts
+    dim = prog.shapes[source][axis]
+    if not (e0 == dim and s1 == 0 and e1 == s0 and 0 < s0 < dim):
+        return None
+    return [_op("Roll", [source], op.outputs, axis=axis, shift=s0)]
+
+
+def split_then_concat(prog: Program, op: RegionOp) -> list[RegionOp] | None:
+    """Concat of every part of a Split, in order, on the same axis, is the Split's input."""
+    if op.op_type != "Concat":
+        return None
+    split = prog.producer(op.inputs[0])
+    if split is None or split.op_type != "Split" or tuple(op.inputs) != tuple(split.outputs) \
+            or split.params["axis"] != op.params["axis"]:
+        return None
+    return _identity(split.inputs[0], op)
+
+
+def expand_into_broadcast(prog: Program, op: RegionOp) -> list[RegionOp] | None:
+    """An Expand feeding a broadcasting op is done by the op's own broadcast."""
+    if op.op_type not in BROADCASTING_OPS:
+        return None
+    inputs = list(op.inputs)
+    for i, name in enumerate(inputs):
+        producer = prog.producer(name)
+        if producer is None or producer.op_type != "Expand":
+            continue
+        trial = inputs[:i] + [producer.inputs[0]] + inputs[i + 1:]
+        try:
+            shape = np.broadcast_shapes(*(prog.shapes[n] for n in trial))
+        except ValueError:
+            continue
+        if tuple(shape) == prog.shapes[op.outputs[0]]:
+            return [RegionOp(op.op_type, tuple(trial), op.outputs, op.params)]
+    return None
+
+
+RULES: tuple[Rule, ...] = (
+    no_op, view_chain, slice_of_slice, pad_of_pad, slice_of_pad, transpose_of_transpose,
+    reshape_of_reshape, slices_concat_roll, split_then_concat, expand_into_broadcast,
+)

@@ -1,0 +1,20 @@
+"""What PyPTO 0.2.0 compiles and verifies in Tensor mode (``shared/pypto-cpu.md`` §1).
+
+Ops not listed failed to compile or were not probed (no ``pypto.tanh``, no erf, no pow; only
+constant padding). Elementwise tensors are limited to rank 4 and transposes to rank 5; the kernel
+generator folds contiguous axes, so fusion admits tensors up to rank 6 and the generator splits a
+region it cannot fold.
+"""
+from pypto_offline.targets.descriptor import KernelSupport
+
+PYPTO_0_2_0 = KernelSupport(
+    ops=frozenset({
+        "Slice", "Pad", "Tile", "Expand", "Concat", "Split", "Transpose", "Reshape", "Squeeze",
+        "Unsqueeze", "Flatten", "Identity", "Gather", "Cast", "Where", "DepthToSpace",
+        "SpaceToDepth", "Add", "Sub", "Mul", "Div", "Relu", "Sigmoid", "Exp", "Neg", "Abs", "Sqrt",
+        "Log", "Max", "Min", "Clip", "Reciprocal",
+    }),
+    max_rank=6,
+    pad_modes=frozenset({"constant"}),
+    source="shared/pypto-cpu.md §1 (op probe, 99 runs, fp32 and fp16)",
+)
