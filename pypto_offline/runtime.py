@@ -53,16 +53,19 @@ def _as_declared_dtypes(model: onnx.ModelProto, outputs: list) -> list:
     return fixed
 
 
+def abs_diff(expected: np.ndarray, actual: np.ndarray) -> np.ndarray:
+    """Elementwise |expected - actual| in float64; NaNs or equal infinities in the same places
+    count as equal, any other NaN as an infinite difference."""
+    a, b = np.asarray(expected, dtype=np.float64), np.asarray(actual, dtype=np.float64)
+    same = (np.isnan(a) & np.isnan(b)) | (np.isinf(a) & (a == b))
+    return np.nan_to_num(np.where(same, 0.0, np.abs(a - b)), nan=np.inf)
+
+
 def max_abs_diff(expected: np.ndarray, actual: np.ndarray) -> float:
-    """Largest absolute difference, NaNs in the same places counted as equal."""
     if expected.shape != actual.shape:
         return float("inf")
     if expected.size == 0:
         return 0.0
     if not np.issubdtype(expected.dtype, np.number) and expected.dtype != np.bool_:
         return 0.0 if np.array_equal(expected, actual) else float("inf")
-    a, b = expected.astype(np.float64), actual.astype(np.float64)
-    same_nan = np.isnan(a) & np.isnan(b)
-    same_inf = np.isinf(a) & (a == b)
-    diff = np.where(same_nan | same_inf, 0.0, np.abs(a - b))
-    return float(np.nan_to_num(diff, nan=np.inf).max())
+    return float(abs_diff(expected, actual).max())
