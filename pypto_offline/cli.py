@@ -11,6 +11,7 @@ import traceback
 
 from pypto_offline import __version__
 from pypto_offline.errors import PyptoOfflineError, UsageError
+from pypto_offline.targets import TARGETS
 
 EXIT_OK, EXIT_VERIFY_FAILED, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
 
@@ -24,9 +25,12 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="pypto-offline", description=(
-        "Import an ONNX model, fold it to static shapes and normalise every memory-bound op "
-        "(the first stage of the offline fusion compiler)."))
+        "Import an ONNX model, fuse its memory-bound ops into kernel regions for a Huawei NPU, "
+        "and check the fused graph against onnxruntime."))
     parser.add_argument("model", help="path of the .onnx model")
+    parser.add_argument("--target", default="kirin9050", help=f"chip ({', '.join(TARGETS)})")
+    parser.add_argument("--no-verify", action="store_true",
+                        help="skip the onnxruntime check of the fused graph")
     parser.add_argument("--input-shape", action="append", default=[], metavar="NAME=D0,D1,...",
                         help="fix the shape of a model input (repeatable)")
     parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
@@ -48,31 +52,59 @@ def _input_shapes(options: list[str]) -> dict[str, list[int]]:
     return shapes
 
 
+def _target(name: str):
+    if name not in TARGETS:
+        raise UsageError(f"unknown target {name!r}", fix=f"choose one of {', '.join(TARGETS)}")
+    return TARGETS[name]
+
+
 def _print_summary(model_path: str, summary: dict) -> None:
-    print(f"{model_path}: opset {summary['opset']}, {summary['nodes_in_source']} nodes "
-          f"-> {summary['nodes_after_folding']} after folding, {summary['in_scope']} in scope "
-          f"(normalised), imported in {summary['import_seconds']:.2f} s")
-    for name, shape in summary["inputs"].items():
+    imported = summary["import"]
+    print(f"{model_path}: opset {imported['opset']}, {imported['nodes_in_source']} nodes "
+          f"-> {imported['nodes_after_folding']} after folding, imported in "
+          f"{imported['import_seconds']:.2f} s")
+    for name, shape in imported["inputs"].items():
         print(f"  input  {name}: {shape}")
-    for name, shape in summary["outputs"].items():
+    for name, shape in imported["outputs"].items():
         print(f"  output {name}: {shape}")
-    if summary["symbolic"]:
-        names = ", ".join(summary["symbolic"][:8])
-        print(f"  warning: {len(summary['symbolic'])} tensors stay symbolic ({names}); "
+    if imported["symbolic"]:
+        names = ", ".join(imported["symbolic"][:8])
+        print(f"  warning: {len(imported['symbolic'])} tensors stay symbolic ({names}); "
               f"give their inputs' shapes with --input-shape")
+    fusion = summary["fusion"]
+    print(f"  target {summary['target']}: kernels {fusion['kernels_before']} -> "
+          f"{fusion['kernels_after']} ({fusion['fused_kernels']} fused kernels of "
+          f"{fusion['ops_fused']} ops), global memory {fusion['gm_bytes_before'] / 1e6:.2f} -> "
+          f"{fusion['gm_bytes_after'] / 1e6:.2f} MB, estimated "
+          f"{fusion['est_time_us_before']:.1f} -> {fusion['est_time_us_after']:.1f} us "
+          f"(bandwidth and launch cost are estimates)")
+    check = summary["verification"]
+    print(f"  verification: {check['status']}" + (
+        f" (max abs diff {check['max_abs_diff']:.2e})" if check["status"] != "skipped" else ""))
 
 
 def run(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
-    from pypto_offline.importer import import_model
+    from dataclasses import asdict
 
+    from pypto_offline.fusion import plan_fusion
+    from pypto_offline.importer import import_model
+    from pypto_offline.verify import compare, generate_inputs
+
+    target = _target(args.target)
     graph = import_model(args.model, input_shapes=_input_shapes(args.input_shape))
-    summary = graph.summary()
+    plan = plan_fusion(graph, target)
+    verification = {"status": "skipped"}
+    if not args.no_verify and not graph.symbolic:
+        result = compare(graph.model, plan.compiled_model, generate_inputs(graph.model, seed=0))
+        verification = {"status": result.status, "max_abs_diff": result.max_abs_diff}
+    summary = {"model": args.model, "target": target.name, "import": graph.summary(),
+               "fusion": asdict(plan.totals), "verification": verification}
     if args.json:
-        print(json.dumps({"model": args.model, **summary}, indent=2, sort_keys=True))
+        print(json.dumps(summary, indent=2, sort_keys=True))
     elif not args.quiet:
         _print_summary(args.model, summary)
-    return EXIT_OK
+    return EXIT_VERIFY_FAILED if verification["status"] == "failed" else EXIT_OK
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,18 +16,35 @@ from tests.malformed import EXAMPLE
 EXAMPLE_SHAPE = ["--input-shape", "x=1,3,64,64"]
 
 
-def test_example_imports_from_a_real_process_and_prints_json():
+def test_example_compiles_from_a_real_process_and_prints_json():
     done = subprocess.run([sys.executable, "-m", "pypto_offline", str(EXAMPLE), *EXAMPLE_SHAPE,
-                           "--json"], capture_output=True, text=True)
+                           "--target", "kirin9050", "--json"], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     summary = json.loads(done.stdout)
-    assert summary["inputs"] == {"x": [1, 3, 64, 64]}
-    assert summary["outputs"] == {"y": [1, 1024, 128]}
-    assert summary["symbolic"] == []
+    imported, fusion = summary["import"], summary["fusion"]
+    assert imported["inputs"] == {"x": [1, 3, 64, 64]}
+    assert imported["outputs"] == {"y": [1, 1024, 128]}
+    assert imported["symbolic"] == []
     # Shape -> Gather -> Concat folded into the Reshape's constant target
-    assert summary["nodes_in_source"] == 10 and summary["nodes_after_folding"] == 7
-    assert summary["ops"] == {"Add": 1, "Conv": 1, "Pad": 1, "Reshape": 1, "Slice": 1, "Tile": 1,
-                              "Transpose": 1}
+    assert imported["nodes_in_source"] == 10 and imported["nodes_after_folding"] == 7
+    assert imported["ops"] == {"Add": 1, "Conv": 1, "Pad": 1, "Reshape": 1, "Slice": 1,
+                               "Tile": 1, "Transpose": 1}
+    # Conv stays a boundary; Slice → Pad → Tile → Transpose → Reshape → Add is one kernel
+    assert (fusion["kernels_before"], fusion["kernels_after"], fusion["fused_kernels"]) == (6, 2, 1)
+    assert fusion["ops_fused"] == 6 and fusion["gm_bytes_after"] < fusion["gm_bytes_before"]
+    assert summary["verification"]["status"] == "passed"
+
+
+@pytest.mark.parametrize("target", ["kirin90", "kirin9030", "kirin9050", "ascend910b",
+                                    "ascend950"])
+def test_example_compiles_for_every_target(target, capfd):
+    assert cli.main([str(EXAMPLE), *EXAMPLE_SHAPE, "--target", target]) == 0
+    assert "verification: passed" in capfd.readouterr().out
+
+
+def test_unknown_target_is_a_usage_error(capfd):
+    assert cli.main([str(EXAMPLE), "--target", "kirin99"]) == 2
+    assert "kirin9050" in capfd.readouterr().err
 
 
 def test_human_summary_warns_about_symbolic_inputs(capfd):
