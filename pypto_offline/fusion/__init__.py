@@ -9,6 +9,8 @@ compiled ONNX graph with one function call per region).
 """
 from __future__ import annotations
 
+from types import MappingProxyType
+
 from pypto_offline.fusion.classify import VIEW_ONLY_OPS, node_id, node_tensors, why_not_fusable
 from pypto_offline.fusion.cost import fused_cost, node_cost, time_us, total
 from pypto_offline.fusion.lower import compiled_model
@@ -21,25 +23,40 @@ from pypto_offline.importer import ImportedGraph, Node
 from pypto_offline.importer.scope import in_scope
 from pypto_offline.targets import Target
 
-__all__ = ["Cost", "FusionPlan", "Region", "RegionOp", "Totals", "Unfused", "plan_fusion"]
+__all__ = ["Cost", "FusionPlan", "Region", "RegionOp", "Totals", "Unfused", "plan_fusion",
+           "without_regions"]
 
 
 def plan_fusion(graph: ImportedGraph, target: Target) -> FusionPlan:
     verdicts = {node_id(n): why_not_fusable(n, graph, target) for n in graph.nodes}
     fusable = {nid for nid, verdict in verdicts.items() if verdict is None}
     nodes = {node_id(n): n for n in graph.nodes}
-    accepted: list[tuple[Region, Program]] = []
-    refused: dict[str, str] = {}
+    regions: list[Region] = []
+    refused: dict[str, tuple[str, str]] = {}
     for members in partition(graph, fusable, target):
-        region, program = _region(f"region_{len(accepted)}", [nodes[m] for m in members], graph,
-                                  target)
+        region, _ = _region(f"region_{len(regions)}", [nodes[m] for m in members], graph, target)
         why = _why_it_does_not_pay(region)
         if why is None:
-            accepted.append((region, program))
+            regions.append(region)
         else:
-            refused.update({m: why for m in members})
-    regions = [region for region, _ in accepted]
-    model = compiled_model(graph, accepted)
+            refused.update({m: (DOES_NOT_PAY, why) for m in members})
+    return _plan(graph, target, regions, verdicts, refused)
+
+
+def without_regions(plan: FusionPlan, graph: ImportedGraph, target: Target,
+                    failed: dict[str, tuple[str, str]]) -> FusionPlan:
+    """The plan again with some regions fallen back to unfused ops; ``failed`` maps a region id
+    to (category, reason), e.g. a kernel that failed its check."""
+    verdicts = {node_id(n): why_not_fusable(n, graph, target) for n in graph.nodes}
+    refused = {nid: failed[r.id] for r in plan.regions if r.id in failed for nid in r.nodes}
+    refused.update({u.node: (u.category, u.reason) for u in plan.unfused
+                    if verdicts[u.node] is None})
+    kept = [r for r in plan.regions if r.id not in failed]
+    return _plan(graph, target, kept, verdicts, refused)
+
+
+def _plan(graph, target, regions, verdicts, refused) -> FusionPlan:
+    model = compiled_model(graph, regions)
     unfused = _unfused(graph, verdicts, regions, refused)
     return FusionPlan(target.name, tuple(regions), tuple(unfused),
                       _totals(graph, regions, model, target), model)
@@ -55,8 +72,15 @@ def _region(region_id: str, members: list[Node], graph: ImportedGraph, target: T
         id=region_id, nodes=tuple(node_id(n) for n in members), inputs=inputs, outputs=outputs,
         original=original, simplified=tuple(program.ops), rules_applied=tuple(applied),
         unfused=total((node_cost(n, graph, target) for n in members), target),
-        fused=fused_cost(inputs, outputs, graph, target))
+        fused=fused_cost(inputs, outputs, graph, target),
+        tensor_types=MappingProxyType({name: (program.shapes[name], program.dtypes[name])
+                                       for name in _program_tensors(program)}))
     return region, program
+
+
+def _program_tensors(program: Program) -> list[str]:
+    names = list(program.inputs) + [n for op in program.ops for n in op.inputs + op.outputs]
+    return list(dict.fromkeys(names))
 
 
 def _boundary_tensors(members: list[Node], graph: ImportedGraph):
@@ -91,7 +115,7 @@ def _unfused(graph, verdicts, regions, refused) -> list[Unfused]:
         if verdicts[nid] is not None:
             category, reason = verdicts[nid]
         elif nid in refused:
-            category, reason = DOES_NOT_PAY, refused[nid]
+            category, reason = refused[nid]
         elif node.op_type in VIEW_ONLY_OPS:
             category, reason = DOES_NOT_PAY, "metadata only: no kernel to save"
         else:

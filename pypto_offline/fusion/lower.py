@@ -78,18 +78,25 @@ def region_call(region: Region) -> onnx.NodeProto:
         kernels_unfused=region.unfused.kernels)
 
 
-def compiled_model(graph: ImportedGraph, regions: list[tuple[Region, Program]]) -> onnx.ModelProto:
+def program_of(region: Region) -> Program:
+    """The simplified program again, from the region record alone."""
+    return Program(ops=list(region.simplified), inputs=region.inputs, outputs=region.outputs,
+                   shapes={n: tuple(t[0]) for n, t in region.tensor_types.items()},
+                   dtypes={n: t[1] for n, t in region.tensor_types.items()})
+
+
+def compiled_model(graph: ImportedGraph, regions: list[Region]) -> onnx.ModelProto:
     """The imported model with every region replaced by its function call, in topological order."""
     model = onnx.ModelProto()
     model.CopyFrom(graph.model)
-    fused = {nid for region, _ in regions for nid in region.nodes}
+    fused = {nid for region in regions for nid in region.nodes}
     kept = [n for n in model.graph.node if n.output[0] not in fused]
-    calls = [region_call(region) for region, _ in regions]
+    calls = [region_call(region) for region in regions]
     nodes = _topological(kept + calls)
     del model.graph.node[:]
     model.graph.node.extend(nodes)
-    model.functions.extend(region_function(region, program, graph.opset)
-                           for region, program in regions)
+    model.functions.extend(region_function(region, program_of(region), graph.opset)
+                           for region in regions)
     if regions:
         model.opset_import.append(helper.make_opsetid(DOMAIN, DOMAIN_VERSION))
     _drop_dead_value_info(model)

@@ -46,6 +46,9 @@ class Region:
     rules_applied: tuple[str, ...]
     unfused: Cost
     fused: Cost                     # lower bound: inputs once + outputs once, one launch
+    # shape and ONNX element type of every tensor of the simplified program
+    tensor_types: Mapping[str, tuple[tuple[int, ...], int]] = field(
+        default_factory=lambda: MappingProxyType({}))
 
 
 @dataclass(frozen=True)

@@ -16,10 +16,8 @@ from typing import Mapping
 import numpy as np
 import onnx
 
-from pypto_offline.runtime import abs_diff, run_model
+from pypto_offline.runtime import TOLERANCE, abs_diff, run_model
 
-# Absolute tolerance per output dtype (fp32 as the fusion issue requires).
-TOLERANCE = {"float64": 1e-7, "float32": 1e-4, "float16": 1e-2, "bfloat16": 5e-2}
 # Ops an index tensor passes through unchanged on its way to a Gather.
 INDEX_PASS_THROUGH = frozenset({"Cast", "Unsqueeze", "Squeeze", "Reshape", "Flatten", "Identity",
                                 "Expand"})

@@ -1,0 +1,253 @@
+"""Compile every fused region with the real PyPTO, in fresh worker processes, through the cache.
+
+Per region:
+1. generate the kernel source for every tile candidate;
+2. look the key up in the cache (a warm rebuild stops here);
+3. one search process compiles all candidates for the cost model;
+4. one final process compiles the fastest with pass-verify and compares its output with
+   onnxruntime running the region's original ops.
+A region whose kernel cannot be written, crashes, times out or fails its check falls back to
+unfused ops, with the reason.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from pypto_offline.fusion.records import FusionPlan, Region
+from pypto_offline.importer import ImportedGraph
+from pypto_offline.pypto_kernels.cache import KernelCache, cache_key
+from pypto_offline.pypto_kernels.codegen import CannotExpress, kernel_source
+from pypto_offline.pypto_kernels.records import Kernel, TileResult
+from pypto_offline.pypto_kernels.tiling import candidate_policies, default_policy
+from pypto_offline.runtime import TOLERANCE, run_model
+from pypto_offline.targets import Target
+
+PYPTO_VERSION = "0.2.0"
+KERNEL_FORMAT = 1  # bump when the generator changes what a cached entry means
+DEFAULT_TIMEOUT_S = 300
+# ascend950: the cost model can use its A5 tables (pypto-cpu.md §6); everything else is 910B.
+COST_MODEL = {"ascend950": ("A5", "ASCEND_950PR_9579")}
+
+
+def calculator_cache() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "pypto-offline" / "calculator"
+
+
+def compile_kernels(graph: ImportedGraph, plan: FusionPlan, target: Target, *,
+                    cache_dir: Path | None = None, jobs: int = 2, search: bool = True,
+                    timeout: float = DEFAULT_TIMEOUT_S) -> list[Kernel]:
+    cache = KernelCache(cache_dir)
+    constants = {t.name: numpy_helper.to_array(t) for t in graph.model.graph.initializer}
+    compile_one = lambda region: compile_region(  # noqa: E731 - threads only wait on processes
+        region, graph, target, cache, constants, search=search, timeout=timeout)
+    with ThreadPoolExecutor(max(1, jobs)) as pool:
+        return list(pool.map(compile_one, plan.regions))
+
+
+def compile_region(region: Region, graph: ImportedGraph, target: Target, cache: KernelCache,
+                   constants: dict, *, search: bool = True,
+                   timeout: float = DEFAULT_TIMEOUT_S) -> Kernel:
+    started = time.perf_counter()
+    ub = target.ub_plan_bytes.value
+    default = default_policy(ub)
+    policies = candidate_policies(ub) if search else [default]
+    try:
+        sources = {p.budget_bytes: kernel_source(region, p, constants) for p in policies}
+    except CannotExpress as why:
+        return Kernel(region.id, False, f"cannot express in PyPTO 0.2.0: {why}")
+    key = cache_key(sources=sources, types={k: [list(v[0]), v[1]] for k, v in
+                                            sorted(region.tensor_types.items())},
+                    target=target.name, pypto=PYPTO_VERSION, format=KERNEL_FORMAT,
+                    default=default.budget_bytes, cost_model=COST_MODEL.get(target.name))
+    hit = cache.get(key)
+    if hit is not None:
+        return _load(hit, from_cache=True)
+    staged = cache.staging()
+    try:
+        kernel = _build(region, graph, target, cache, constants, sources, default.budget_bytes,
+                        key, staged, timeout)
+    except BaseException:
+        shutil.rmtree(staged, ignore_errors=True)
+        raise
+    kernel = Kernel(**{**kernel.__dict__, "compile_seconds": round(time.perf_counter() - started, 3)})
+    _save(kernel, staged)
+    return _load(cache.put(key, staged), from_cache=False)
+
+
+def _build(region, graph, target, cache, constants, sources, default_budget, key, staged, timeout):
+    paths = {}
+    for budget, text in sources.items():
+        path = cache.root / "src" / f"{key[:16]}_{budget}.py"  # stable: program.json embeds it
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if not path.exists():
+            _write_atomically(path, text.encode())
+        paths[budget] = path
+    arrays, reference = _region_data(region, graph, constants)
+    searched = _run_worker(staged / "search", region, target, paths, arrays, reference, False,
+                           timeout)
+    compiled = [c for c in searched.get("candidates", []) if c.get("compiled") and c["aicore_us"]]
+    if not compiled:
+        return Kernel(region.id, False, _failure(searched), source=sources[default_budget],
+                      cache_key=key)
+    best = min(compiled, key=lambda c: (c["aicore_us"], c["total_us"] or 0, c["budget"]))
+    default = next((c for c in compiled if c["budget"] == default_budget), None)
+    final = _run_worker(staged / "final", region, target, {best["budget"]: paths[best["budget"]]},
+                        arrays, reference, True, timeout)
+    result = (final.get("candidates") or [{}])[0]
+    if not result.get("compiled"):
+        return Kernel(region.id, False, _failure(final), source=sources[best["budget"]],
+                      cache_key=key)
+    return _kernel_record(region, sources[best["budget"]], key, best, default, result, staged)
+
+
+def _kernel_record(region, source, key, best, default, result, staged) -> Kernel:
+    verdicts = tuple((v["pass"], v["result"]) for v in result.get("verdicts", []))
+    tolerance = max((TOLERANCE.get(str(np.dtype(onnx.helper.tensor_dtype_to_np_dtype(
+        region.tensor_types[o][1]))), 0.0) for o in region.outputs), default=0.0)
+    diff = result.get("max_abs_diff")
+    functional_ok = bool(verdicts) and all(v == "PASS" for _, v in verdicts) and \
+        diff is not None and diff <= tolerance
+    reason = None if functional_ok else (
+        f"failed its functional check (max abs diff {diff}, passes "
+        f"{[p for p, v in verdicts if v != 'PASS'] or 'none recorded'})")
+    traffic = result.get("gm_bytes", {"read": 0, "written": 0})
+    return Kernel(
+        region.id, functional_ok, reason, source=source, cache_key=key,
+        default_tile=_tile(default), tuned_tile=_tile(best),
+        gm_bytes_read=traffic["read"], gm_bytes_written=traffic["written"],
+        functional_ok=functional_ok, max_abs_diff=diff, verdicts=verdicts)
+
+
+def _tile(candidate) -> TileResult | None:
+    if candidate is None:
+        return None
+    return TileResult(candidate["budget"], candidate["aicore_us"], candidate["total_us"],
+                      candidate["tasks"])
+
+
+def _failure(result: dict) -> str:
+    if "error" in result:
+        return result["error"]
+    errors = [c.get("error") for c in result.get("candidates", []) if c.get("error")]
+    return f"PyPTO compile failed: {errors[0] if errors else 'no candidate compiled'}"
+
+
+def _run_worker(folder: Path, region: Region, target: Target, sources: dict, arrays, reference,
+                verify: bool, timeout: float) -> dict:
+    folder.mkdir(parents=True)
+    np.savez(folder / "inputs.npz", **{f"in{i}": a for i, a in enumerate(arrays)})
+    np.savez(folder / "reference.npz", **{f"out{i}": a for i, a in enumerate(reference)})
+    arch, platform = COST_MODEL.get(target.name, (None, None))
+    job = {"folder": str(folder), "function": region.id, "verify": verify,
+           "calculator_cache": str(calculator_cache()), "cost_model_arch": arch,
+           "device_platform": platform,
+           "candidates": [{"budget": b, "source": str(p)} for b, p in sources.items()],
+           "outputs": [{"shape": list(region.tensor_types[o][0]),
+                        "dtype": _torch_dtype(region.tensor_types[o][1])} for o in region.outputs]}
+    (folder / "job.json").write_text(json.dumps(job, indent=1))
+    with open(folder / "worker.log", "wb") as log:
+        try:
+            done = subprocess.run([sys.executable, "-m", "pypto_offline.pypto_kernels.worker",
+                                   str(folder / "job.json")], stdout=log, stderr=log,
+                                  stdin=subprocess.DEVNULL, timeout=timeout, cwd=folder)
+        except subprocess.TimeoutExpired:
+            return {"error": f"PyPTO compile did not finish within {timeout:.0f} s"}
+    result_path = folder / "result.json"
+    if not result_path.exists():
+        return {"error": f"PyPTO worker crashed (exit code {done.returncode})"}
+    return json.loads(result_path.read_text())
+
+
+def _torch_dtype(elem_type: int) -> str:
+    return {onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.FLOAT16: "float16",
+            onnx.TensorProto.BFLOAT16: "bfloat16", onnx.TensorProto.INT32: "int32",
+            onnx.TensorProto.INT64: "int64", onnx.TensorProto.INT8: "int8",
+            onnx.TensorProto.UINT8: "uint8", onnx.TensorProto.INT16: "int16",
+            onnx.TensorProto.BOOL: "bool"}[elem_type]
+
+
+def _region_data(region: Region, graph: ImportedGraph, constants: dict):
+    """Kernel arguments (seeded, or the constant's own value) and onnxruntime's result for the
+    region's original ops on them."""
+    rng = np.random.default_rng(0)
+    feeds, arrays = {}, []
+    for name in region.inputs:
+        if name in constants:
+            if np.asarray(constants[name]).size != 1:
+                arrays.append(np.asarray(constants[name]))
+            continue
+        info = graph.tensors[name]
+        dtype = info.np_dtype
+        if dtype == np.bool_:
+            value = rng.integers(0, 2, size=info.shape).astype(bool)
+        elif np.issubdtype(dtype, np.floating):
+            value = rng.uniform(-1.0, 1.0, size=info.shape).astype(dtype)
+        else:
+            value = rng.integers(0, 4, size=info.shape).astype(dtype)
+        feeds[name] = value
+        arrays.append(value)
+    outputs = run_model(region_model(region, graph), feeds)
+    return arrays, [outputs[name] for name in region.outputs]
+
+
+def region_model(region: Region, graph: ImportedGraph) -> onnx.ModelProto:
+    """The region's original nodes as a model of their own (the functional check's reference)."""
+    members = set(region.nodes)
+    nodes = [n for n in graph.model.graph.node if n.output[0] in members]
+    used = {name for n in nodes for name in n.input}
+    initializers = [t for t in graph.model.graph.initializer if t.name in used]
+    constant_names = {t.name for t in initializers}
+    value_info = lambda name: helper.make_tensor_value_info(  # noqa: E731
+        name, graph.tensors[name].dtype, list(graph.tensors[name].shape))
+    model = helper.make_model(
+        helper.make_graph(nodes, region.id,
+                          [value_info(n) for n in region.inputs if n not in constant_names],
+                          [value_info(n) for n in region.outputs], initializers),
+        opset_imports=list(graph.model.opset_import))
+    model.ir_version = graph.model.ir_version
+    return model
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    staged = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    staged.write_bytes(data)
+    os.replace(staged, path)
+
+
+def _save(kernel: Kernel, staged: Path) -> None:
+    for name in ("search", "final"):  # keep the artifacts, drop the simulator's bulky output
+        for bulky in ("run", "verify", "pypto_home", "ascend_log"):
+            shutil.rmtree(staged / name / bulky, ignore_errors=True)
+    record = {k: v for k, v in kernel.__dict__.items() if k not in ("artifacts", "from_cache")}
+    for tile in ("default_tile", "tuned_tile"):
+        if record[tile] is not None:
+            record[tile] = record[tile].__dict__
+    (staged / "kernel.json").write_text(json.dumps(record, indent=1, sort_keys=True))
+
+
+def _load(entry: Path, from_cache: bool) -> Kernel:
+    record = json.loads((entry / "kernel.json").read_text())
+    for tile in ("default_tile", "tuned_tile"):
+        if record[tile] is not None:
+            record[tile] = TileResult(**record[tile])
+    record["verdicts"] = tuple(tuple(v) for v in record["verdicts"])
+    artifacts = {}
+    folder = entry / "final" / "artifacts"
+    if folder.is_dir():
+        artifacts = {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+    return Kernel(**record, artifacts=artifacts, from_cache=from_cache)
+
+
+__all__ = ["compile_kernels", "compile_region", "region_model"]

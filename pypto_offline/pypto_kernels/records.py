@@ -1,0 +1,37 @@
+"""What the kernel stage hands on: per region a compiled, checked kernel or a fallback."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class TileResult:
+    budget_bytes: int
+    aicore_us: float | None
+    total_us: float | None
+    tasks: int
+
+
+@dataclass(frozen=True)
+class Kernel:
+    region_id: str
+    compiled: bool
+    fallback_reason: str | None = None
+    source: str = ""
+    cache_key: str = ""
+    default_tile: TileResult | None = None
+    tuned_tile: TileResult | None = None
+    gm_bytes_read: int = 0
+    gm_bytes_written: int = 0
+    functional_ok: bool = False
+    max_abs_diff: float | None = None
+    verdicts: tuple[tuple[str, str], ...] = ()
+    platform: str = ("Ascend910B (DAV_2201): the only platform PyPTO 0.2.0 ships; tiling "
+                     "constrained by the target")
+    artifacts: dict = field(default_factory=dict, compare=False)  # name → bytes
+    compile_seconds: float = 0.0
+    from_cache: bool = False
+
+    @property
+    def gm_bytes(self) -> int:
+        return self.gm_bytes_read + self.gm_bytes_written

@@ -1,0 +1,280 @@
+"""One PyPTO compile in a fresh process: ``python -m pypto_offline.pypto_kernels.worker JOB.json``.
+
+PyPTO segfaults under threads and its artifacts drift within a process, so every kernel compile
+runs here, alone. The job names generated modules (one or several tile candidates), input and
+reference arrays, and a folder; the result is ``result.json`` in that folder. All of PyPTO's output
+(its simulator, logs, side files) stays inside the folder.
+
+Recipes from ``shared/pypto-cpu.md``:
+- §4: a quiet simulator config through ``TILEFWK_CONFIG_PATH``;
+- §2: the pass-verify input hand-over fix, with the calculator built once into a shared cache;
+- §3: the AICore end-to-end time from ``_simulate.swim.json``;
+- §6: the A5 cost tables for ascend950.
+"""
+from __future__ import annotations
+
+import contextlib
+import csv
+import ctypes
+import glob
+import gzip
+import importlib.util
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+CYCLES_PER_US = 1800.0  # the simulator's swim-lane time base (1.8 GHz)
+# pypto DataType codes (pypto.DT_*) → bytes per element, for counting copies in program.json
+DT_BYTES = {0: 0.5, 1: 1, 2: 2, 3: 4, 4: 8, 5: 1, 6: 2, 7: 4, 8: 2, 11: 1, 12: 2, 13: 4, 14: 8,
+            15: 1, 16: 8, 17: 1, 18: 1, 19: 1}
+
+
+def _pypto_lib() -> Path:
+    spec = importlib.util.find_spec("pypto")
+    return Path(list(spec.submodule_search_locations)[0]) / "lib"
+
+
+def prepare_environment(folder: Path, cost_model_arch: str | None, device_platform: str | None
+                        ) -> None:
+    """Before ``import pypto``: quiet config, output and log folders inside ``folder``."""
+    config = json.loads((_pypto_lib() / "configs" / "tile_fwk_config.json").read_text())
+    args = [a for a in config["global"]["simulation"]["args"]
+            if not a.startswith(("Model.drawPngThresholdCycle", "Model.deviceArch="))]
+    args.append("Model.drawPngThresholdCycle=0")  # no matplotlib scripts, no tracebacks
+    if cost_model_arch:
+        args.append(f"Model.deviceArch={cost_model_arch}")
+    config["global"]["simulation"]["args"] = args
+    if device_platform:
+        config["global"]["platform"]["device_platform"] = device_platform
+    (folder / "tile_fwk_config.json").write_text(json.dumps(config, indent=1))
+    os.environ["TILEFWK_CONFIG_PATH"] = str(folder / "tile_fwk_config.json")
+    os.environ["PYPTO_HOME"] = str(folder / "pypto_home")
+    os.environ["ASCEND_PROCESS_LOG_PATH"] = str(folder / "ascend_log")
+
+
+def load_calculator(cache: Path) -> None:
+    """Build PyPTO's torch-based interpreter once per machine (about 30 s), then load it."""
+    from pypto._utils import BuildOnlineManager
+
+    manager = BuildOnlineManager()
+    if manager.calculator_loaded:
+        return
+    import torch
+
+    root = cache / f"pypto0.2.0-torch{torch.__version__}"
+    library = root / "install" / "lib" / "libtile_fwk_calculator.so"
+    if not library.exists():
+        real_environ = os.environ  # _TorchContext replaces os.environ with a plain dict
+        try:
+            torch_ctx, cmake_ctx = manager._TorchContext(), manager._CMakeContext()
+        finally:
+            os.environ = real_environ
+        staging = cache / f"build-{os.getpid()}"
+        ctx = manager._CMakeContext.CompileContext(src_dir=Path(manager.pkg_lib_dir, "calculator"),
+                                                   tmp_dir=staging)
+        ctx.cfg_cmd_ext = (f"-DPY3_MOD_TORCH_VERSION={torch_ctx.torch_version}"
+                           f" -DPY3_MOD_TORCH_ROOT_PATH={torch_ctx.torch_root_dir}"
+                           f" -DPY3_MOD_TORCH_C_GLIBCXX_USE_CXX11_ABI="
+                           f"{torch_ctx.torch_c_use_cxx11_abi}")
+        cmake_ctx.compile(ctx)
+        with contextlib.suppress(OSError):  # another process may have won the race
+            os.rename(staging, root)
+        library = root / "install" / "lib" / "libtile_fwk_calculator.so"
+    ctypes.CDLL(str(library), mode=ctypes.RTLD_GLOBAL)
+    manager.calculator_loaded = True
+
+
+def enable_functional_check(cache: Path) -> None:
+    """Hand the caller's tensors to pass-verify: stock 0.2.0 copies them through a no-op on CPU
+    and interprets zeros (and later overwrites the inputs with those zeros)."""
+    import pypto
+    from pypto import pypto_impl
+    from pypto._utils import BuildOnlineManager
+    from pypto.frontend.parser import entry
+
+    def setup_verify_data(pto_tensors):
+        if not pypto.get_verify_options().get("enable_pass_verify"):
+            return
+        load_calculator(cache)
+        pypto_impl.SetVerifyData(entry._pto_to_tensor_data(pto_tensors), [],
+                                 entry._pto_verify_datas.get_data())
+
+    BuildOnlineManager.build_and_load_calculator = lambda self: load_calculator(cache)
+    entry.JitCallableWrapper._setup_verify_data = staticmethod(setup_verify_data)
+
+
+def cost_of(run_dir: Path) -> dict:
+    simulation = run_dir / "CostModelSimulationOutput"
+    result = {"aicore_us": None, "total_us": None, "tasks": 0}
+    swim = simulation / "_simulate.swim.json"
+    if swim.exists():
+        starts, ends = [], []
+        for core in json.loads(swim.read_text()):
+            if core.get("coreType") in ("AIC", "AIV"):
+                for task in core["tasks"]:
+                    starts.append(task["execStart"])
+                    ends.append(task["execEnd"])
+        result["tasks"] = len(starts)
+        if starts:
+            result["aicore_us"] = round((max(ends) - min(starts)) / CYCLES_PER_US, 3)
+    report = simulation / "_simulate.stat.report.txt"
+    if report.exists():
+        for line in report.read_text().splitlines():
+            if line.startswith("Total Cycles"):
+                result["total_us"] = round(int(line.split(":")[-1]) / CYCLES_PER_US, 3)
+    return result
+
+
+def copy_traffic(program: dict) -> dict:
+    """Global-memory bytes the compiled program moves: every COPY_IN and COPY_OUT of the tile
+    graphs, sized by the UB-side tile's valid shape and its raw tensor's dtype."""
+    read = written = 0
+    for function in program["functions"]:
+        if function.get("graphtype") != 1:
+            continue
+        tensors = {t["magic"]: t for t in function["tensors"]}
+        dtypes = {r["rawmagic"]: r["datatype"] for r in function["rawtensors"]}
+        for op in function["operations"]:
+            if op["opcode"] not in ("COPY_IN", "COPY_OUT"):
+                continue
+            local = op["ooperands"][0] if op["opcode"] == "COPY_IN" else op["ioperands"][0]
+            tensor = tensors[local]
+            shape = tensor.get("validshape") or tensor["shape"]
+            nbytes = int(np.prod(shape) * DT_BYTES.get(dtypes[tensor["rawtensor"]], 4))
+            if op["opcode"] == "COPY_IN":
+                read += nbytes
+            else:
+                written += nbytes
+    return {"read": read, "written": written}
+
+
+def verdicts(verify_dir: Path) -> list[dict]:
+    ctypes.CDLL(None).fflush(None)  # the CSVs are written through buffered C streams
+    rows = []
+    for path in sorted(verify_dir.glob("**/verify_result_brief.csv")):
+        with open(path) as handle:
+            rows.extend({"pass": r["passName"], "result": r["verifyResult"],
+                         "max_abs_diff": r.get("maxAbsDiff")} for r in csv.DictReader(handle))
+    return rows
+
+
+def _load_kernel(source: Path, name: str):
+    spec = importlib.util.spec_from_file_location(f"pypto_offline_kernel_{name}", source)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return getattr(module, name)
+
+
+def _compile_once(job: dict, candidate: dict, folder: Path, arrays: list, torch) -> dict:
+    outputs = [torch.zeros(tuple(o["shape"]) or (1,), dtype=getattr(torch, o["dtype"]))
+               for o in job["outputs"]]
+    inputs = [torch.from_numpy(np.ascontiguousarray(a).reshape(a.shape or (1,))) for a in arrays]
+    run_root = folder / "run"
+    run_root.mkdir(exist_ok=True)
+    os.environ["TILE_FWK_OUTPUT_DIR"] = str(run_root)
+    os.putenv("TILE_FWK_OUTPUT_DIR", str(run_root))
+    before = set(run_root.glob("output_*"))
+    started = time.perf_counter()
+    try:
+        kernel = _load_kernel(Path(candidate["source"]), job["function"])
+        if job.get("verify"):  # PyPTO compares its interpreted outputs with onnxruntime's too
+            import pypto
+
+            reference = np.load(folder / "reference.npz")
+            goldens = [torch.from_numpy(np.ascontiguousarray(reference[f"out{i}"]).reshape(
+                tuple(o["shape"]) or (1,))) for i, o in enumerate(job["outputs"])]
+            pypto.set_verify_golden_data(goldens=[None] * len(inputs) + goldens)
+        kernel(*inputs, *outputs)
+    except BaseException as error:  # noqa: BLE001 - any failure is this candidate's verdict
+        return {"compiled": False, "error": _first_line(error),
+                "seconds": round(time.perf_counter() - started, 3)}
+    seconds = time.perf_counter() - started
+    run_dirs = sorted(set(run_root.glob("output_*")) - before)
+    result = {"compiled": True, "seconds": round(seconds, 3), "run_dir": str(run_dirs[-1])}
+    result.update(cost_of(run_dirs[-1]))
+    program = run_dirs[-1] / "program.json"
+    if program.exists():
+        result["gm_bytes"] = copy_traffic(json.loads(program.read_text()))
+    result["outputs"] = [o.numpy().reshape(tuple(spec["shape"])) for o, spec in
+                         zip(outputs, job["outputs"])]
+    return result
+
+
+def _first_line(error: BaseException) -> str:
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return f"{type(error).__name__}: {lines[0][:300] if lines else ''}"
+
+
+def run_job(job: dict) -> dict:
+    folder = Path(job["folder"])
+    prepare_environment(folder, job.get("cost_model_arch"), job.get("device_platform"))
+    if job.get("verify"):
+        os.environ["PYPTO_OFFLINE_VERIFY_DIR"] = str(folder / "verify")
+    import torch
+
+    importlib.import_module("pypto")  # loads the framework with the environment above
+
+    enable_functional_check(Path(job["calculator_cache"]))
+    data = np.load(folder / "inputs.npz")
+    arrays = [data[f"in{i}"] for i in range(len(data.files))]
+    results = []
+    for candidate in job["candidates"]:
+        result = _compile_once(job, candidate, folder, arrays, torch)
+        outputs = result.pop("outputs", None)
+        if job.get("verify") and outputs is not None:
+            result["verdicts"] = verdicts(folder / "verify")
+            result.update(_compare(outputs, folder / "reference.npz"))
+            _keep_artifacts(Path(result["run_dir"]), folder / "artifacts")
+        results.append({"budget": candidate["budget"], **result})
+    return {"candidates": results}
+
+
+def _compare(outputs: list, reference: Path) -> dict:
+    expected = np.load(reference)
+    diffs = []
+    for index, actual in enumerate(outputs):
+        want = expected[f"out{index}"]
+        if actual.shape != want.shape:
+            diffs.append(float("inf"))
+            continue
+        diff = np.abs(actual.astype(np.float64) - want.astype(np.float64))
+        same = np.isnan(actual.astype(np.float64)) & np.isnan(want.astype(np.float64))
+        diffs.append(float(np.where(same, 0, np.nan_to_num(diff, nan=np.inf)).max())
+                     if diff.size else 0.0)
+    return {"max_abs_diff": max(diffs, default=0.0)}
+
+
+def _keep_artifacts(run_dir: Path, target: Path) -> None:
+    """program.json (gzipped), the task graph and the host control-flow source."""
+    target.mkdir(exist_ok=True)
+    program = run_dir / "program.json"
+    if program.exists():
+        with open(program, "rb") as raw, open(target / "program.json.gz", "wb") as packed, \
+                gzip.GzipFile(fileobj=packed, mode="wb", mtime=0, filename="") as z:
+            shutil.copyfileobj(raw, z)  # mtime 0, no name: the same bytes on every build
+    for name in ("dyn_topo.txt",):
+        if (run_dir / name).exists():
+            shutil.copy(run_dir / name, target / name)
+    for source in glob.glob(str(run_dir / "kernel_aicpu" / "controlFlow_host_*.cpp")):
+        shutil.copy(source, target / "control_flow_host.cpp")
+    for source in sorted(glob.glob(str(run_dir / "kernel_aicore" / "*.cpp"))):
+        shutil.copy(source, target / Path(source).name)
+
+
+def main() -> int:
+    job_path = Path(sys.argv[1])
+    job = json.loads(job_path.read_text())
+    result = run_job(job)
+    staged = job_path.with_name("result.json.tmp")
+    staged.write_text(json.dumps(result, indent=1, sort_keys=True))
+    os.replace(staged, job_path.with_name("result.json"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,106 @@
+"""Kernels compiled with the real PyPTO 0.2.0 (SIM run mode), checked functionally, cached."""
+from __future__ import annotations
+
+import sys
+import time
+
+import pytest
+
+from pypto_offline.fusion import without_regions
+from pypto_offline.fusion.records import FAILED_CHECK
+from pypto_offline.pypto_kernels import compile_kernels, compile_region
+from pypto_offline.pypto_kernels.cache import KernelCache
+from pypto_offline.targets import TARGETS
+from tests.fusion_helpers import assert_compiled_matches, fuse
+from tests.test_fusion_anchors import channel_shuffle, rotary, slice_pad_tile_transpose_reshape_add
+
+
+def test_importing_the_package_does_not_import_pypto_or_torch():
+    import subprocess
+
+    code = ("import sys, pypto_offline, pypto_offline.pypto_kernels, pypto_offline.fusion; "
+            "print('pypto' in sys.modules, 'torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.stdout.split() == ["False", "False"]
+
+
+@pytest.fixture(scope="module")
+def anchor_kernels(tmp_path_factory):
+    cache = tmp_path_factory.mktemp("kernel-cache")
+    results = {}
+    for build in (slice_pad_tile_transpose_reshape_add, channel_shuffle, rotary):
+        graph, plan = fuse(build(), "kirin9050")
+        started = time.perf_counter()
+        kernels = compile_kernels(graph, plan, TARGETS["kirin9050"], cache_dir=cache)
+        results[build.__name__] = (graph, plan, kernels, time.perf_counter() - started)
+    return cache, results
+
+
+@pytest.mark.parametrize("name", ["slice_pad_tile_transpose_reshape_add", "channel_shuffle",
+                                  "rotary"])
+def test_anchor_kernels_compile_and_pass_their_functional_check(anchor_kernels, name):
+    _, results = anchor_kernels
+    _, plan, (kernel,), _ = results[name]
+    assert kernel.compiled, kernel.fallback_reason
+    assert kernel.functional_ok and kernel.max_abs_diff == 0.0
+    passes = dict(kernel.verdicts)
+    assert {"tensor_graph", "Pass_04_ExpandFunction", "Pass_36_CodegenPreproc"} <= set(passes)
+    assert all(v == "PASS" for v in passes.values())
+    assert kernel.tuned_tile.aicore_us <= kernel.default_tile.aicore_us
+    assert kernel.tuned_tile.tasks > 0
+    assert kernel.gm_bytes_read > 0 and kernel.gm_bytes_written > 0
+    assert "program.json.gz" in kernel.artifacts and "dyn_topo.txt" in kernel.artifacts
+    assert "@pypto.frontend.jit" in kernel.source and f"def {plan.regions[0].id}(" in kernel.source
+    assert "Ascend910B" in kernel.platform
+
+
+def test_a_warm_rebuild_compiles_nothing(anchor_kernels):
+    cache, results = anchor_kernels
+    graph, plan, (cold,), _ = results["rotary"]
+    started = time.perf_counter()
+    (warm,) = compile_kernels(graph, plan, TARGETS["kirin9050"], cache_dir=cache)
+    assert warm.from_cache and not cold.from_cache
+    assert time.perf_counter() - started < 2.0  # no worker process was started
+    assert (warm.cache_key, warm.tuned_tile, warm.artifacts) == \
+        (cold.cache_key, cold.tuned_tile, cold.artifacts)
+
+
+def test_a_region_the_generator_cannot_write_falls_back_with_its_reason(tmp_path):
+    from tests.onnx_builders import GraphBuilder
+
+    b = GraphBuilder()
+    x = b.input("x", [4, 8])
+    y = b.op("Slice", [x], starts=[1], ends=[8], axes=[1])
+    graph, plan = fuse(b.model(b.op("Sub", [b.const(1.0), b.op("Div", [b.const(2.0), y])])))
+    (region,) = plan.regions
+    kernel = compile_region(region, graph, TARGETS["kirin9050"], KernelCache(tmp_path), {
+        t.name: __import__("onnx").numpy_helper.to_array(t) for t in graph.model.graph.initializer})
+    assert not kernel.compiled and "Div with a scalar on the left" in kernel.fallback_reason
+    replanned = without_regions(plan, graph, TARGETS["kirin9050"],
+                                {region.id: (FAILED_CHECK, kernel.fallback_reason)})
+    assert replanned.regions == () and replanned.totals.kernels_after == plan.totals.kernels_before
+    assert {u.category for u in replanned.unfused} == {FAILED_CHECK}
+    assert_compiled_matches(graph, replanned)
+
+
+@pytest.mark.parametrize("sabotage,expected", [
+    ("import os\nos._exit(3)\n", "crashed (exit code 3)"),
+    ("import time\ntime.sleep(60)\n", "did not finish within 5 s"),
+])
+def test_a_crashing_or_hanging_compile_falls_back_and_the_build_goes_on(
+        sabotage, expected, tmp_path, monkeypatch):
+    from pypto_offline.pypto_kernels import codegen
+
+    graph, plan = fuse(rotary())
+    honest = codegen.kernel_source
+    monkeypatch.setattr("pypto_offline.pypto_kernels.compiler.kernel_source",
+                        lambda region, policy, constants: honest(region, policy, constants)
+                        + sabotage)
+    started = time.perf_counter()
+    (kernel,) = compile_kernels(graph, plan, TARGETS["kirin9050"], cache_dir=tmp_path,
+                                search=False, timeout=5)
+    assert not kernel.compiled and expected in kernel.fallback_reason
+    assert time.perf_counter() - started < 30
+    replanned = without_regions(plan, graph, TARGETS["kirin9050"],
+                                {kernel.region_id: (FAILED_CHECK, kernel.fallback_reason)})
+    assert_compiled_matches(graph, replanned)
