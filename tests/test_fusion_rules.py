@@ -70,6 +70,17 @@ def test_inverse_transposes_disappear_and_others_compose():
     assert composed.simplified[0].params["perm"] == (1, 0, 3, 2)
 
 
+def test_slice_moves_before_a_transpose():
+    b, x = with_relu(None)
+    y = b.op("Transpose", [x], perm=[0, 3, 1, 2])
+    y = b.op("Slice", [y], starts=[1, 2], ends=[9, 5], axes=[1, 3], steps=[2, 1])
+    region = simplified(b.model(b.op("Relu", [y])))
+    assert "slice_before_transpose" in region.rules_applied
+    assert ops_of(region) == ["Slice", "Transpose", "Relu"]
+    slice_op = region.simplified[0]
+    assert slice_op.params["starts"] == (0, 0, 2, 1) and slice_op.params["steps"] == (1, 1, 1, 2)
+
+
 def test_reshape_chain_becomes_one_reshape():
     b, x = with_relu(None)
     y = b.op("Reshape", [x], shape=[12, 80])

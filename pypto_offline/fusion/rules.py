@@ -159,6 +159,29 @@ def transpose_of_transpose(prog: Program, op: RegionOp) -> list[RegionOp] | None
     return [_op("Transpose", [inner.inputs[0]], op.outputs, perm=perm)]
 
 
+def slice_before_transpose(prog: Program, op: RegionOp) -> list[RegionOp] | None:
+    """Slice(Transpose(x)) → Transpose(Slice(x)): move less data, and PyPTO 0.2.0 cannot take a
+    view of a transposed tile."""
+    transpose = _single_producer(prog, op, "Transpose") if op.op_type == "Slice" else None
+    if transpose is None:
+        return None
+    perm = transpose.params["perm"]
+    source = transpose.inputs[0]
+    starts, ends, steps = [0] * len(perm), list(prog.shapes[source]), [1] * len(perm)
+    for out_axis, in_axis in enumerate(perm):
+        starts[in_axis] = op.params["starts"][out_axis]
+        ends[in_axis] = op.params["ends"][out_axis]
+        steps[in_axis] = op.params["steps"][out_axis]
+    out_shape = prog.shapes[op.outputs[0]]
+    sliced_shape = [0] * len(perm)
+    for out_axis, in_axis in enumerate(perm):
+        sliced_shape[in_axis] = out_shape[out_axis]
+    sliced = prog.new_tensor(source, sliced_shape, "slice")
+    return [_op("Slice", [source], [sliced], starts=tuple(starts), ends=tuple(ends),
+                steps=tuple(steps)),
+            _op("Transpose", [sliced], op.outputs, perm=tuple(perm))]
+
+
 def reshape_of_reshape(prog: Program, op: RegionOp) -> list[RegionOp] | None:
     inner = _single_producer(prog, op, "Reshape") if op.op_type == "Reshape" else None
     if inner is None:
@@ -227,5 +250,6 @@ def expand_into_broadcast(prog: Program, op: RegionOp) -> list[RegionOp] | None:
 
 RULES: tuple[Rule, ...] = (
     no_op, view_chain, slice_of_slice, pad_of_pad, slice_of_pad, transpose_of_transpose,
-    reshape_of_reshape, slices_concat_roll, split_then_concat, expand_into_broadcast,
+    slice_before_transpose, reshape_of_reshape, slices_concat_roll, split_then_concat,
+    expand_into_broadcast,
 )
