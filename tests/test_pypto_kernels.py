@@ -104,3 +104,49 @@ def test_a_crashing_or_hanging_compile_falls_back_and_the_build_goes_on(
     replanned = without_regions(plan, graph, TARGETS["kirin9050"],
                                 {kernel.region_id: (FAILED_CHECK, kernel.fallback_reason)})
     assert_compiled_matches(graph, replanned)
+
+
+def test_same_kernel_same_artifacts_whatever_the_cache_folder(tmp_path):
+    graph, plan = fuse(rotary())
+    first, second = (compile_kernels(graph, plan, TARGETS["kirin9050"], cache_dir=tmp_path / d,
+                                     search=False)[0] for d in ("a", "b"))
+    assert not first.from_cache and not second.from_cache
+    assert first.artifacts == second.artifacts and first.artifacts
+    assert b"kernel/" in __import__("gzip").decompress(first.artifacts["program.json.gz"])
+    assert str(tmp_path).encode() not in __import__("gzip").decompress(
+        first.artifacts["program.json.gz"])
+
+
+def test_gm_bytes_of_an_elementwise_chain_meet_the_lower_bound(tmp_path):
+    from tests.onnx_builders import GraphBuilder
+
+    b = GraphBuilder()
+    x = b.input("x", [1, 32, 64, 64])
+    y = b.op("Sigmoid", [b.op("Neg", [b.op("Relu", [x])])])
+    graph, plan = fuse(b.model(y))
+    (kernel,) = compile_kernels(graph, plan, TARGETS["kirin9050"], cache_dir=tmp_path)
+    assert kernel.compiled, kernel.fallback_reason
+    lower_bound = plan.regions[0].fused.gm_bytes
+    assert kernel.gm_bytes_read == kernel.gm_bytes_written == lower_bound // 2
+    assert kernel.gm_bytes <= 1.05 * lower_bound
+
+
+@pytest.mark.parametrize("model", ["asr_frontend_whisper80_conv", "asr_frontend_nemo80"])
+def test_every_region_of_a_corpus_model_compiles_or_falls_back_with_a_reason(model, tmp_path):
+    from bench import corpus
+    from pypto_offline import import_model
+    from pypto_offline.fusion import plan_fusion
+
+    spec = corpus.MODELS[model]
+    graph = import_model(corpus.model_path(model), spec.input_shapes)
+    plan = plan_fusion(graph, TARGETS["kirin9050"])
+    kernels = compile_kernels(graph, plan, TARGETS["kirin9050"], cache_dir=tmp_path)
+    assert len(kernels) == len(plan.regions) >= 3
+    for kernel in kernels:
+        assert kernel.compiled or kernel.fallback_reason
+        if kernel.compiled:
+            assert kernel.functional_ok and all(v == "PASS" for _, v in kernel.verdicts)
+    assert sum(k.compiled for k in kernels) >= 0.9 * len(kernels), \
+        [k.fallback_reason for k in kernels if not k.compiled]
+    failed = {k.region_id: (FAILED_CHECK, k.fallback_reason) for k in kernels if not k.compiled}
+    assert_compiled_matches(graph, without_regions(plan, graph, TARGETS["kirin9050"], failed))

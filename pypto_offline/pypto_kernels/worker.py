@@ -21,7 +21,6 @@ import gzip
 import importlib.util
 import json
 import os
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -229,7 +228,9 @@ def run_job(job: dict) -> dict:
         if job.get("verify") and outputs is not None:
             result["verdicts"] = verdicts(folder / "verify")
             result.update(_compare(outputs, folder / "reference.npz"))
-            _keep_artifacts(Path(result["run_dir"]), folder / "artifacts")
+            portable = {candidate["source"]: f"kernel/{Path(candidate['source']).name}",
+                        str(_pypto_lib().parent): "<pypto>"}
+            _keep_artifacts(Path(result["run_dir"]), folder / "artifacts", portable)
         results.append({"budget": candidate["budget"], **result})
     return {"candidates": results}
 
@@ -249,21 +250,28 @@ def _compare(outputs: list, reference: Path) -> dict:
     return {"max_abs_diff": max(diffs, default=0.0)}
 
 
-def _keep_artifacts(run_dir: Path, target: Path) -> None:
-    """program.json (gzipped), the task graph and the host control-flow source."""
+def _keep_artifacts(run_dir: Path, target: Path, paths: dict[str, str]) -> None:
+    """program.json (gzipped), the task graph, the host control-flow and AICore sources, with
+    absolute paths (the kernel source, the pypto package) replaced by portable names so that
+    the same kernel gives the same bytes whatever the cache folder or machine."""
     target.mkdir(exist_ok=True)
-    program = run_dir / "program.json"
-    if program.exists():
-        with open(program, "rb") as raw, open(target / "program.json.gz", "wb") as packed, \
-                gzip.GzipFile(fileobj=packed, mode="wb", mtime=0, filename="") as z:
-            shutil.copyfileobj(raw, z)  # mtime 0, no name: the same bytes on every build
-    for name in ("dyn_topo.txt",):
-        if (run_dir / name).exists():
-            shutil.copy(run_dir / name, target / name)
+    files = {"program.json": run_dir / "program.json", "dyn_topo.txt": run_dir / "dyn_topo.txt"}
     for source in glob.glob(str(run_dir / "kernel_aicpu" / "controlFlow_host_*.cpp")):
-        shutil.copy(source, target / "control_flow_host.cpp")
+        files["control_flow_host.cpp"] = Path(source)
     for source in sorted(glob.glob(str(run_dir / "kernel_aicore" / "*.cpp"))):
-        shutil.copy(source, target / Path(source).name)
+        files[Path(source).name] = Path(source)
+    for name, path in files.items():
+        if not path.exists():
+            continue
+        text = path.read_text(errors="replace")
+        for absolute, portable in paths.items():
+            text = text.replace(absolute, portable)
+        if name == "program.json":
+            with open(target / "program.json.gz", "wb") as packed, \
+                    gzip.GzipFile(fileobj=packed, mode="wb", mtime=0, filename="") as z:
+                z.write(text.encode())  # mtime 0, no name: the same bytes on every build
+        else:
+            (target / name).write_text(text)
 
 
 def main() -> int:
