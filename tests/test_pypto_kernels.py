@@ -50,6 +50,8 @@ def test_anchor_kernels_compile_and_pass_their_functional_check(anchor_kernels, 
     assert kernel.tuned_tile.tasks > 0
     assert kernel.gm_bytes_read > 0 and kernel.gm_bytes_written > 0
     assert "program.json.gz" in kernel.artifacts and "dyn_topo.txt" in kernel.artifacts
+    assert any(name.endswith("_aiv.cpp") for name in kernel.artifacts)  # AICore source
+    assert "control_flow_host.cpp" in kernel.artifacts
     assert "@pypto.frontend.jit" in kernel.source and f"def {plan.regions[0].id}(" in kernel.source
     assert "Ascend910B" in kernel.platform
 
@@ -150,3 +152,12 @@ def test_every_region_of_a_corpus_model_compiles_or_falls_back_with_a_reason(mod
         [k.fallback_reason for k in kernels if not k.compiled]
     failed = {k.region_id: (FAILED_CHECK, k.fallback_reason) for k in kernels if not k.compiled}
     assert_compiled_matches(graph, without_regions(plan, graph, TARGETS["kirin9050"], failed))
+
+
+def test_ascend950_kernels_are_costed_with_the_a5_tables(anchor_kernels, tmp_path):
+    _, results = anchor_kernels
+    graph, plan, (on_kirin,), _ = results["rotary"]
+    (on_950,) = compile_kernels(graph, plan, TARGETS["ascend950"], cache_dir=tmp_path,
+                                search=False)
+    assert on_950.compiled and on_950.cache_key != on_kirin.cache_key
+    assert on_950.tuned_tile.aicore_us != on_kirin.default_tile.aicore_us
