@@ -25,8 +25,7 @@ from bench import corpus
 from pypto_offline import import_model
 from pypto_offline.fusion import plan_fusion
 from pypto_offline.fusion.classify import VIEW_ONLY_OPS
-from pypto_offline.fusion.records import Cost, Region, RegionOp
-from pypto_offline.importer.encoding import data_inputs
+from pypto_offline.fusion.records import Cost, Region
 from pypto_offline.pypto_kernels import KernelCache, compile_kernels, compile_region
 from pypto_offline.targets import TARGETS
 

@@ -82,6 +82,12 @@ class _Writer:
         return name
 
 
+def float_literal(value) -> str:
+    """Python source for a float, infinities and NaN included (``repr`` gives a bare ``inf``)."""
+    value = float(value)
+    return repr(value) if np.isfinite(value) else f'float("{value}")'
+
+
 def _itemsize(dtype: int) -> int:
     return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(dtype)).itemsize
 
@@ -98,7 +104,7 @@ def kernel_source(region: Region, policy: TilePolicy, constants: Mapping[str, np
     arguments = []
     for index, tensor in enumerate(region.inputs):
         if _is_scalar_constant(tensor, constants):
-            w.names[tensor] = repr(float(np.asarray(constants[tensor]).reshape(-1)[0]))
+            w.names[tensor] = float_literal(np.asarray(constants[tensor]).reshape(-1)[0])
             continue
         w.names[tensor] = f"in{index}"
         arguments.append(f"in{index}: {_annotation(w, tensor)}")
@@ -176,7 +182,7 @@ def _view(w: _Writer, op: RegionOp) -> None:  # Slice
 
 def _full(w: _Writer, shape, value, dtype: int) -> str:
     dt = pypto_dtype(dtype)
-    return f"pypto.full({list(shape)}, pypto.Element({dt}, {float(value)!r}), {dt})"
+    return f"pypto.full({list(shape)}, pypto.Element({dt}, {float_literal(value)}), {dt})"
 
 
 def _pad(w: _Writer, op: RegionOp) -> None:
@@ -379,7 +385,8 @@ def _clip(w: _Writer, op: RegionOp) -> None:
     low = -FLT_MAX if op.params["min"] is None else float(op.params["min"])
     high = FLT_MAX if op.params["max"] is None else float(op.params["max"])
     w.tile(w.shape(out), w.dtype(out))
-    w.assign(out, f"pypto.clip({w.var(op.inputs[0])}, {low!r}, {high!r})")
+    w.assign(out, f"pypto.clip({w.var(op.inputs[0])}, {float_literal(low)}, "
+                  f"{float_literal(high)})")
 
 
 def _roll(w: _Writer, op: RegionOp) -> None:

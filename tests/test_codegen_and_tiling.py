@@ -1,0 +1,64 @@
+"""The kernel generator and the tiling policy, without compiling (fast unit tests)."""
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+from onnx import numpy_helper
+
+from pypto_offline.pypto_kernels.codegen import float_literal, kernel_source, swaps_for
+from pypto_offline.pypto_kernels.tiling import (TilePolicy, candidate_policies,
+                                                default_policy)
+from tests.fusion_helpers import fuse
+from tests.onnx_builders import GraphBuilder
+
+
+@pytest.mark.parametrize("perm", list(itertools.permutations(range(4))))
+def test_axis_swaps_compose_to_the_permutation(perm):
+    axes = list(range(4))
+    for i, j in swaps_for(perm):
+        axes[i], axes[j] = axes[j], axes[i]
+    assert tuple(axes) == perm
+    assert len(swaps_for(perm)) <= 3
+
+
+def test_float_literals_are_valid_python_for_every_value():
+    for value in (0.0, -2.5, 1e-30, math.inf, -math.inf):
+        assert eval(float_literal(value)) == value  # noqa: S307 - our own literal
+    assert math.isnan(eval(float_literal(math.nan)))  # noqa: S307
+
+
+@pytest.mark.parametrize("shape,itemsize", [((1, 16, 64, 64), 4), ((3, 5, 7), 2), ((1000,), 4),
+                                            ((2, 3), 1)])
+def test_tiles_are_row_aligned_and_within_budget(shape, itemsize):
+    for policy in candidate_policies(122880):
+        tile = policy.tile(shape, itemsize)
+        assert len(tile) == len(shape)
+        assert (tile[-1] * itemsize) % 32 == 0
+        assert all(1 <= t for t in tile)
+        assert np.prod(tile) * itemsize <= max(policy.budget_bytes, tile[-1] * itemsize)
+
+
+def test_candidates_fit_the_target_ub():
+    kirin, ascend = candidate_policies(122880), candidate_policies(188416)
+    assert max(p.budget_bytes for p in kirin) * 4 <= 122880
+    assert len(ascend) > len(kirin)
+    assert default_policy(122880) == TilePolicy(8192)
+
+
+def test_whole_axes_stay_whole():
+    assert TilePolicy(4096).tile((1, 64, 32, 32), 4, whole_axes=(1,))[1] == 64
+
+
+def test_generated_module_is_python_and_spells_infinity():
+    b = GraphBuilder()
+    x = b.input("x", [4, 32])
+    y = b.op("Pad", [x], pads=[0, 0, 0, 8], value=float("-inf"))
+    graph, plan = fuse(b.model(b.op("Relu", [b.op("Max", [y, b.const(np.float32(-np.inf))])])))
+    constants = {t.name: numpy_helper.to_array(t) for t in graph.model.graph.initializer}
+    source = kernel_source(plan.regions[0], TilePolicy(8192), constants)
+    compile(source, "kernel.py", "exec")
+    assert 'float("-inf")' in source and " inf" not in source.replace('"-inf"', "")
+    assert "pypto.full(" in source and "pypto.set_vec_tile_shapes(" in source
