@@ -17,7 +17,7 @@ $(STAMP): setup.cfg pyproject.toml
 	touch $(STAMP)
 
 run: $(STAMP)
-	$(VENV)/bin/pypto-offline examples/example.onnx --input-shape x=1,3,64,64 --target kirin9050
+	$(VENV)/bin/pypto-offline examples/example.onnx --target kirin9050 --input-shape x=1,3,64,64
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests

@@ -6,10 +6,25 @@ Stages, each its own subpackage, data flowing one way:
 """
 from __future__ import annotations
 
-from pypto_offline.errors import ModelError, PyptoOfflineError, UsageError
-from pypto_offline.importer import ImportedGraph, import_model
-
 __version__ = "0.1.0"
 
+from pypto_offline.errors import ModelError, PyptoOfflineError, UsageError  # noqa: E402
+from pypto_offline.importer import ImportedGraph, import_model  # noqa: E402
+
+
+def compile(model, target: str = "kirin9050", input_shapes=None, **options):  # noqa: A001
+    """Compile a model for a target; see ``pypto_offline.api.compile``."""
+    from pypto_offline import api
+
+    return api.compile(model, target, input_shapes, **options)
+
+
+def load(path, expected_target: str | None = None):
+    """Read a .ptom blob; see ``pypto_offline.api.load``."""
+    from pypto_offline import api
+
+    return api.load(path, expected_target)
+
+
 __all__ = ["ImportedGraph", "ModelError", "PyptoOfflineError", "UsageError", "__version__",
-           "import_model"]
+           "compile", "import_model", "load"]

@@ -1,5 +1,10 @@
 """``pypto-offline``: a thin shell over the Python API. Parsing and printing only.
 
+    pypto-offline MODEL.onnx --target T [options]     compile; writes MODEL.T.ptom
+    pypto-offline targets [--json]                    the chips and their figures
+    pypto-offline inspect BLOB [--json]               what a blob holds
+    pypto-offline verify BLOB [--onnx MODEL] [--json] re-run the onnxruntime check from the blob
+
 Exit codes: 0 success, 1 verification failed, 2 bad input or usage (one message, no traceback).
 """
 from __future__ import annotations
@@ -7,37 +12,50 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 import traceback
+from pathlib import Path
 
 from pypto_offline import __version__
 from pypto_offline.errors import PyptoOfflineError, UsageError
 from pypto_offline.targets import TARGETS
 
 EXIT_OK, EXIT_VERIFY_FAILED, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
+SUBCOMMANDS = ("targets", "inspect", "verify")
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse exits with 2 on usage errors already; keep its message to one line."""
+    """Usage errors as our one-line error (argparse would print usage and exit itself)."""
 
     def error(self, message: str):
         raise UsageError(message, fix=f"see '{self.prog} --help'")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def compile_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="pypto-offline", description=(
-        "Import an ONNX model, fuse its memory-bound ops into kernel regions for a Huawei NPU, "
-        "and check the fused graph against onnxruntime."))
+        "Compile an ONNX model for a Huawei NPU: fuse memory-bound ops into PyPTO kernels, pack "
+        "them into one blob, and check the result against onnxruntime. Other commands: "
+        + ", ".join(SUBCOMMANDS) + "."))
     parser.add_argument("model", help="path of the .onnx model")
-    parser.add_argument("--target", default="kirin9050", help=f"chip ({', '.join(TARGETS)})")
-    parser.add_argument("--no-verify", action="store_true",
-                        help="skip the onnxruntime check of the fused graph")
+    parser.add_argument("--target", required=True, help=f"chip: {', '.join(TARGETS)}")
+    parser.add_argument("-o", "--output", help="blob path (default: MODEL.TARGET.ptom next to it)")
     parser.add_argument("--input-shape", action="append", default=[], metavar="NAME=D0,D1,...",
                         help="fix the shape of a model input (repeatable)")
+    parser.add_argument("--inputs", help=".npz of real inputs for the check, by input name")
+    parser.add_argument("--cache-dir", help="kernel cache (default: ~/.cache/pypto-offline)")
+    parser.add_argument("--jobs", type=int, default=2, help="parallel PyPTO compiles")
+    parser.add_argument("--no-tile-search", action="store_true",
+                        help="compile the default tile only")
+    parser.add_argument("--no-verify", action="store_true", help="skip the onnxruntime check")
+    _common(parser)
+    return parser
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     parser.add_argument("--quiet", action="store_true", help="print nothing on success")
     parser.add_argument("--debug", action="store_true", help="show tracebacks of errors")
     parser.add_argument("--version", action="version", version=f"pypto-offline {__version__}")
-    return parser
 
 
 def _input_shapes(options: list[str]) -> dict[str, list[int]]:
@@ -52,59 +70,162 @@ def _input_shapes(options: list[str]) -> dict[str, list[int]]:
     return shapes
 
 
-def _target(name: str):
-    if name not in TARGETS:
-        raise UsageError(f"unknown target {name!r}", fix=f"choose one of {', '.join(TARGETS)}")
-    return TARGETS[name]
+def _load_inputs(path: str | None) -> dict:
+    if path is None:
+        return {}
+    import numpy as np
+
+    try:
+        with np.load(path) as data:
+            return {name: data[name] for name in data.files}
+    except (OSError, ValueError) as error:
+        raise UsageError(f"cannot read --inputs: {error}", where=path,
+                         fix="give an .npz made with numpy.savez, one array per input name"
+                         ) from None
 
 
-def _print_summary(model_path: str, summary: dict) -> None:
-    imported = summary["import"]
-    print(f"{model_path}: opset {imported['opset']}, {imported['nodes_in_source']} nodes "
-          f"-> {imported['nodes_after_folding']} after folding, imported in "
-          f"{imported['import_seconds']:.2f} s")
-    for name, shape in imported["inputs"].items():
-        print(f"  input  {name}: {shape}")
-    for name, shape in imported["outputs"].items():
-        print(f"  output {name}: {shape}")
-    if imported["symbolic"]:
-        names = ", ".join(imported["symbolic"][:8])
-        print(f"  warning: {len(imported['symbolic'])} tensors stay symbolic ({names}); "
-              f"give their inputs' shapes with --input-shape")
-    fusion = summary["fusion"]
-    print(f"  target {summary['target']}: kernels {fusion['kernels_before']} -> "
-          f"{fusion['kernels_after']} ({fusion['fused_kernels']} fused kernels of "
-          f"{fusion['ops_fused']} ops), global memory {fusion['gm_bytes_before'] / 1e6:.2f} -> "
-          f"{fusion['gm_bytes_after'] / 1e6:.2f} MB, estimated "
-          f"{fusion['est_time_us_before']:.1f} -> {fusion['est_time_us_after']:.1f} us "
-          f"(bandwidth and launch cost are estimates)")
-    check = summary["verification"]
-    print(f"  verification: {check['status']}" + (
-        f" (max abs diff {check['max_abs_diff']:.2e})" if check["status"] != "skipped" else ""))
+def _progress(quiet: bool):
+    """Progress lines on stderr, only when stderr is a terminal."""
+    if quiet or not sys.stderr.isatty():
+        return lambda _: None
+    started = time.perf_counter()
+    return lambda step: print(f"[{time.perf_counter() - started:6.1f} s] {step}",
+                              file=sys.stderr, flush=True)
 
 
-def run(argv: list[str] | None) -> int:
-    args = build_parser().parse_args(argv)
-    from dataclasses import asdict
+def run_compile(argv: list[str]) -> int:
+    args = compile_parser().parse_args(argv)
+    from pypto_offline import api
 
-    from pypto_offline.fusion import plan_fusion
-    from pypto_offline.importer import import_model
-    from pypto_offline.verify import compare, generate_inputs
+    target = api.get_target(args.target)
+    inputs = _load_inputs(args.inputs)
+    output = Path(args.output) if args.output else \
+        Path(args.model).with_name(f"{Path(args.model).stem}.{target.name}.ptom")
+    started = time.perf_counter()
+    compiled = api.compile(args.model, target.name, _input_shapes(args.input_shape),
+                           cache_dir=args.cache_dir, jobs=args.jobs,
+                           tile_search=not args.no_tile_search, progress=_progress(args.quiet))
+    if not args.no_verify:
+        compiled.verify(inputs)
+    compiled.save(output)
+    summary = {**compiled.summary(), "model": args.model, "blob": str(output),
+               "compile_seconds": round(time.perf_counter() - started, 2)}
+    _print(summary, args, _human_summary)
+    return EXIT_VERIFY_FAILED if summary["verification"]["status"] == "failed" else EXIT_OK
 
-    target = _target(args.target)
-    graph = import_model(args.model, input_shapes=_input_shapes(args.input_shape))
-    plan = plan_fusion(graph, target)
-    verification = {"status": "skipped"}
-    if not args.no_verify and not graph.symbolic:
-        result = compare(graph.model, plan.compiled_model, generate_inputs(graph.model, seed=0))
-        verification = {"status": result.status, "max_abs_diff": result.max_abs_diff}
-    summary = {"model": args.model, "target": target.name, "import": graph.summary(),
-               "fusion": asdict(plan.totals), "verification": verification}
+
+def _human_summary(s: dict) -> str:
+    mb = lambda n: f"{n / 1e6:.2f} MB"  # noqa: E731
+    check = s["verification"]
+    lines = [
+        f"{s['model']} → {s.get('blob', '')} ({s['target']})",
+        f"  nodes {s['nodes_before']} → {s['nodes_after']}; kernels {s['kernels_before']} → "
+        f"{s['kernels_after']} ({s['fused_kernels']} fused kernels of {s['ops_fused']} ops)",
+        f"  global memory {mb(s['gm_bytes_before'])} → {mb(s['gm_bytes_after'])} measured "
+        f"(lower bound {mb(s['gm_bytes_lower_bound'])})",
+        f"  estimated time {s['est_time_us_before']:.1f} → {s['est_time_us_after']:.1f} µs "
+        f"(target bandwidth and launch cost are estimates)",
+        f"  PyPTO: {s['pypto']['compiled']} kernels compiled, {s['pypto']['fell_back']} fell "
+        f"back; cost model {s['pypto']['cost_us_fused']:.1f} µs fused against "
+        f"{s['pypto']['cost_us_unfused']:.1f} µs unfused",
+        f"  verification: {check['status']}"
+        + (f" (max abs diff {check['max_abs_diff']:.2e}; kernels checked "
+           f"{check['kernels_passed']}/{check['kernels_checked']})"
+           if check["status"] != "skipped" else ""),
+    ]
+    if "compile_seconds" in s:
+        lines.append(f"  compiled in {s['compile_seconds']:.1f} s")
+    return "\n".join(lines)
+
+
+def _print(summary: dict, args, human) -> None:
     if args.json:
         print(json.dumps(summary, indent=2, sort_keys=True))
     elif not args.quiet:
-        _print_summary(args.model, summary)
-    return EXIT_VERIFY_FAILED if verification["status"] == "failed" else EXIT_OK
+        print(human(summary))
+
+
+def run_targets(argv: list[str]) -> int:
+    parser = _Parser(prog="pypto-offline targets", description="The chips and their figures.")
+    _common(parser)
+    args = parser.parse_args(argv)
+    listing = {name: {"notes": t.notes, **{key: {"value": f.value, "source": f.source,
+                                                 "estimate": f.estimate}
+                                           for key, f in t.figures().items()}}
+               for name, t in TARGETS.items()}
+    if args.json:
+        print(json.dumps(listing, indent=2, sort_keys=True, default=list))
+        return EXIT_OK
+    for name, figures in listing.items():
+        print(name + (f" — {figures['notes']}" if figures["notes"] else ""))
+        for key, f in figures.items():
+            if key != "notes":
+                flag = " [estimate]" if f["estimate"] else ""
+                print(f"  {key:20s} {f['value']}{flag}  ({f['source']})")
+    return EXIT_OK
+
+
+def _blob_parser(prog: str, description: str) -> argparse.ArgumentParser:
+    parser = _Parser(prog=prog, description=description)
+    parser.add_argument("blob", help="a .ptom file")
+    _common(parser)
+    return parser
+
+
+def run_inspect(argv: list[str]) -> int:
+    args = _blob_parser("pypto-offline inspect", "Show what a blob holds.").parse_args(argv)
+    from pypto_offline import api
+
+    compiled = api.load(args.blob)
+    summary = {**compiled.summary(), "blob": args.blob,
+               "format_version": 1, "provenance": dict(
+                   tool=compiled.message.provenance.tool_version,
+                   pypto=compiled.message.provenance.pypto_version,
+                   onnx=compiled.message.provenance.onnx_version,
+                   onnxruntime=compiled.message.provenance.onnxruntime_version,
+                   options=dict(sorted(compiled.message.provenance.options.items()))),
+               "kernels": [{"id": k.id, "ops": [o.op_type for o in k.original],
+                            "compiled": k.compiled, "fallback_reason": k.fallback_reason,
+                            "tuned_us": k.tuned_tile.aicore_us, "default_us": k.default_tile.aicore_us,
+                            "gm_bytes": k.gm_bytes_read + k.gm_bytes_written,
+                            "gm_bytes_lower_bound": k.gm_bytes_lower_bound}
+                           for k in compiled.message.kernels]}
+
+    def human(s):
+        lines = [_human_summary(s), "  kernels:"]
+        lines += [f"    {k['id']}: {'+'.join(k['ops'])} — "
+                  + (f"{k['tuned_us']:.2f} µs tuned, {k['default_us']:.2f} µs default"
+                     if k["compiled"] else f"fell back: {k['fallback_reason']}")
+                  for k in s["kernels"]]
+        return "\n".join(lines)
+
+    _print(summary, args, human)
+    return EXIT_OK
+
+
+def run_verify(argv: list[str]) -> int:
+    parser = _blob_parser("pypto-offline verify",
+                          "Re-run the onnxruntime check of a blob's compiled graph.")
+    parser.add_argument("--onnx", help="check against this original model instead of the "
+                                       "imported graph stored in the blob")
+    parser.add_argument("--inputs", help=".npz of real inputs, by input name")
+    args = parser.parse_args(argv)
+    from pypto_offline import api
+
+    compiled = api.load(args.blob)
+    if args.onnx:
+        compiled.use_reference(args.onnx)
+    compiled.verify(_load_inputs(args.inputs))
+    summary = {**compiled.summary(), "blob": args.blob}
+    _print(summary, args, _human_summary)
+    return EXIT_VERIFY_FAILED if summary["verification"]["status"] == "failed" else EXIT_OK
+
+
+def run(argv: list[str]) -> int:
+    if argv and argv[0] in SUBCOMMANDS:
+        return {"targets": run_targets, "inspect": run_inspect, "verify": run_verify}[argv[0]](
+            argv[1:])
+    return run_compile(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -117,6 +238,9 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
         print(f"pypto-offline: error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except BrokenPipeError:  # the reader went away (`| head`): nothing left to say
+        sys.stderr.close()
+        return EXIT_OK
     except KeyboardInterrupt:
         print("pypto-offline: interrupted", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -1,10 +1,6 @@
 """The command line on the bundled example, and the ways a model can be handed to the importer."""
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
 import numpy as np
 import onnx
 import pytest
@@ -13,57 +9,30 @@ from pypto_offline import ModelError, cli, import_model
 from pypto_offline.runtime import run_model
 from tests.malformed import EXAMPLE
 
-EXAMPLE_SHAPE = ["--input-shape", "x=1,3,64,64"]
 
 
-def test_example_compiles_from_a_real_process_and_prints_json():
-    done = subprocess.run([sys.executable, "-m", "pypto_offline", str(EXAMPLE), *EXAMPLE_SHAPE,
-                           "--target", "kirin9050", "--json"], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-    summary = json.loads(done.stdout)
-    imported, fusion = summary["import"], summary["fusion"]
-    assert imported["inputs"] == {"x": [1, 3, 64, 64]}
-    assert imported["outputs"] == {"y": [1, 1024, 128]}
-    assert imported["symbolic"] == []
-    # Shape -> Gather -> Concat folded into the Reshape's constant target
-    assert imported["nodes_in_source"] == 10 and imported["nodes_after_folding"] == 7
-    assert imported["ops"] == {"Add": 1, "Conv": 1, "Pad": 1, "Reshape": 1, "Slice": 1,
-                               "Tile": 1, "Transpose": 1}
-    # Conv stays a boundary; Slice → Pad → Tile → Transpose → Reshape → Add is one kernel
-    assert (fusion["kernels_before"], fusion["kernels_after"], fusion["fused_kernels"]) == (6, 2, 1)
-    assert fusion["ops_fused"] == 6 and fusion["gm_bytes_after"] < fusion["gm_bytes_before"]
-    assert summary["verification"]["status"] == "passed"
+def test_symbolic_inputs_are_a_usage_error(capfd, tmp_path):
+    assert cli.main([str(EXAMPLE), "--target", "kirin9050", "-o", str(tmp_path / "b.ptom")]) == 2
+    err = capfd.readouterr().err
+    assert "input 'x' has no static shape" in err and "--input-shape x=" in err
+    assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("target", ["kirin90", "kirin9030", "kirin9050", "ascend910b",
-                                    "ascend950"])
-def test_example_compiles_for_every_target(target, capfd):
-    assert cli.main([str(EXAMPLE), *EXAMPLE_SHAPE, "--target", target]) == 0
-    assert "verification: passed" in capfd.readouterr().out
+@pytest.mark.parametrize("bad", ["x", "x=1,a,3", "=1,2"])
+def test_malformed_shape_option_is_a_usage_error(bad, capfd):
+    assert cli.main([str(EXAMPLE), "--target", "kirin9050", "--input-shape", bad]) == 2
+    assert "--input-shape" in capfd.readouterr().err
+
+
+def test_unknown_option_is_a_usage_error(capfd):
+    assert cli.main([str(EXAMPLE), "--target", "kirin9050", "--frobnicate"]) == 2
+    err = capfd.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "--frobnicate" in err
 
 
 def test_unknown_target_is_a_usage_error(capfd):
     assert cli.main([str(EXAMPLE), "--target", "kirin99"]) == 2
     assert "kirin9050" in capfd.readouterr().err
-
-
-def test_human_summary_warns_about_symbolic_inputs(capfd):
-    assert cli.main([str(EXAMPLE)]) == 0
-    out, err = capfd.readouterr()
-    assert "tensors stay symbolic" in out and "--input-shape" in out
-    assert err == ""
-
-
-@pytest.mark.parametrize("bad", ["x", "x=1,a,3", "=1,2"])
-def test_malformed_shape_option_is_a_usage_error(bad, capfd):
-    assert cli.main([str(EXAMPLE), "--input-shape", bad]) == 2
-    assert "--input-shape" in capfd.readouterr().err
-
-
-def test_unknown_option_is_a_usage_error(capfd):
-    assert cli.main([str(EXAMPLE), "--frobnicate"]) == 2
-    err = capfd.readouterr().err
-    assert len(err.strip().splitlines()) == 1 and "--frobnicate" in err
 
 
 def test_path_bytes_and_modelproto_give_the_same_graph():

@@ -22,7 +22,7 @@ def test_cli_refuses_with_one_clear_line(case, tmp_path, capfd):
     build, extra, words = CASES[case]
     model = build(tmp_path)
     before = _files(tmp_path)
-    code = cli.main([str(model), *extra])
+    code = cli.main([str(model), "--target", "kirin9050", *extra])
     out, err = capfd.readouterr()  # file descriptors: C libraries must stay quiet too
     assert code == 2
     assert out == ""
@@ -45,7 +45,8 @@ def test_api_raises_the_same_error(case, tmp_path):
 
 def test_exit_code_from_a_real_process(tmp_path):
     model = CASES["truncated file"][0](tmp_path)
-    done = subprocess.run([sys.executable, "-m", "pypto_offline", str(model)],
+    done = subprocess.run([sys.executable, "-m", "pypto_offline", str(model), "--target",
+                           "ascend910b"],
                           capture_output=True, text=True)
     assert done.returncode == 2
     assert done.stdout == ""

@@ -1,1 +1,6 @@
-"""Pipeline orchestration and the blob format (blob issue)."""
+"""Pipeline orchestration (``build``) and the blob format (``ptom.proto``, ``blob``)."""
+from pypto_offline.offline_compiler.blob import FORMAT_VERSION, from_bytes, read, to_bytes, write
+from pypto_offline.offline_compiler.build import BuildOptions, BuildResult, build
+
+__all__ = ["BuildOptions", "BuildResult", "FORMAT_VERSION", "build", "from_bytes", "read",
+           "to_bytes", "write"]

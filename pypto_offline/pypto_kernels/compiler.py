@@ -19,6 +19,7 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import MappingProxyType
 
 import numpy as np
 import onnx
@@ -34,10 +35,38 @@ from pypto_offline.runtime import TOLERANCE, run_model
 from pypto_offline.targets import Target
 
 PYPTO_VERSION = "0.2.0"
-KERNEL_FORMAT = 7  # bump when the generator changes what a cached entry means
+KERNEL_FORMAT = 10  # bump when the generator changes what a cached entry means
 DEFAULT_TIMEOUT_S = 300
 # ascend950: the cost model can use its A5 tables (pypto-cpu.md §6); everything else is 910B.
 COST_MODEL = {"ascend950": ("A5", "ASCEND_950PR_9579")}
+
+
+def WORKER_ENVIRONMENT() -> dict[str, str]:  # noqa: N802 - reads like the constant it is
+    """PyPTO's frontend walks hash-ordered containers: its program.json (op seeds, symbol names)
+    depends on the hash seed. A fixed seed makes every build of a kernel the same bytes."""
+    return {**os.environ, "PYTHONHASHSEED": "0"}
+
+
+ADDR_NO_RANDOMIZE = 0x0040000  # <sys/personality.h>
+
+
+def _fixed_addresses() -> None:
+    """In the worker, before exec: no address-space randomisation. PyPTO orders some of its
+    internal maps by object address, so its program differs from run to run unless every run
+    lays out memory the same way (as `setarch -R` does)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    current = libc.personality(0xFFFFFFFF)
+    if current != -1:
+        libc.personality(current | ADDR_NO_RANDOMIZE)
+
+
+def kernel_source_dir() -> Path:
+    """Where generated modules are compiled from: one fixed folder, whatever the cache folder.
+    PyPTO hashes the module's path into its program (op seeds, symbol names), so the same kernel
+    gives the same bytes only when compiled from the same path; names inside are content keys."""
+    return Path(os.environ.get("PYPTO_OFFLINE_KERNEL_SRC", "/tmp/pypto-offline-kernels"))
 
 
 def calculator_cache() -> Path:
@@ -89,7 +118,7 @@ def compile_region(region: Region, graph: ImportedGraph, target: Target, cache: 
 def _build(region, graph, target, cache, constants, sources, default_budget, key, staged, timeout):
     paths = {}
     for budget, text in sources.items():
-        path = cache.root / "src" / f"{key[:16]}_{budget}.py"  # stable: program.json embeds it
+        path = kernel_source_dir() / f"{key[:16]}_{budget}.py"
         path.parent.mkdir(parents=True, exist_ok=True)
         if not path.exists():
             _write_atomically(path, text.encode())
@@ -149,19 +178,25 @@ def _run_worker(folder: Path, region: Region, target: Target, sources: dict, arr
     folder.mkdir(parents=True)
     np.savez(folder / "inputs.npz", **{f"in{i}": a for i, a in enumerate(arrays)})
     np.savez(folder / "reference.npz", **{f"out{i}": a for i, a in enumerate(reference)})
-    arch, platform = COST_MODEL.get(target.name, (None, None))
-    job = {"folder": str(folder), "function": region.id, "verify": verify,
-           "calculator_cache": str(calculator_cache()), "cost_model_arch": arch,
-           "device_platform": platform,
+    job = {"function": region.id, "verify": verify,
            "candidates": [{"budget": b, "source": str(p)} for b, p in sources.items()],
            "outputs": [{"shape": list(region.tensor_types[o][0]),
                         "dtype": _torch_dtype(region.tensor_types[o][1])} for o in region.outputs]}
+    return _run_job(folder, job, target, timeout)
+
+
+def _run_job(folder: Path, job: dict, target: Target, timeout: float) -> dict:
+    """Write the job, run one worker process on it, read its result (or say why there is none)."""
+    arch, platform = COST_MODEL.get(target.name, (None, None))
+    job = {**job, "folder": str(folder), "calculator_cache": str(calculator_cache()),
+           "cost_model_arch": arch, "device_platform": platform}
     (folder / "job.json").write_text(json.dumps(job, indent=1))
     with open(folder / "worker.log", "wb") as log:
         try:
             done = subprocess.run([sys.executable, "-m", "pypto_offline.pypto_kernels.worker",
                                    str(folder / "job.json")], stdout=log, stderr=log,
-                                  stdin=subprocess.DEVNULL, timeout=timeout, cwd=folder)
+                                  stdin=subprocess.DEVNULL, timeout=timeout, cwd=folder,
+                                  env=WORKER_ENVIRONMENT(), preexec_fn=_fixed_addresses)
         except subprocess.TimeoutExpired:
             return {"error": f"PyPTO compile did not finish within {timeout:.0f} s"}
     result_path = folder / "result.json"
@@ -250,4 +285,80 @@ def _load(entry: Path, from_cache: bool) -> Kernel:
     return Kernel(**record, artifacts=artifacts, from_cache=from_cache)
 
 
-__all__ = ["compile_kernels", "compile_region", "region_model"]
+__all__ = ["compile_kernels", "compile_region", "region_model", "single_op_regions",
+           "unfused_cost_us"]
+
+
+def unfused_cost_us(region: Region, graph: ImportedGraph, target: Target, cache: KernelCache,
+                    constants: dict, timeout: float = DEFAULT_TIMEOUT_S) -> float | None:
+    """PyPTO cost-model time of the region's ops as one kernel each (reshape-likes are free),
+    each at its best tile: the baseline fused kernels are measured against. Cost only, no check;
+    one worker process for the whole region; cached like kernels."""
+    singles = single_op_regions(region, graph)
+    if not singles:
+        return 0.0
+    policies = candidate_policies(target.ub_plan_bytes.value)
+    try:
+        sources = {(s.id, p.budget_bytes): kernel_source(s, p, constants)
+                   for s in singles for p in policies}
+    except CannotExpress:
+        return None
+    key = cache_key(unfused=sorted(f"{k[0]}:{k[1]}:{v}" for k, v in sources.items()),
+                    target=target.name, pypto=PYPTO_VERSION, format=KERNEL_FORMAT,
+                    cost_model=COST_MODEL.get(target.name))
+    hit = cache.get(key)
+    if hit is not None:
+        return json.loads((hit / "kernel.json").read_text())["unfused_us"]
+    staged = cache.staging()
+    try:
+        folder = staged / "unfused"
+        folder.mkdir()
+        arrays, names = {}, {}
+        for single in singles:
+            data, _ = _region_data(single, graph, constants)
+            names[single.id] = [f"{single.id}_in{i}" for i in range(len(data))]
+            arrays.update(zip(names[single.id], data))
+        np.savez(folder / "inputs.npz", **arrays)
+        candidates = []
+        for (single_id, budget), text in sources.items():
+            path = kernel_source_dir() / f"{key[:16]}_{single_id}_{budget}.py"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if not path.exists():
+                _write_atomically(path, text.encode())
+            single = next(s for s in singles if s.id == single_id)
+            candidates.append({
+                "budget": budget, "source": str(path), "function": single_id,
+                "inputs": names[single_id],
+                "outputs": [{"shape": list(single.tensor_types[o][0]),
+                             "dtype": _torch_dtype(single.tensor_types[o][1])}
+                            for o in single.outputs]})
+        result = _run_job(folder, {"function": "", "verify": False, "candidates": candidates,
+                                   "outputs": []}, target, timeout)
+        best: dict[str, float] = {}
+        for c in result.get("candidates", []):
+            if c.get("compiled") and c.get("aicore_us"):
+                best[c["function"]] = min(best.get(c["function"], float("inf")), c["aicore_us"])
+        total = sum(best.values()) if len(best) == len(singles) else None
+        for bulky in ("run", "pypto_home", "ascend_log"):
+            shutil.rmtree(folder / bulky, ignore_errors=True)
+        (staged / "kernel.json").write_text(json.dumps({"unfused_us": total}))
+        cache.put(key, staged)
+        return total
+    except BaseException:
+        shutil.rmtree(staged, ignore_errors=True)
+        raise
+
+
+def single_op_regions(region: Region, graph: ImportedGraph) -> list[Region]:
+    """Each device op of the region's original program as a region of its own."""
+    singles = []
+    for index, op in enumerate(region.original):
+        if op.op_type in ("Reshape", "Identity"):
+            continue  # metadata on contiguous data: no kernel before fusion either
+        names = list(op.inputs) + list(op.outputs)
+        types = {n: (tuple(graph.tensors[n].shape), graph.tensors[n].dtype) for n in names}
+        singles.append(Region(
+            id=f"{region.id}_op{index}", nodes=(op.outputs[0],), inputs=tuple(op.inputs),
+            outputs=tuple(op.outputs), original=(op,), simplified=(op,), rules_applied=(),
+            unfused=region.unfused, fused=region.fused, tensor_types=MappingProxyType(types)))
+    return singles

@@ -50,9 +50,11 @@ def prepare_environment(folder: Path, cost_model_arch: str | None, device_platfo
     config["global"]["simulation"]["args"] = args
     if device_platform:
         config["global"]["platform"]["device_platform"] = device_platform
-    # Codegen in parallel threads numbers the AICore sources' type aliases in a racy order:
-    # one thread keeps the sources byte-identical from build to build.
-    config["global"]["codegen"]["parallel_compile"] = 1
+    # Codegen and passes in parallel threads number symbols and aliases in a racy order: one
+    # thread keeps program.json and the AICore sources byte-identical from build to build.
+    for section in (config, config["global"]):
+        section.setdefault("codegen", {})["parallel_compile"] = 1
+        section.setdefault("pass", {})["pass_thread_num"] = 1
     (folder / "tile_fwk_config.json").write_text(json.dumps(config, indent=1))
     os.environ["TILEFWK_CONFIG_PATH"] = str(folder / "tile_fwk_config.json")
     os.environ["PYPTO_HOME"] = str(folder / "pypto_home")
@@ -250,10 +252,15 @@ def run_job(job: dict) -> dict:
     if job.get("verify"):
         keep_aicore_sources(folder)
     data = np.load(folder / "inputs.npz")
-    arrays = [data[f"in{i}"] for i in range(len(data.files))]
+    shared = [f"in{i}" for i in range(len(data.files))]  # one kernel's inputs, in order
+    arrays = [data[name] for name in shared] if set(shared) == set(data.files) else []
     results = []
     for candidate in job["candidates"]:
-        result = _compile_once(job, candidate, folder, arrays, torch)
+        # a candidate may be a kernel of its own (the unfused baseline compiles one per op)
+        own = {**job, **{k: candidate[k] for k in ("function", "outputs") if k in candidate}}
+        if "inputs" in candidate:
+            arrays = [data[name] for name in candidate["inputs"]]
+        result = _compile_once(own, candidate, folder, arrays, torch)
         outputs = result.pop("outputs", None)
         if job.get("verify") and outputs is not None:
             result["verdicts"] = verdicts(folder / "verify")
@@ -263,7 +270,7 @@ def run_job(job: dict) -> dict:
                         candidate["source"]: f"kernel/{Path(candidate['source']).name}",
                         str(_pypto_lib().parent): "<pypto>", str(folder): "<build>"}
             _keep_artifacts(Path(result["run_dir"]), folder / "artifacts", portable)
-        results.append({"budget": candidate["budget"], **result})
+        results.append({"budget": candidate["budget"], "function": own["function"], **result})
     return {"candidates": results}
 
 

@@ -16,7 +16,7 @@ from typing import Mapping
 import numpy as np
 import onnx
 
-from pypto_offline.runtime import TOLERANCE, abs_diff, run_model
+from pypto_offline.runtime import TOLERANCE, CannotRun, abs_diff, run_model
 
 # Ops an index tensor passes through unchanged on its way to a Gather.
 INDEX_PASS_THROUGH = frozenset({"Cast", "Unsqueeze", "Squeeze", "Reshape", "Flatten", "Identity",
@@ -37,6 +37,7 @@ class OutputCheck:
 class Verification:
     status: str  # passed | failed
     outputs: tuple[OutputCheck, ...]
+    error: str | None = None  # the compiled graph did not run at all
 
     @property
     def max_abs_diff(self) -> float:
@@ -46,7 +47,10 @@ class Verification:
 def compare(reference: onnx.ModelProto, candidate: onnx.ModelProto,
             feeds: Mapping[str, np.ndarray]) -> Verification:
     expected = run_model(reference, feeds)
-    actual = run_model(candidate, feeds)
+    try:
+        actual = run_model(candidate, feeds)
+    except CannotRun as why:
+        return Verification("failed", (), f"the compiled graph does not run: {why}")
     checks = tuple(_check(name, want, actual.get(name)) for name, want in expected.items())
     return Verification("passed" if all(c.passed for c in checks) else "failed", checks)
 

@@ -1,0 +1,125 @@
+"""The Python API, mirroring the command line.
+
+    compiled = pypto_offline.compile("model.onnx", target="kirin9050",
+                                     input_shapes={"x": [1, 3, 224, 224]})
+    compiled.verify()               # onnxruntime: the compiled graph against the imported one
+    compiled.save("model.kirin9050.ptom")
+    compiled.summary()              # the figures `pypto-offline --json` prints
+    again = pypto_offline.load("model.kirin9050.ptom")
+
+This module and ``cli.py`` are the only places that call every stage.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import numpy as np
+import onnx
+
+from pypto_offline.errors import UsageError
+from pypto_offline.offline_compiler import BuildOptions, blob, build, ptom_pb2
+from pypto_offline.targets import TARGETS, Target
+
+
+def get_target(name: str) -> Target:
+    if name not in TARGETS:
+        raise UsageError(f"unknown target {name!r}", fix=f"choose one of {', '.join(TARGETS)}")
+    return TARGETS[name]
+
+
+class CompiledModel:
+    """A compiled model: the blob's content, with the operations a user runs on it."""
+
+    def __init__(self, message: ptom_pb2.CompiledModel):
+        self.message = message
+        self._reference: onnx.ModelProto | None = None
+
+    def use_reference(self, original_model) -> None:
+        """Check against the original model file instead of the imported graph in the blob;
+        it must be the model the blob was compiled from."""
+        import hashlib
+
+        from pypto_offline.offline_compiler.build import model_bytes
+
+        raw, name = model_bytes(original_model)
+        if hashlib.sha256(raw).hexdigest() != self.message.provenance.model_sha256:
+            raise UsageError(f"{name} is not the model this blob was compiled from "
+                             f"({self.message.provenance.model_name}, sha256 "
+                             f"{self.message.provenance.model_sha256[:12]}…)",
+                             fix="pass the original model, or omit --onnx")
+        self._reference = onnx.load_from_string(raw)
+
+    @property
+    def target(self) -> str:
+        return self.message.target.name
+
+    def save(self, path) -> Path:
+        return blob.write(Path(path), self.message)
+
+    def to_bytes(self) -> bytes:
+        return blob.to_bytes(self.message)
+
+    def verify(self, inputs: Mapping[str, np.ndarray] | None = None, seed: int = 0):
+        """Run the compiled graph and the imported graph in onnxruntime on the same inputs
+        (``inputs`` by name, the rest generated within each input's range); the verdict is
+        recorded in the model."""
+        from pypto_offline.verify import compare, generate_inputs
+
+        imported = onnx.load_from_string(self.message.source_onnx_model)
+        reference = self._reference or imported
+        compiled = onnx.load_from_string(self.message.onnx_model)
+        given = dict(inputs or {})
+        unknown = sorted(set(given) - set(self.message.input_names))
+        if unknown:
+            raise UsageError(f"--inputs names {unknown[0]!r}, which is not a model input",
+                             fix=f"the inputs are: {', '.join(self.message.input_names)}")
+        result = compare(reference, compiled, generate_inputs(imported, seed, given))
+        record = self.message.verification
+        record.Clear()
+        record.status, record.seed, record.inputs_given = result.status, seed, bool(given)
+        record.outputs.extend(ptom_pb2.OutputCheck(
+            name=o.name, dtype=o.dtype, max_abs_diff=_finite(o.max_abs_diff),
+            max_rel_diff=_finite(o.max_rel_diff), tolerance=o.tolerance, passed=o.passed)
+            for o in result.outputs)
+        return result
+
+    def summary(self) -> dict:
+        m, t, v = self.message, self.message.totals, self.message.verification
+        checked = [k for k in m.kernels if k.verdicts]
+        return {
+            "model": m.provenance.model_name, "model_sha256": m.provenance.model_sha256,
+            "target": m.target.name,
+            "nodes_before": t.nodes_before, "nodes_after": t.nodes_after,
+            "kernels_before": t.kernels_before, "kernels_after": t.kernels_after,
+            "fused_kernels": t.fused_kernels, "ops_fused": t.ops_fused,
+            "gm_bytes_before": t.gm_bytes_before, "gm_bytes_after": t.gm_bytes_after,
+            "gm_bytes_lower_bound": t.gm_bytes_lower_bound,
+            "est_time_us_before": round(t.est_time_us_before, 3),
+            "est_time_us_after": round(t.est_time_us_after, 3),
+            "pypto": {"compiled": t.pypto_compiled, "fell_back": t.pypto_fell_back,
+                      "cost_us_fused": t.cost_us_fused, "cost_us_unfused": t.cost_us_unfused},
+            "verification": {
+                "status": v.status or "skipped",
+                "max_abs_diff": max((o.max_abs_diff for o in v.outputs), default=None),
+                "kernels_checked": len(checked),
+                "kernels_passed": sum(k.functional_ok for k in checked)},
+        }
+
+
+def _finite(value: float) -> float:
+    return value if np.isfinite(value) else float(np.finfo(np.float64).max)
+
+
+def compile(model, target: str = "kirin9050",  # noqa: A001 - the API's verb
+            input_shapes: Mapping[str, Sequence[int]] | None = None, *,
+            cache_dir=None, jobs: int = 2, tile_search: bool = True,
+            progress=lambda _: None) -> CompiledModel:
+    options = BuildOptions(input_shapes=dict(input_shapes or {}),
+                           cache_dir=Path(cache_dir) if cache_dir else None, jobs=jobs,
+                           tile_search=tile_search)
+    return CompiledModel(build(model, get_target(target), options, progress).message)
+
+
+def load(path, expected_target: str | None = None) -> CompiledModel:
+    return CompiledModel(blob.read(Path(path), expected_target))

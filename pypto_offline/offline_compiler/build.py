@@ -1,0 +1,200 @@
+"""Pipeline orchestration: import → fusion → PyPTO kernels → the blob message.
+
+A region whose kernel cannot be written, compiled or checked falls back to unfused ops (the plan
+is re-lowered without it). Global-memory bytes after fusion count each shipped kernel's traffic as
+measured in its compiled program; the lower bound stays inputs once + outputs once per region.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from pypto_offline.errors import UsageError
+from pypto_offline.fusion import FusionPlan, Region, plan_fusion, without_regions
+from pypto_offline.fusion.records import CANNOT_EXPRESS, FAILED_CHECK, RegionOp
+from pypto_offline.importer import ImportedGraph, import_model
+from pypto_offline.offline_compiler import ptom_pb2
+from pypto_offline.pypto_kernels import Kernel, KernelCache, compile_kernels
+from pypto_offline.pypto_kernels.compiler import PYPTO_VERSION, unfused_cost_us
+from pypto_offline.targets import Target
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    input_shapes: Mapping[str, Sequence[int]] = field(default_factory=dict)
+    cache_dir: Path | None = None
+    jobs: int = 2
+    tile_search: bool = True
+
+    def provenance(self) -> dict[str, str]:
+        """The options that change the output (not jobs or cache folder)."""
+        shapes = ";".join(f"{k}={','.join(map(str, v))}" for k, v in sorted(self.input_shapes.items()))
+        return {"input_shapes": shapes, "tile_search": str(self.tile_search).lower()}
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    message: ptom_pb2.CompiledModel
+    graph: ImportedGraph
+    plan: FusionPlan
+    kernels: tuple[Kernel, ...]
+
+
+def model_bytes(source) -> tuple[bytes, str]:
+    """The source model's bytes (for its sha256) and a name without any folder."""
+    if isinstance(source, onnx.ModelProto):
+        return source.SerializeToString(), source.graph.name or "model"
+    if isinstance(source, (bytes, bytearray)):
+        return bytes(source), "model"
+    path = Path(source)
+    try:
+        return path.read_bytes(), path.name
+    except OSError as error:
+        raise UsageError(f"cannot read the model: {error.strerror}", where=str(path),
+                         fix="check the model path") from None
+
+
+def build(source, target: Target, options: BuildOptions, progress: Progress = lambda _: None
+          ) -> BuildResult:
+    from pypto_offline import __version__
+
+    raw, name = model_bytes(source)
+    progress("importing")
+    graph = import_model(source, options.input_shapes)
+    _require_static_inputs(graph, name)
+    progress("planning fusion")
+    plan = plan_fusion(graph, target)
+    progress(f"compiling {len(plan.regions)} kernels with PyPTO")
+    kernels = tuple(compile_kernels(graph, plan, target, cache_dir=options.cache_dir,
+                                    jobs=options.jobs, search=options.tile_search))
+    failed = {k.region_id: (_category(k), k.fallback_reason) for k in kernels if not k.compiled}
+    shipped = without_regions(plan, graph, target, failed) if failed else plan
+    progress("measuring the unfused baseline")
+    unfused_us = _unfused_baseline(shipped, graph, target, options)
+    message = ptom_pb2.CompiledModel(
+        target=_target_descriptor(target),
+        provenance=_provenance(__version__, raw, name, options),
+        onnx_model=shipped.compiled_model.SerializeToString(),
+        source_onnx_model=graph.model.SerializeToString(),
+        input_names=list(graph.inputs))
+    regions = {r.id: r for r in plan.regions}
+    message.kernels.extend(_kernel_message(regions[k.region_id], k) for k in kernels)
+    message.unfused.extend(ptom_pb2.Unfused(node=u.node, op_type=u.op_type, category=u.category,
+                                            reason=u.reason) for u in shipped.unfused)
+    message.totals.CopyFrom(_totals(shipped, kernels, unfused_us, target))
+    message.verification.status = "skipped"
+    return BuildResult(message, graph, shipped, kernels)
+
+
+def _require_static_inputs(graph: ImportedGraph, name: str) -> None:
+    """An offline model has static shapes: every input's shape must be known (as ATC asks for
+    --input_shape on a dynamic model)."""
+    for input_name in graph.inputs:
+        if graph.tensors[input_name].shape is None:
+            raise UsageError(f"input {input_name!r} has no static shape", where=name,
+                             fix=f"give it with --input-shape {input_name}=D0,D1,...")
+
+
+def _category(kernel: Kernel) -> str:
+    return CANNOT_EXPRESS if kernel.fallback_reason.startswith("cannot express") else FAILED_CHECK
+
+
+def _unfused_baseline(plan: FusionPlan, graph: ImportedGraph, target: Target,
+                      options: BuildOptions) -> dict[str, float | None]:
+    cache = KernelCache(options.cache_dir)
+    constants = {t.name: numpy_helper.to_array(t) for t in graph.model.graph.initializer}
+    return {r.id: unfused_cost_us(r, graph, target, cache, constants) for r in plan.regions}
+
+
+def _target_descriptor(target: Target) -> ptom_pb2.TargetDescriptor:
+    figures = [ptom_pb2.Figure(name=name, value=json.dumps(f.value), source=f.source,
+                               estimate=f.estimate) for name, f in target.figures().items()]
+    return ptom_pb2.TargetDescriptor(name=target.name, figures=figures, notes=target.notes)
+
+
+def _provenance(tool_version: str, raw: bytes, name: str, options: BuildOptions):
+    import onnxruntime
+
+    return ptom_pb2.Provenance(
+        tool_version=tool_version, pypto_version=PYPTO_VERSION, onnx_version=onnx.__version__,
+        onnxruntime_version=onnxruntime.__version__, model_name=name,
+        model_sha256=hashlib.sha256(raw).hexdigest(), options=options.provenance())
+
+
+def _op_message(op: RegionOp) -> ptom_pb2.Op:
+    params = {k: (np.asarray(v).tolist() if isinstance(v, np.ndarray) else v)
+              for k, v in op.params.items()}
+    return ptom_pb2.Op(op_type=op.op_type, inputs=list(op.inputs), outputs=list(op.outputs),
+                       params_json=json.dumps(params, sort_keys=True, default=list))
+
+
+def region_signature(region: Region) -> str:
+    text = json.dumps({"ops": [_op_message(op).SerializeToString(deterministic=True).hex()
+                               for op in region.simplified],
+                       "types": sorted((k, list(v[0]), v[1]) for k, v in
+                                       region.tensor_types.items())})
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _tile(tile) -> ptom_pb2.TileChoice | None:
+    if tile is None:
+        return None
+    return ptom_pb2.TileChoice(budget_bytes=tile.budget_bytes, aicore_us=tile.aicore_us or 0.0,
+                               total_us=tile.total_us or 0.0, tasks=tile.tasks)
+
+
+def _kernel_message(region: Region, kernel: Kernel) -> ptom_pb2.Kernel:
+    message = ptom_pb2.Kernel(
+        id=region.id, region_signature=region_signature(region), nodes=list(region.nodes),
+        inputs=list(region.inputs), outputs=list(region.outputs),
+        original=[_op_message(op) for op in region.original],
+        simplified=[_op_message(op) for op in region.simplified],
+        rules_applied=list(region.rules_applied), compiled=kernel.compiled,
+        fallback_reason=kernel.fallback_reason or "", source=kernel.source,
+        gm_bytes_unfused=region.unfused.gm_bytes, gm_bytes_lower_bound=region.fused.gm_bytes,
+        gm_bytes_read=kernel.gm_bytes_read, gm_bytes_written=kernel.gm_bytes_written,
+        kernels_unfused=region.unfused.kernels, est_time_us_unfused=region.unfused.time_us,
+        est_time_us_fused=region.fused.time_us, functional_ok=kernel.functional_ok,
+        max_abs_diff=kernel.max_abs_diff or 0.0, platform=kernel.platform,
+        verdicts=[ptom_pb2.PassVerdict(pass_name=p, result=r) for p, r in kernel.verdicts],
+        artifacts=[ptom_pb2.Artifact(name=n, data=d, sha256=hashlib.sha256(d).hexdigest())
+                   for n, d in sorted(kernel.artifacts.items())])
+    for field_name, tile in (("default_tile", kernel.default_tile),
+                             ("tuned_tile", kernel.tuned_tile)):
+        if tile is not None:
+            getattr(message, field_name).CopyFrom(_tile(tile))
+    message.sha256 = hashlib.sha256(message.SerializeToString(deterministic=True)).hexdigest()
+    return message
+
+
+def _totals(plan: FusionPlan, kernels: Sequence[Kernel], unfused_us: dict, target: Target
+            ) -> ptom_pb2.Totals:
+    from pypto_offline.fusion.cost import time_us
+
+    t = plan.totals
+    shipped = {r.id for r in plan.regions}
+    compiled = [k for k in kernels if k.compiled and k.region_id in shipped]
+    lower_bounds = {r.id: r.fused.gm_bytes for r in plan.regions}
+    measured_after = t.gm_bytes_after + sum(k.gm_bytes - lower_bounds[k.region_id]
+                                            for k in compiled)
+    # fused against unfused over the same kernels: those whose baseline compiled too
+    pairs = [(k.tuned_tile.aicore_us, unfused_us[k.region_id]) for k in compiled
+             if unfused_us.get(k.region_id) is not None]
+    return ptom_pb2.Totals(
+        nodes_before=t.nodes_before, nodes_after=t.nodes_after, kernels_before=t.kernels_before,
+        kernels_after=t.kernels_after, fused_kernels=t.fused_kernels, ops_fused=t.ops_fused,
+        gm_bytes_before=t.gm_bytes_before, gm_bytes_after=measured_after,
+        gm_bytes_lower_bound=t.gm_bytes_lower_bound, est_time_us_before=t.est_time_us_before,
+        est_time_us_after=time_us(t.kernels_after, measured_after, target),
+        pypto_compiled=len(compiled), pypto_fell_back=len(kernels) - len(compiled),
+        cost_us_fused=round(sum(f for f, _ in pairs), 3),
+        cost_us_unfused=round(sum(u for _, u in pairs), 3))

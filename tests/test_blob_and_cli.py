@@ -1,0 +1,184 @@
+"""The .ptom blob and the command line around it: deterministic builds, a reader that refuses any
+damaged byte, and compile / inspect / verify that agree."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import pypto_offline
+from pypto_offline import cli
+from pypto_offline.errors import ModelError
+from pypto_offline.offline_compiler import blob, ptom_pb2
+from pypto_offline.targets import TARGETS
+from tests.malformed import EXAMPLE
+
+SHAPE = ["--input-shape", "x=1,3,64,64"]
+REPO = Path(__file__).resolve().parent.parent
+
+
+def run_cli(*args, seed="0", cwd=None):
+    env = {**os.environ, "PYTHONHASHSEED": seed}
+    return subprocess.run([sys.executable, "-m", "pypto_offline", *map(str, args)],
+                          capture_output=True, text=True, env=env, cwd=cwd)
+
+
+@pytest.fixture(scope="module")
+def builds(tmp_path_factory):
+    """The example compiled twice, in two processes with different hash seeds and caches."""
+    folder = tmp_path_factory.mktemp("builds")
+    results = []
+    for index, seed in enumerate(("0", "12345")):
+        out = folder / f"example{index}.ptom"
+        done = run_cli(EXAMPLE, "--target", "kirin9050", *SHAPE, "-o", out,
+                       "--cache-dir", folder / f"cache{index}", "--json", seed=seed)
+        assert done.returncode == 0, done.stderr
+        results.append((out, json.loads(done.stdout)))
+    return results
+
+
+def test_generated_module_agrees_with_the_proto(tmp_path):
+    from grpc_tools import protoc
+
+    assert protoc.main(["protoc", f"-I{REPO}", f"--python_out={tmp_path}",
+                        str(REPO / "pypto_offline/offline_compiler/ptom.proto")]) == 0
+    regenerated = tmp_path / "pypto_offline/offline_compiler/ptom_pb2.py"
+    committed = REPO / "pypto_offline/offline_compiler/ptom_pb2.py"
+    assert regenerated.read_bytes() == committed.read_bytes()
+
+
+def test_two_builds_are_byte_identical(builds):
+    (first, _), (second, _) = builds
+    assert first.read_bytes() == second.read_bytes()
+
+
+def test_summary_has_the_promised_fields(builds):
+    _, summary = builds[0]
+    for key in ("model", "model_sha256", "target", "blob", "nodes_before", "nodes_after",
+                "kernels_before", "kernels_after", "fused_kernels", "ops_fused",
+                "gm_bytes_before", "gm_bytes_after", "gm_bytes_lower_bound",
+                "est_time_us_before", "est_time_us_after", "pypto", "verification",
+                "compile_seconds"):
+        assert key in summary, key
+    assert summary["pypto"]["compiled"] == summary["fused_kernels"] == 1
+    assert summary["pypto"]["cost_us_fused"] < summary["pypto"]["cost_us_unfused"]
+    assert summary["verification"] == {"status": "passed", "max_abs_diff": 0.0,
+                                       "kernels_checked": 1, "kernels_passed": 1}
+    assert (summary["kernels_before"], summary["kernels_after"]) == (6, 2)
+
+
+def test_cli_inspect_and_verify_agree(builds):
+    path, compiled = builds[0]
+    inspected = json.loads(run_cli("inspect", path, "--json").stdout)
+    verified = run_cli("verify", path, "--onnx", EXAMPLE, "--json")
+    assert verified.returncode == 0, verified.stderr
+    verified = json.loads(verified.stdout)
+    shared = set(compiled) - {"blob", "compile_seconds", "model"}
+    for key in shared:
+        assert inspected[key] == compiled[key] == verified[key], key
+    assert [k["id"] for k in inspected["kernels"]] == ["region_0"]
+    assert inspected["provenance"]["pypto"] == "0.2.0"
+    assert "/" not in json.dumps(inspected["provenance"]["options"])  # no paths
+
+
+def _refused(data: bytes) -> bool:
+    try:
+        blob.from_bytes(data)
+    except ModelError:
+        return True
+    return False
+
+
+def test_any_flipped_byte_or_truncation_is_refused(builds):
+    data = builds[0][0].read_bytes()
+    positions = list(range(blob.HEADER.size)) + list(range(blob.HEADER.size, len(data), 97))
+    positions.append(len(data) - 1)
+    for position in positions:
+        damaged = bytearray(data)
+        damaged[position] ^= 0x5A
+        assert _refused(bytes(damaged)), position
+    for length in (0, 3, blob.HEADER.size - 1, blob.HEADER.size, len(data) // 2, len(data) - 1):
+        assert _refused(data[:length]), length
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "random", "version"])
+def test_the_cli_refuses_a_damaged_blob_with_exit_2(damage, builds, tmp_path, capfd):
+    data = bytearray(builds[0][0].read_bytes())
+    if damage == "flip":
+        data[len(data) // 3] ^= 1
+    elif damage == "truncate":
+        data = data[:-10]
+    elif damage == "random":
+        data = bytearray(np.random.default_rng(0).integers(0, 256, 4096, dtype=np.uint8))
+    else:
+        data[4] = 9
+    path = tmp_path / "damaged.ptom"
+    path.write_bytes(bytes(data))
+    for command in ("inspect", "verify"):
+        assert cli.main([command, str(path)]) == 2
+        err = capfd.readouterr().err
+        assert len(err.strip().splitlines()) == 1 and "damaged.ptom" in err
+        assert "Traceback" not in err
+
+
+def test_a_wrong_compiled_graph_fails_verification_with_exit_1(builds, tmp_path):
+    message = blob.read(builds[0][0])
+    import onnx
+
+    wrong = onnx.load_from_string(message.onnx_model)
+    wrong.graph.node[-1].op_type = "Sub" if wrong.graph.node[-1].op_type == "Add" else "Add"
+    wrong.graph.node[-1].domain = ""
+    message.onnx_model = wrong.SerializeToString()
+    path = blob.write(tmp_path / "wrong.ptom", message)
+    done = run_cli("verify", path, "--json")
+    assert done.returncode == 1
+    assert json.loads(done.stdout)["verification"]["status"] == "failed"
+
+
+def test_reader_checks_the_target(builds):
+    with pytest.raises(ModelError, match="compiled for 'kirin9050', not 'ascend910b'"):
+        pypto_offline.load(builds[0][0], expected_target="ascend910b")
+
+
+def test_real_inputs_from_npz_and_their_errors(builds, tmp_path, capfd):
+    path = builds[0][0]
+    inputs = tmp_path / "x.npz"
+    np.savez(inputs, x=np.ones((1, 3, 64, 64), np.float32))
+    assert cli.main(["verify", str(path), "--inputs", str(inputs)]) == 0
+    np.savez(tmp_path / "bad.npz", y=np.ones(3, np.float32))
+    assert cli.main(["verify", str(path), "--inputs", str(tmp_path / "bad.npz")]) == 2
+    assert "'y', which is not a model input" in capfd.readouterr().err
+
+
+def test_targets_lists_every_chip_with_sources(capfd):
+    assert cli.main(["targets", "--json"]) == 0
+    listing = json.loads(capfd.readouterr().out)
+    assert set(listing) == set(TARGETS)
+    for name, figures in listing.items():
+        for key, figure in figures.items():
+            if key != "notes":
+                assert figure["source"], (name, key)
+    assert listing["kirin9050"]["soc_version"]["estimate"] is True  # 9050 = KirinDev0000: inferred
+    assert listing["ascend910b"]["ub_bytes"]["value"] == 196608
+
+
+def test_a_failed_build_writes_nothing(tmp_path):
+    broken = tmp_path / "broken.onnx"
+    broken.write_bytes(EXAMPLE.read_bytes()[:100])
+    assert cli.main([str(broken), "--target", "kirin9050"]) == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["broken.onnx"]
+
+
+@pytest.mark.parametrize("target", sorted(TARGETS))
+def test_the_example_compiles_for_every_target(target, tmp_path):
+    out = tmp_path / f"example.{target}.ptom"
+    assert cli.main([str(EXAMPLE), "--target", target, *SHAPE, "-o", str(out),
+                     "--cache-dir", str(tmp_path / "cache"), "--quiet"]) == 0
+    compiled = pypto_offline.load(out, expected_target=target)
+    assert compiled.summary()["verification"]["status"] == "passed"
+    assert compiled.summary()["pypto"]["compiled"] == 1
