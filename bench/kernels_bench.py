@@ -19,34 +19,17 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from types import MappingProxyType
 
 from bench import corpus
 from pypto_offline import import_model
 from pypto_offline.fusion import plan_fusion
-from pypto_offline.fusion.classify import VIEW_ONLY_OPS
-from pypto_offline.fusion.records import Cost, Region
-from pypto_offline.pypto_kernels import KernelCache, compile_kernels, compile_region
+from pypto_offline.fusion.records import Region
+from pypto_offline.pypto_kernels import KernelCache, compile_kernels
+from pypto_offline.pypto_kernels.compiler import unfused_cost_us
 from pypto_offline.targets import TARGETS
 
 GM_SLACK = 1.05
 TILE_GAIN = 0.20
-
-
-def single_op_regions(region: Region, graph) -> list[Region]:
-    """Each device op of a region as a region of its own: the unfused baseline."""
-    singles = []
-    for index, op in enumerate(region.original):
-        if op.op_type in VIEW_ONLY_OPS or op.op_type == "Reshape":
-            continue  # metadata on contiguous data: no kernel before fusion either
-        names = list(op.inputs) + list(op.outputs)
-        types = {n: (tuple(graph.tensors[n].shape), graph.tensors[n].dtype) for n in names}
-        singles.append(Region(
-            id=f"{region.id}_op{index}", nodes=(op.outputs[0],), inputs=tuple(op.inputs),
-            outputs=tuple(op.outputs), original=(op,), simplified=(op,), rules_applied=(),
-            unfused=Cost(1, 0, 0.0), fused=Cost(1, 0, 0.0),
-            tensor_types=MappingProxyType(types)))
-    return singles
 
 
 def constants_of(graph) -> dict:
@@ -56,13 +39,7 @@ def constants_of(graph) -> dict:
 
 
 def unfused_time(region: Region, graph, target, cache) -> float | None:
-    total = 0.0
-    for single in single_op_regions(region, graph):
-        kernel = compile_region(single, graph, target, cache, constants_of(graph))
-        if not kernel.compiled:
-            return None
-        total += kernel.tuned_tile.aicore_us
-    return total
+    return unfused_cost_us(region, graph, target, cache, constants_of(graph))
 
 
 def bench_model(name: str, target, cache_dir: Path, jobs: int, sample: int) -> dict:

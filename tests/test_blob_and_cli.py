@@ -14,7 +14,7 @@ import pytest
 import pypto_offline
 from pypto_offline import cli
 from pypto_offline.errors import ModelError
-from pypto_offline.offline_compiler import blob, ptom_pb2
+from pypto_offline.offline_compiler import blob
 from pypto_offline.targets import TARGETS
 from tests.malformed import EXAMPLE
 

@@ -54,6 +54,14 @@ def test_expand_uses_zero_strides():
     np.testing.assert_array_equal(stack.gather(x), np.broadcast_to(x, (3, 5)))
 
 
+def test_expanding_an_axis_that_holds_only_padding_keeps_it_padding():
+    x = arange([1, 1])
+    stack = run([1, 1], ("Pad", {"pads": (0, 1, 1, 0), "mode": "constant", "value": 0.0}),
+                ("Slice", {"starts": (0, 0), "ends": (2, 1), "steps": (1, 1)}),
+                ("Expand", {"shape": (2, 2)}))
+    np.testing.assert_array_equal(stack.gather(x), np.zeros((2, 2), np.float32))
+
+
 def test_reshape_merges_and_splits_strided_axes():
     x = arange([2, 6, 4, 5])
     stack = run([2, 6, 4, 5], ("Transpose", {"perm": (1, 0, 2, 3)}),

@@ -81,8 +81,9 @@ class View:
         shape = tuple(shape)
         strides = tuple(0 if old == 1 and new != 1 else st
                         for old, new, st in zip(self.shape, shape, self.strides))
+        # a broadcast axis repeats its one position: real data everywhere, or padding everywhere
         mask = None if self.mask is None else tuple(
-            (0, new) if old == 1 and new != 1 else m
+            ((0, new) if m[0] < m[1] else (0, 0)) if old == 1 and new != 1 else m
             for old, new, m in zip(self.shape, shape, self.mask))
         return View(shape, strides, self.offset, mask, self.pad_value)
 
