@@ -16,12 +16,14 @@ A pattern outside these limits raises ``CannotExpress`` and the region falls bac
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
+from math import prod
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 import onnx
 
 from pypto_offline.fusion.records import Region, RegionOp
+from pypto_offline.pypto_kernels.folding import fold_broadcast, fold_transpose
 from pypto_offline.pypto_kernels.tiling import TilePolicy
 
 PYPTO_DTYPES = {
@@ -44,13 +46,21 @@ class CannotExpress(Exception):
     """The region uses a pattern the generator cannot write in PyPTO 0.2.0."""
 
 
+MAX_RANK = 4  # PyPTO 0.2.0's code generation: "exceed dimension limit" above this
+
+
 @dataclass
 class _Writer:
+    """Emits the kernel body. Every tensor is a variable holding its elements in row-major order
+    under some shape (its own, or a folded one); ``value`` reshapes on demand, so a rank-5/6
+    tensor that only feeds folded ops is never created in the kernel."""
+
     region: Region
     policy: TilePolicy
     constants: Mapping[str, np.ndarray]
     lines: list[str] = field(default_factory=list)
-    names: dict[str, str] = field(default_factory=dict)
+    names: dict[str, tuple[str, tuple[int, ...]]] = field(default_factory=dict)
+    _reshaped: dict[tuple[str, tuple[int, ...]], str] = field(default_factory=dict)
     _count: int = 0
 
     def shape(self, tensor: str) -> tuple[int, ...]:
@@ -59,10 +69,30 @@ class _Writer:
     def dtype(self, tensor: str) -> int:
         return self.region.tensor_types[tensor][1]
 
-    def var(self, tensor: str) -> str:
+    def value(self, tensor: str, as_shape: Sequence[int] | None = None) -> str:
+        """The tensor as a variable of shape ``as_shape`` (default: its own shape)."""
         if tensor not in self.names:
             raise CannotExpress(f"tensor {tensor!r} is used before it is computed")
-        return self.names[tensor]
+        name, held = self.names[tensor]
+        wanted = tuple(as_shape) if as_shape is not None else self.shape(tensor)
+        wanted = wanted or (1,)
+        if held == wanted or _is_scalar_constant(tensor, self.constants):
+            return name
+        if len(wanted) > MAX_RANK:
+            raise CannotExpress(f"rank {len(wanted)} of {tensor!r} exceeds PyPTO's {MAX_RANK}")
+        key = (name, wanted)
+        if key not in self._reshaped:
+            self.tile(wanted, self.dtype(tensor))
+            self._reshaped[key] = self.fresh()
+            self.emit(f"{self._reshaped[key]} = pypto.reshape({name}, {list(wanted)})")
+        return self._reshaped[key]
+
+    def var(self, tensor: str) -> str:
+        return self.value(tensor)
+
+    def hold(self, tensor: str, name: str, shape: Sequence[int]) -> None:
+        """``tensor``'s elements are in variable ``name`` under ``shape``."""
+        self.names[tensor] = (name, tuple(shape) or (1,))
 
     def fresh(self) -> str:
         self._count += 1
@@ -75,10 +105,10 @@ class _Writer:
         tile = self.policy.tile(tuple(shape), _itemsize(dtype), tuple(whole_axes))
         self.emit(f"pypto.set_vec_tile_shapes({', '.join(map(str, tile))})")
 
-    def assign(self, tensor: str, expression: str) -> str:
+    def assign(self, tensor: str, expression: str, shape: Sequence[int] | None = None) -> str:
         name = self.fresh()
         self.emit(f"{name} = {expression}")
-        self.names[tensor] = name
+        self.hold(tensor, name, self.shape(tensor) if shape is None else shape)
         return name
 
 
@@ -104,17 +134,18 @@ def kernel_source(region: Region, policy: TilePolicy, constants: Mapping[str, np
     arguments = []
     for index, tensor in enumerate(region.inputs):
         if _is_scalar_constant(tensor, constants):
-            w.names[tensor] = float_literal(np.asarray(constants[tensor]).reshape(-1)[0])
+            w.hold(tensor, float_literal(np.asarray(constants[tensor]).reshape(-1)[0]), ())
             continue
-        w.names[tensor] = f"in{index}"
+        w.hold(tensor, f"in{index}", w.shape(tensor))
         arguments.append(f"in{index}: {_annotation(w, tensor)}")
     outputs = {tensor: f"out{index}" for index, tensor in enumerate(region.outputs)}
     arguments += [f"{name}: {_annotation(w, tensor)}" for tensor, name in outputs.items()]
     for op in region.simplified:
         _lower(w, op)
     for tensor, name in outputs.items():
-        w.tile(w.shape(tensor), w.dtype(tensor))
-        w.emit(f"{name}[:] = {_as_tensor(w, tensor)}")
+        value = _as_tensor(w, tensor)
+        w.tile(w.shape(tensor) or (1,), w.dtype(tensor))
+        w.emit(f"{name}[:] = {value}")
     header = [
         f'"""PyPTO kernel for {region.id}: {", ".join(op.op_type for op in region.original)}.',
         "",
@@ -144,11 +175,10 @@ def _is_scalar_constant(tensor: str, constants: Mapping[str, np.ndarray]) -> boo
 
 
 def _as_tensor(w: _Writer, tensor: str) -> str:
-    """A region output that is an inlined scalar or a plain input still needs a tensor value."""
-    name = w.var(tensor)
-    if name.startswith("in") or name.startswith("t"):
-        return name
-    raise CannotExpress(f"output {tensor!r} is a compile-time constant")
+    """A region output must be a tensor value (not an inlined scalar) of PyPTO's rank."""
+    if _is_scalar_constant(tensor, w.constants):
+        raise CannotExpress(f"output {tensor!r} is a compile-time constant")
+    return w.value(tensor)
 
 
 def _lower(w: _Writer, op: RegionOp) -> None:
@@ -227,26 +257,41 @@ def _tile(w: _Writer, op: RegionOp) -> None:
         w.assign(out, current)
 
 
-def _broadcast_to(w: _Writer, tensor: str, shape: tuple[int, ...]) -> str:
-    """Reshape to the output rank, then expand one axis per call."""
-    current, own = w.var(tensor), list(w.shape(tensor))
+def _broadcast_to(w: _Writer, tensor: str, shape, own=None) -> str:
+    """The tensor broadcast to ``shape``: reshaped to ``own`` (its shape right-aligned to the
+    rank of ``shape``, or a folded form of it), then expanded one axis per call."""
     if _is_scalar_constant(tensor, w.constants):
-        return current
+        return w.value(tensor)
+    shape = list(shape)
+    own = list(own) if own is not None else \
+        [1] * (len(shape) - len(w.shape(tensor))) + list(w.shape(tensor))
+    current = w.value(tensor, own)
     dtype = w.dtype(tensor)
-    if len(own) < len(shape):
-        own = [1] * (len(shape) - len(own)) + own
-        w.tile(own, dtype)
-        current = w.assign(f"{tensor}__ranked", f"pypto.reshape({current}, {own})")
     for axis, (have, want) in enumerate(zip(own, shape)):
         if have != want:
             own[axis] = want
             w.tile(own, dtype)
-            current = w.assign(f"{tensor}__b{axis}", f"pypto.expand_clone({current}, {own})")
+            name = w.fresh()
+            w.emit(f"{name} = pypto.expand_clone({current}, {own})")
+            current = name
     return current
 
 
+def _compute_shape(w: _Writer, out: str, inputs) -> tuple[list[int], list]:
+    """Where a broadcasting op runs: its output shape, folded when above PyPTO's rank."""
+    shape = list(w.shape(out)) or [1]
+    if len(shape) <= MAX_RANK:
+        return shape, [None] * len(inputs)
+    folded, operands = fold_broadcast(shape, [w.shape(n) for n in inputs])
+    if len(folded) > MAX_RANK:
+        raise CannotExpress(f"rank {len(shape)} broadcast does not fold to {MAX_RANK} axes")
+    return folded, operands
+
+
 def _expand(w: _Writer, op: RegionOp) -> None:
-    w.names[op.outputs[0]] = _broadcast_to(w, op.inputs[0], w.shape(op.outputs[0]))
+    out = op.outputs[0]
+    shape, (own,) = _compute_shape(w, out, op.inputs)
+    w.hold(out, _broadcast_to(w, op.inputs[0], shape, own), shape)
 
 
 def _concat(w: _Writer, op: RegionOp) -> None:
@@ -282,24 +327,33 @@ def swaps_for(perm) -> list[tuple[int, int]]:
 
 def _transpose(w: _Writer, op: RegionOp) -> None:
     source, out = op.inputs[0], op.outputs[0]
-    current, shape = w.var(source), list(w.shape(source))
-    for i, j in swaps_for(op.params["perm"]):
+    shape, perm = list(w.shape(source)), list(op.params["perm"])
+    if len(shape) > MAX_RANK:
+        shape, perm = fold_transpose(shape, perm)
+        if len(shape) > MAX_RANK:
+            raise CannotExpress(f"rank {len(op.params['perm'])} transpose does not fold to "
+                                f"{MAX_RANK} axes")
+    current = w.value(source, shape)
+    for i, j in swaps_for(perm):
         shape[i], shape[j] = shape[j], shape[i]
         w.tile(shape, w.dtype(out))  # bounded tiles compile; whole swapped axes overflow UB
-        current = w.assign(out, f"pypto.transpose({current}, {i}, {j})")
-    if current == w.var(source):
-        w.assign(out, current)
+        name = w.fresh()
+        w.emit(f"{name} = pypto.transpose({current}, {i}, {j})")
+        current = name
+    w.hold(out, current, shape)
 
 
 def _reshape(w: _Writer, op: RegionOp) -> None:
-    out = op.outputs[0]
-    shape = list(w.shape(out)) or [1]
-    w.tile(shape, w.dtype(out))
-    w.assign(out, f"pypto.reshape({w.var(op.inputs[0])}, {shape})")
+    """No op of its own: the output holds the same elements. Materialised (as a reshape from the
+    underlying variable) only when a consumer needs this shape."""
+    source, out = op.inputs[0], op.outputs[0]
+    if source not in w.names:
+        raise CannotExpress(f"tensor {source!r} is used before it is computed")
+    w.names[out] = w.names[source]
 
 
 def _identity(w: _Writer, op: RegionOp) -> None:
-    w.names[op.outputs[0]] = w.var(op.inputs[0])
+    w.names[op.outputs[0]] = w.names[op.inputs[0]]
 
 
 def _gather(w: _Writer, op: RegionOp) -> None:
@@ -317,46 +371,49 @@ def _gather(w: _Writer, op: RegionOp) -> None:
     w.emit(f"    {parts}.append(pypto.view({w.var(source)}, {part}, [{', '.join(offsets)}]))")
     gathered = part[:axis] + [len(indices)] + part[axis + 1:]
     w.tile(gathered, w.dtype(out), whole_axes=(axis,))
-    current = w.assign(out, f"pypto.concat({parts}, {axis})" if len(indices) > 1 else f"{parts}[0]")
-    if tuple(gathered) != w.shape(out):
-        _reshape_to(w, out, current)
-
-
-def _reshape_to(w: _Writer, out: str, current: str) -> None:
-    shape = list(w.shape(out)) or [1]
-    w.tile(shape, w.dtype(out))
-    w.assign(out, f"pypto.reshape({current}, {shape})")
+    w.assign(out, f"pypto.concat({parts}, {axis})" if len(indices) > 1 else f"{parts}[0]",
+             gathered)  # a scalar index drops the axis: the same elements, held as `gathered`
 
 
 def _cast(w: _Writer, op: RegionOp) -> None:
     source, out = op.inputs[0], op.outputs[0]
+    shape = _elementwise_shape(w, out)
     to = pypto_dtype(w.dtype(out))
     mode = ", pypto.CastMode.CAST_TRUNC" if np.issubdtype(
         onnx.helper.tensor_dtype_to_np_dtype(w.dtype(out)), np.integer) else ""
-    w.tile(w.shape(out), w.dtype(out))
-    w.assign(out, f"pypto.cast({w.var(source)}, {to}{mode})")
+    value = w.value(source, shape)
+    w.tile(shape, w.dtype(out))
+    w.assign(out, f"pypto.cast({value}, {to}{mode})", shape)
 
 
 def _where(w: _Writer, op: RegionOp) -> None:
     out = op.outputs[0]
-    shape = w.shape(out)
-    args = [_broadcast_to(w, name, shape) for name in op.inputs]
+    shape, owns = _compute_shape(w, out, op.inputs)
+    args = [_broadcast_to(w, name, shape, own) for name, own in zip(op.inputs, owns)]
     w.tile(shape, w.dtype(out))
-    w.assign(out, f"pypto.where({', '.join(args)})")
+    w.assign(out, f"pypto.where({', '.join(args)})", shape)
+
+
+def _elementwise_shape(w: _Writer, tensor: str) -> list[int]:
+    """An elementwise op runs on any row-major shape of its tensor: fold the leading axes."""
+    shape = list(w.shape(tensor)) or [1]
+    return shape if len(shape) <= MAX_RANK else [prod(shape[:-3])] + shape[-3:]
 
 
 def _unary(w: _Writer, op: RegionOp) -> None:
     out = op.outputs[0]
-    w.tile(w.shape(out), w.dtype(out))
-    w.assign(out, f"pypto.{UNARY[op.op_type]}({w.var(op.inputs[0])})")
+    shape = _elementwise_shape(w, out)
+    source = w.value(op.inputs[0], shape)
+    w.tile(shape, w.dtype(out))
+    w.assign(out, f"pypto.{UNARY[op.op_type]}({source})", shape)
 
 
 def _binary(w: _Writer, op: RegionOp) -> None:
     out = op.outputs[0]
-    shape = w.shape(out)
     if all(_is_scalar_constant(name, w.constants) for name in op.inputs):
         raise CannotExpress("an op on compile-time constants only")
-    operands = [_broadcast_to(w, name, shape) for name in op.inputs]
+    shape, owns = _compute_shape(w, out, op.inputs)
+    operands = [_broadcast_to(w, name, shape, own) for name, own in zip(op.inputs, owns)]
     function = BINARY[op.op_type]
     if _is_scalar_constant(op.inputs[0], w.constants):  # PyPTO takes scalars on the right
         if op.op_type == "Sub":
@@ -370,23 +427,25 @@ def _binary(w: _Writer, op: RegionOp) -> None:
     for operand in operands[1:]:
         expression = f"pypto.{function}({expression}, {operand})"
     w.tile(shape, w.dtype(out))
-    w.assign(out, expression)
+    w.assign(out, expression, shape)
 
 
 def _reciprocal(w: _Writer, op: RegionOp) -> None:
     out = op.outputs[0]
-    shape = w.shape(out)
+    shape = _elementwise_shape(w, out)
+    value = w.value(op.inputs[0], shape)
     w.tile(shape, w.dtype(out))
-    w.assign(out, f"pypto.div({_full(w, shape, 1.0, w.dtype(out))}, {w.var(op.inputs[0])})")
+    w.assign(out, f"pypto.div({_full(w, shape, 1.0, w.dtype(out))}, {value})", shape)
 
 
 def _clip(w: _Writer, op: RegionOp) -> None:
     out = op.outputs[0]
+    shape = _elementwise_shape(w, out)
     low = -FLT_MAX if op.params["min"] is None else float(op.params["min"])
     high = FLT_MAX if op.params["max"] is None else float(op.params["max"])
-    w.tile(w.shape(out), w.dtype(out))
-    w.assign(out, f"pypto.clip({w.var(op.inputs[0])}, {float_literal(low)}, "
-                  f"{float_literal(high)})")
+    value = w.value(op.inputs[0], shape)
+    w.tile(shape, w.dtype(out))
+    w.assign(out, f"pypto.clip({value}, {float_literal(low)}, {float_literal(high)})", shape)
 
 
 def _roll(w: _Writer, op: RegionOp) -> None:
