@@ -164,6 +164,15 @@ def test_targets_lists_every_chip_with_sources(capfd):
             if key != "notes":
                 assert figure["source"], (name, key)
     assert listing["kirin9050"]["soc_version"]["estimate"] is True  # 9050 = KirinDev0000: inferred
+    for name, figures in listing.items():  # the fields of shared/targets.md §6
+        for field in ("soc_version", "npu_arch", "cce_arch", "ai_cores", "aiv_cores", "coupled",
+                      "clock_mhz", "ub_bytes", "ub_plan_bytes", "l1_bytes", "l0a_bytes",
+                      "l0b_bytes", "l0c_bytes", "l2_bytes", "ub_block_bytes",
+                      "vector_bytes_per_cycle", "cube_mkn_fp16", "dtypes", "gm_bandwidth_gbps",
+                      "gm_bytes_per_cycle_per_core", "launch_overhead_us", "max_block_dim",
+                      "gm_atomics", "hw_cross_core_sync", "packaging"):
+            assert field in figures, (name, field)
+    assert listing["kirin90"]["clock_mhz"]["estimate"] and not listing["ascend910b"]["clock_mhz"]["estimate"]
     assert listing["ascend910b"]["ub_bytes"]["value"] == 196608
 
 

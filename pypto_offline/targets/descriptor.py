@@ -46,8 +46,27 @@ class Target:
     dtypes: Figure  # element types a kernel may read or write (numpy names)
     kernels: KernelSupport
     notes: str = ""
+    # The rest of shared/targets.md §6: described, not yet used by a cost figure.
+    cce_arch: Figure | None = None
+    aiv_cores: Figure | None = None
+    coupled: Figure | None = None
+    clock_mhz: Figure | None = None
+    l1_bytes: Figure | None = None
+    l0a_bytes: Figure | None = None
+    l0b_bytes: Figure | None = None
+    l0c_bytes: Figure | None = None
+    l2_bytes: Figure | None = None
+    ub_block_bytes: Figure | None = None
+    vector_bytes_per_cycle: Figure | None = None
+    cube_mkn_fp16: Figure | None = None
+    gm_bytes_per_cycle_per_core: Figure | None = None
+    max_block_dim: Figure | None = None
+    gm_atomics: Figure | None = None
+    hw_cross_core_sync: Figure | None = None
+    packaging: Figure | None = None
 
     def figures(self) -> dict[str, Figure]:
+        """Every figure the descriptor carries (those not known for this chip are absent)."""
         return {k: v for k, v in vars(self).items() if isinstance(v, Figure)}
 
     def seconds_for_bytes(self, nbytes: int) -> float:
