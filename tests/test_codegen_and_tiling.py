@@ -52,13 +52,29 @@ def test_whole_axes_stay_whole():
     assert TilePolicy(4096).tile((1, 64, 32, 32), 4, whole_axes=(1,))[1] == 64
 
 
-def test_generated_module_is_python_and_spells_infinity():
+def _source_for(pads, value, extra_constant=None):
     b = GraphBuilder()
     x = b.input("x", [4, 32])
-    y = b.op("Pad", [x], pads=[0, 0, 0, 8], value=float("-inf"))
-    graph, plan = fuse(b.model(b.op("Relu", [b.op("Max", [y, b.const(np.float32(-np.inf))])])))
+    y = b.op("Pad", [x], pads=pads, value=value)
+    other = b.const(np.float32(extra_constant if extra_constant is not None else 1.0))
+    graph, plan = fuse(b.model(b.op("Relu", [b.op("Max", [y, other])])))
     constants = {t.name: numpy_helper.to_array(t) for t in graph.model.graph.initializer}
     source = kernel_source(plan.regions[0], TilePolicy(8192), constants)
     compile(source, "kernel.py", "exec")
+    return source
+
+
+def test_generated_module_is_python_and_spells_infinity():
+    source = _source_for([0, 0, 0, 8], float("-inf"), extra_constant=-np.inf)
     assert 'float("-inf")' in source and " inf" not in source.replace('"-inf"', "")
-    assert "pypto.full(" in source and "pypto.set_vec_tile_shapes(" in source
+
+
+def test_pad_at_the_end_with_zero_or_infinity_uses_pypto_pad():
+    assert 'pypto.pad(' in _source_for([0, 0, 2, 8], 0.0)
+    assert 'pypto.pad(' in _source_for([0, 0, 0, 8], float("-inf"))
+
+
+def test_pad_on_any_side_or_value_uses_full_blocks():
+    for pads, value in (([1, 0, 0, 8], 0.0), ([0, 0, 0, 8], 1.5)):
+        source = _source_for(pads, value)
+        assert "pypto.full(" in source and "pypto.pad(" not in source

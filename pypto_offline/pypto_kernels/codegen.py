@@ -227,6 +227,14 @@ def _pad(w: _Writer, op: RegionOp) -> None:
         w.tile(shape, dtype)
         current = w.assign(out, f"pypto.view({current}, {shape}, {starts})")
         begins, ends = [max(b, 0) for b in begins], [max(e, 0) for e in ends]
+    if _native_pad(shape, begins, ends, value):
+        # pypto.pad: bottom/right of the last two axes, value 0 or ±inf, a 4-entry list
+        right, bottom = ends[-1], ends[-2] if rank >= 2 else 0
+        shape = [d + e for d, e in zip(shape, ends)]
+        w.tile(shape, dtype)
+        w.assign(out, f'pypto.pad({current}, [0, {right}, 0, {bottom}], "constant", '
+                      f"{float_literal(value)})")
+        return
     for axis in range(rank):
         if begins[axis] == 0 and ends[axis] == 0:
             continue
@@ -240,6 +248,11 @@ def _pad(w: _Writer, op: RegionOp) -> None:
         current = w.assign(out, f"pypto.concat([{', '.join(parts)}], {axis})")
     if current == w.var(source):
         w.assign(out, current)
+
+
+def _native_pad(shape, begins, ends, value) -> bool:
+    return len(shape) >= 2 and not any(begins) and not any(ends[:-2]) \
+        and float(value) in (0.0, float("inf"), float("-inf"))
 
 
 def _tile(w: _Writer, op: RegionOp) -> None:
