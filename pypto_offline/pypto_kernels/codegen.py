@@ -388,17 +388,6 @@ def _gather(w: _Writer, op: RegionOp) -> None:
              gathered)  # a scalar index drops the axis: the same elements, held as `gathered`
 
 
-def _cast(w: _Writer, op: RegionOp) -> None:
-    source, out = op.inputs[0], op.outputs[0]
-    shape = _elementwise_shape(w, out)
-    to = pypto_dtype(w.dtype(out))
-    mode = ", pypto.CastMode.CAST_TRUNC" if np.issubdtype(
-        onnx.helper.tensor_dtype_to_np_dtype(w.dtype(out)), np.integer) else ""
-    value = w.value(source, shape)
-    w.tile(shape, w.dtype(out))
-    w.assign(out, f"pypto.cast({value}, {to}{mode})", shape)
-
-
 def _where(w: _Writer, op: RegionOp) -> None:
     out = op.outputs[0]
     shape, owns = _compute_shape(w, out, op.inputs)
@@ -413,12 +402,37 @@ def _elementwise_shape(w: _Writer, tensor: str) -> list[int]:
     return shape if len(shape) <= MAX_RANK else [prod(shape[:-3])] + shape[-3:]
 
 
-def _unary(w: _Writer, op: RegionOp) -> None:
+def _per_element(w: _Writer, op: RegionOp, expression: Callable[[str, list[int]], str]) -> None:
+    """A one-input elementwise op: computed on a folded shape when above PyPTO's rank."""
     out = op.outputs[0]
     shape = _elementwise_shape(w, out)
-    source = w.value(op.inputs[0], shape)
+    value = w.value(op.inputs[0], shape)
     w.tile(shape, w.dtype(out))
-    w.assign(out, f"pypto.{UNARY[op.op_type]}({source})", shape)
+    w.assign(out, expression(value, shape), shape)
+
+
+def _unary(w: _Writer, op: RegionOp) -> None:
+    _per_element(w, op, lambda value, _: f"pypto.{UNARY[op.op_type]}({value})")
+
+
+def _reciprocal(w: _Writer, op: RegionOp) -> None:
+    dtype = w.dtype(op.outputs[0])
+    _per_element(w, op, lambda value, shape: f"pypto.div({_full(w, shape, 1.0, dtype)}, {value})")
+
+
+def _clip(w: _Writer, op: RegionOp) -> None:
+    low = -FLT_MAX if op.params["min"] is None else float(op.params["min"])
+    high = FLT_MAX if op.params["max"] is None else float(op.params["max"])
+    _per_element(w, op, lambda value, _: f"pypto.clip({value}, {float_literal(low)}, "
+                                         f"{float_literal(high)})")
+
+
+def _cast(w: _Writer, op: RegionOp) -> None:
+    out = op.outputs[0]
+    to = pypto_dtype(w.dtype(out))
+    mode = ", pypto.CastMode.CAST_TRUNC" if np.issubdtype(
+        onnx.helper.tensor_dtype_to_np_dtype(w.dtype(out)), np.integer) else ""
+    _per_element(w, op, lambda value, _: f"pypto.cast({value}, {to}{mode})")
 
 
 def _binary(w: _Writer, op: RegionOp) -> None:
@@ -441,24 +455,6 @@ def _binary(w: _Writer, op: RegionOp) -> None:
         expression = f"pypto.{function}({expression}, {operand})"
     w.tile(shape, w.dtype(out))
     w.assign(out, expression, shape)
-
-
-def _reciprocal(w: _Writer, op: RegionOp) -> None:
-    out = op.outputs[0]
-    shape = _elementwise_shape(w, out)
-    value = w.value(op.inputs[0], shape)
-    w.tile(shape, w.dtype(out))
-    w.assign(out, f"pypto.div({_full(w, shape, 1.0, w.dtype(out))}, {value})", shape)
-
-
-def _clip(w: _Writer, op: RegionOp) -> None:
-    out = op.outputs[0]
-    shape = _elementwise_shape(w, out)
-    low = -FLT_MAX if op.params["min"] is None else float(op.params["min"])
-    high = FLT_MAX if op.params["max"] is None else float(op.params["max"])
-    value = w.value(op.inputs[0], shape)
-    w.tile(shape, w.dtype(out))
-    w.assign(out, f"pypto.clip({value}, {float_literal(low)}, {float_literal(high)})", shape)
 
 
 def _roll(w: _Writer, op: RegionOp) -> None:
