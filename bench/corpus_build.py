@@ -1,0 +1,68 @@
+"""Compile every corpus model for the given targets through the whole pipeline (the API the CLI
+uses) and collect the ``--json`` summaries (not part of the test run: it compiles every kernel).
+
+    python -m bench.corpus_build --targets kirin9050,ascend910b [--models a,b] [--out DIR]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from bench import corpus
+import pypto_offline
+
+
+def build_one(name: str, target: str, out: Path, cache_dir: Path, jobs: int) -> dict:
+    spec = corpus.MODELS[name]
+    started = time.perf_counter()
+    compiled = pypto_offline.compile(corpus.model_path(name), target, spec.input_shapes,
+                                     cache_dir=cache_dir, jobs=jobs)
+    compiled.verify(spec.make_inputs(seed=0))
+    blob = compiled.save(out / f"{name}.{target}.ptom")
+    return {**compiled.summary(), "blob": blob.name,
+            "compile_seconds": round(time.perf_counter() - started, 1)}
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| model | target | kernels | fused (ops) | PyPTO compiled / fell back | GM MB before → "
+             "after (lower bound) | est. µs before → after | PyPTO µs fused / unfused | check |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        p, v = r["pypto"], r["verification"]
+        lines.append(
+            f"| {r['model']} | {r['target']} | {r['kernels_before']} → {r['kernels_after']} | "
+            f"{r['fused_kernels']} ({r['ops_fused']}) | {p['compiled']} / {p['fell_back']} | "
+            f"{r['gm_bytes_before'] / 1e6:.2f} → {r['gm_bytes_after'] / 1e6:.2f} "
+            f"({r['gm_bytes_lower_bound'] / 1e6:.2f}) | {r['est_time_us_before']:.0f} → "
+            f"{r['est_time_us_after']:.0f} | {p['cost_us_fused']:.1f} / {p['cost_us_unfused']:.1f} | "
+            f"{v['status']} ({v['max_abs_diff']:.1e}; kernels {v['kernels_passed']}/"
+            f"{v['kernels_checked']}) |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--targets", default="kirin9050,ascend910b")
+    parser.add_argument("--models", default=",".join(corpus.MODELS))
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--cache-dir", type=Path, default=None)
+    parser.add_argument("--out", type=Path, default=Path("bench/results/corpus_build"))
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for name in args.models.split(","):  # every target of a model before the next model
+        for target in args.targets.split(","):
+            rows.append(build_one(name, target, args.out, args.cache_dir, args.jobs))
+            print(f"{name} {target}: {rows[-1]['verification']['status']} in "
+                  f"{rows[-1]['compile_seconds']} s", file=sys.stderr, flush=True)
+            (args.out / "summaries.json").write_text(json.dumps(rows, indent=1))
+            (args.out / "summaries.md").write_text(table(rows) + "\n")
+    print(table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
