@@ -161,3 +161,19 @@ def test_ascend950_kernels_are_costed_with_the_a5_tables(anchor_kernels, tmp_pat
                                 search=False)
     assert on_950.compiled and on_950.cache_key != on_kirin.cache_key
     assert on_950.tuned_tile.aicore_us != on_kirin.default_tile.aicore_us
+
+
+def test_a_region_that_simplifies_to_a_rename_compiles_as_one_copy(tmp_path):
+    from tests.onnx_builders import GraphBuilder
+
+    b = GraphBuilder()
+    x = b.input("x", [2, 6, 8, 16])
+    parts = b.op("Split", [x], outputs=3, axis=1, split=[1, 2, 3])
+    y = b.op("Concat", parts, axis=1)
+    y = b.op("Transpose", [b.op("Transpose", [y], perm=[0, 2, 1, 3])], perm=[0, 2, 1, 3])
+    graph, plan = fuse(b.model(y))
+    assert [op.op_type for op in plan.regions[0].simplified] == ["Identity"]
+    (kernel,) = compile_kernels(graph, plan, TARGETS["kirin9050"], cache_dir=tmp_path,
+                                search=False)
+    assert kernel.compiled and kernel.functional_ok
+    assert kernel.gm_bytes == plan.regions[0].fused.gm_bytes  # read once, written once

@@ -175,10 +175,16 @@ def _is_scalar_constant(tensor: str, constants: Mapping[str, np.ndarray]) -> boo
 
 
 def _as_tensor(w: _Writer, tensor: str) -> str:
-    """A region output must be a tensor value (not an inlined scalar) of PyPTO's rank."""
+    """A region output must be a tensor value (not an inlined scalar) of PyPTO's rank. An output
+    that is a kernel argument itself (the simplified program only renames or reshapes it) is
+    copied through a full view: PyPTO refuses ``out[:] = in``."""
     if _is_scalar_constant(tensor, w.constants):
         raise CannotExpress(f"output {tensor!r} is a compile-time constant")
-    return w.value(tensor)
+    value = w.value(tensor)
+    if value.startswith("in"):
+        shape = list(w.shape(tensor)) or [1]
+        return f"pypto.view({value}, {shape}, {[0] * len(shape)})"
+    return value
 
 
 def _lower(w: _Writer, op: RegionOp) -> None:

@@ -35,7 +35,7 @@ from pypto_offline.runtime import TOLERANCE, run_model
 from pypto_offline.targets import Target
 
 PYPTO_VERSION = "0.2.0"
-KERNEL_FORMAT = 12  # bump when the generator changes what a cached entry means
+KERNEL_FORMAT = 13  # bump when the generator changes what a cached entry means
 DEFAULT_TIMEOUT_S = 300
 # ascend950: the cost model can use its A5 tables (pypto-cpu.md §6); everything else is 910B.
 COST_MODEL = {"ascend950": ("A5", "ASCEND_950PR_9579")}
