@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from math import prod
 
 BLOCK_BYTES = 32
-# Operand tiles a leaf may hold at once (inputs, output, one temporary) when budgets are chosen.
-OPERANDS_PER_LEAF = 4
+# Candidates keep at least two operand tiles (one in, one out) inside UB; a budget too large for
+# a leaf with more operands fails to compile and simply drops out of the search.
+MIN_OPERANDS_PER_LEAF = 2
 CANDIDATE_BUDGETS = (4096, 8192, 16384, 32768, 65536)
 DEFAULT_BUDGET = 8192
 
@@ -46,7 +47,7 @@ class TilePolicy:
 
 def candidate_policies(ub_plan_bytes: int) -> list[TilePolicy]:
     """The budgets that keep a leaf's operand tiles inside the target's UB."""
-    return [TilePolicy(b) for b in CANDIDATE_BUDGETS if b * OPERANDS_PER_LEAF <= ub_plan_bytes]
+    return [TilePolicy(b) for b in CANDIDATE_BUDGETS if b * MIN_OPERANDS_PER_LEAF <= ub_plan_bytes]
 
 
 def default_policy(ub_plan_bytes: int) -> TilePolicy:
