@@ -32,14 +32,8 @@ GM_SLACK = 1.05
 TILE_GAIN = 0.20
 
 
-def constants_of(graph) -> dict:
-    from onnx import numpy_helper
-
-    return {t.name: numpy_helper.to_array(t) for t in graph.model.graph.initializer}
-
-
 def unfused_time(region: Region, graph, target, cache) -> float | None:
-    return unfused_cost_us(region, graph, target, cache, constants_of(graph))
+    return unfused_cost_us(region, graph, target, cache, graph.constant_values())
 
 
 def bench_model(name: str, target, cache_dir: Path, jobs: int, sample: int) -> dict:

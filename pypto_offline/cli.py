@@ -175,10 +175,11 @@ def _blob_parser(prog: str, description: str) -> argparse.ArgumentParser:
 def run_inspect(argv: list[str]) -> int:
     args = _blob_parser("pypto-offline inspect", "Show what a blob holds.").parse_args(argv)
     from pypto_offline import api
+    from pypto_offline.offline_compiler import FORMAT_VERSION
 
     compiled = api.load(args.blob)
     summary = {**compiled.summary(), "blob": args.blob,
-               "format_version": 1, "provenance": dict(
+               "format_version": FORMAT_VERSION, "provenance": dict(
                    tool=compiled.message.provenance.tool_version,
                    pypto=compiled.message.provenance.pypto_version,
                    onnx=compiled.message.provenance.onnx_version,

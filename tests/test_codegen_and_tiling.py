@@ -6,7 +6,6 @@ import math
 
 import numpy as np
 import pytest
-from onnx import numpy_helper
 
 from pypto_offline.pypto_kernels.codegen import float_literal, kernel_source, swaps_for
 from pypto_offline.pypto_kernels.tiling import (TilePolicy, candidate_policies,
@@ -58,7 +57,7 @@ def _source_for(pads, value, extra_constant=None):
     y = b.op("Pad", [x], pads=pads, value=value)
     other = b.const(np.float32(extra_constant if extra_constant is not None else 1.0))
     graph, plan = fuse(b.model(b.op("Relu", [b.op("Max", [y, other])])))
-    constants = {t.name: numpy_helper.to_array(t) for t in graph.model.graph.initializer}
+    constants = graph.constant_values()
     source = kernel_source(plan.regions[0], TilePolicy(8192), constants)
     compile(source, "kernel.py", "exec")
     return source

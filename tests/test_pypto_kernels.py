@@ -75,8 +75,8 @@ def test_a_region_the_generator_cannot_write_falls_back_with_its_reason(tmp_path
     y = b.op("Slice", [x], starts=[1], ends=[8], axes=[1])
     graph, plan = fuse(b.model(b.op("Sub", [b.const(1.0), b.op("Div", [b.const(2.0), y])])))
     (region,) = plan.regions
-    kernel = compile_region(region, graph, TARGETS["kirin9050"], KernelCache(tmp_path), {
-        t.name: __import__("onnx").numpy_helper.to_array(t) for t in graph.model.graph.initializer})
+    kernel = compile_region(region, graph, TARGETS["kirin9050"], KernelCache(tmp_path),
+                            graph.constant_values())
     assert not kernel.compiled and "Div with a scalar on the left" in kernel.fallback_reason
     replanned = without_regions(plan, graph, TARGETS["kirin9050"],
                                 {region.id: (FAILED_CHECK, kernel.fallback_reason)})

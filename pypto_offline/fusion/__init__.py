@@ -34,7 +34,7 @@ def plan_fusion(graph: ImportedGraph, target: Target) -> FusionPlan:
     regions: list[Region] = []
     refused: dict[str, tuple[str, str]] = {}
     for members in partition(graph, fusable, target):
-        region, _ = _region(f"region_{len(regions)}", [nodes[m] for m in members], graph, target)
+        region = _region(f"region_{len(regions)}", [nodes[m] for m in members], graph, target)
         why = _why_it_does_not_pay(region)
         if why is None:
             regions.append(region)
@@ -63,7 +63,7 @@ def _plan(graph, target, regions, verdicts, refused) -> FusionPlan:
 
 
 def _region(region_id: str, members: list[Node], graph: ImportedGraph, target: Target
-            ) -> tuple[Region, Program]:
+            ) -> Region:
     inputs, outputs = _boundary_tensors(members, graph)
     program = build_program(graph, members, inputs, outputs)
     original = tuple(program.ops)
@@ -75,7 +75,7 @@ def _region(region_id: str, members: list[Node], graph: ImportedGraph, target: T
         fused=fused_cost(inputs, outputs, graph, target),
         tensor_types=MappingProxyType({name: (program.shapes[name], program.dtypes[name])
                                        for name in _program_tensors(program)}))
-    return region, program
+    return region
 
 
 def _program_tensors(program: Program) -> list[str]:

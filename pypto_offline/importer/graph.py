@@ -82,6 +82,12 @@ class ImportedGraph:
     symbolic: tuple[str, ...]
     stats: ImportStats
 
+    def constant_values(self) -> dict[str, np.ndarray]:
+        """Initializer name → value: the tensors known at compile time."""
+        from onnx import numpy_helper
+
+        return {t.name: numpy_helper.to_array(t) for t in self.model.graph.initializer}
+
     def _shape_text(self, name: str) -> list[int] | str:
         info = self.tensors.get(name)
         return "symbolic" if info is None or info.shape is None else list(info.shape)

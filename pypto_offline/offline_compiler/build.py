@@ -14,7 +14,6 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
 
 from pypto_offline.errors import UsageError
 from pypto_offline.fusion import FusionPlan, Region, plan_fusion, without_regions
@@ -111,7 +110,7 @@ def _category(kernel: Kernel) -> str:
 def _unfused_baseline(plan: FusionPlan, graph: ImportedGraph, target: Target,
                       options: BuildOptions) -> dict[str, float | None]:
     cache = KernelCache(options.cache_dir)
-    constants = {t.name: numpy_helper.to_array(t) for t in graph.model.graph.initializer}
+    constants = graph.constant_values()
     return {r.id: unfused_cost_us(r, graph, target, cache, constants) for r in plan.regions}
 
 

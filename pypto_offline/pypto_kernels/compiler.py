@@ -23,7 +23,7 @@ from types import MappingProxyType
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import helper
 
 from pypto_offline.fusion.records import FusionPlan, Region
 from pypto_offline.importer import ImportedGraph
@@ -41,7 +41,7 @@ DEFAULT_TIMEOUT_S = 300
 COST_MODEL = {"ascend950": ("A5", "ASCEND_950PR_9579")}
 
 
-def WORKER_ENVIRONMENT() -> dict[str, str]:  # noqa: N802 - reads like the constant it is
+def worker_environment() -> dict[str, str]:
     """PyPTO's frontend walks hash-ordered containers: its program.json (op seeds, symbol names)
     depends on the hash seed. A fixed seed makes every build of a kernel the same bytes."""
     return {**os.environ, "PYTHONHASHSEED": "0"}
@@ -78,7 +78,7 @@ def compile_kernels(graph: ImportedGraph, plan: FusionPlan, target: Target, *,
                     cache_dir: Path | None = None, jobs: int = 2, search: bool = True,
                     timeout: float = DEFAULT_TIMEOUT_S) -> list[Kernel]:
     cache = KernelCache(cache_dir)
-    constants = {t.name: numpy_helper.to_array(t) for t in graph.model.graph.initializer}
+    constants = graph.constant_values()
     compile_one = lambda region: compile_region(  # noqa: E731 - threads only wait on processes
         region, graph, target, cache, constants, search=search, timeout=timeout)
     with ThreadPoolExecutor(max(1, jobs)) as pool:
@@ -196,7 +196,7 @@ def _run_job(folder: Path, job: dict, target: Target, timeout: float) -> dict:
             done = subprocess.run([sys.executable, "-m", "pypto_offline.pypto_kernels.worker",
                                    str(folder / "job.json")], stdout=log, stderr=log,
                                   stdin=subprocess.DEVNULL, timeout=timeout, cwd=folder,
-                                  env=WORKER_ENVIRONMENT(), preexec_fn=_fixed_addresses)
+                                  env=worker_environment(), preexec_fn=_fixed_addresses)
         except subprocess.TimeoutExpired:
             return {"error": f"PyPTO compile did not finish within {timeout:.0f} s"}
     result_path = folder / "result.json"
