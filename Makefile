@@ -1,12 +1,12 @@
 # Two entry points, each creating its own virtual environment when needed:
-#   make run   compile (for now: import) the bundled example model
+#   make run   compile the bundled example model (blob and HTML report beside it)
 #   make test  run the test suite
 VENV ?= .venv
 PYTHON ?= python3
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test clean
+.PHONY: run test clean chromium
 
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,8 +19,16 @@ $(STAMP): setup.cfg pyproject.toml
 run: $(STAMP)
 	$(VENV)/bin/pypto-offline examples/example.onnx --target kirin9050 --input-shape x=1,3,64,64
 
-test: $(STAMP)
+test: $(STAMP) chromium
 	$(PY) -m pytest -q tests
+
+# The report test renders pages in Debian's headless Chromium (Playwright drives it and downloads no
+# browser of its own).
+chromium:
+	@command -v chromium >/dev/null || { \
+	  SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+	  $$SUDO apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium >/dev/null; }
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -4,6 +4,7 @@
                                      input_shapes={"x": [1, 3, 224, 224]})
     compiled.verify()               # onnxruntime: the compiled graph against the imported one
     compiled.save("model.kirin9050.ptom")
+    compiled.write_report("model.kirin9050.report.html")
     compiled.summary()              # the figures `pypto-offline --json` prints
     again = pypto_offline.load("model.kirin9050.ptom")
 
@@ -19,6 +20,7 @@ import onnx
 
 from pypto_offline.errors import UsageError
 from pypto_offline.offline_compiler import BuildOptions, blob, build, ptom_pb2
+from pypto_offline.offline_compiler.summary import summarise
 from pypto_offline.targets import TARGETS, Target
 
 
@@ -85,26 +87,14 @@ class CompiledModel:
         return result
 
     def summary(self) -> dict:
-        m, t, v = self.message, self.message.totals, self.message.verification
-        checked = [k for k in m.kernels if k.verdicts]
-        return {
-            "model": m.provenance.model_name, "model_sha256": m.provenance.model_sha256,
-            "target": m.target.name,
-            "nodes_before": t.nodes_before, "nodes_after": t.nodes_after,
-            "kernels_before": t.kernels_before, "kernels_after": t.kernels_after,
-            "fused_kernels": t.fused_kernels, "ops_fused": t.ops_fused,
-            "gm_bytes_before": t.gm_bytes_before, "gm_bytes_after": t.gm_bytes_after,
-            "gm_bytes_lower_bound": t.gm_bytes_lower_bound,
-            "est_time_us_before": round(t.est_time_us_before, 3),
-            "est_time_us_after": round(t.est_time_us_after, 3),
-            "pypto": {"compiled": t.pypto_compiled, "fell_back": t.pypto_fell_back,
-                      "cost_us_fused": t.cost_us_fused, "cost_us_unfused": t.cost_us_unfused},
-            "verification": {
-                "status": v.status or "skipped",
-                "max_abs_diff": max((o.max_abs_diff for o in v.outputs), default=None),
-                "kernels_checked": len(checked),
-                "kernels_passed": sum(k.functional_ok for k in checked)},
-        }
+        return summarise(self.message)
+
+    def write_report(self, path) -> Path:
+        """The HTML fusion report, made from the blob's content alone (``pypto-offline report``
+        gives the same page from the saved blob)."""
+        from pypto_offline.report import write_report
+
+        return write_report(Path(path), self.message)
 
 
 def _finite(value: float) -> float:

@@ -1,9 +1,11 @@
 """``pypto-offline``: a thin shell over the Python API. Parsing and printing only.
 
-    pypto-offline MODEL.onnx --target T [options]     compile; writes MODEL.T.ptom
+    pypto-offline MODEL.onnx --target T [options]     compile; writes MODEL.T.ptom and
+                                                      MODEL.T.report.html
     pypto-offline targets [--json]                    the chips and their figures
     pypto-offline inspect BLOB [--json]               what a blob holds
     pypto-offline verify BLOB [--onnx MODEL] [--json] re-run the onnxruntime check from the blob
+    pypto-offline report BLOB [-o PATH]               the HTML fusion report, from the blob alone
 
 Exit codes: 0 success, 1 verification failed, 2 bad input or usage (one message, no traceback).
 """
@@ -21,7 +23,7 @@ from pypto_offline.errors import PyptoOfflineError, UsageError
 from pypto_offline.targets import TARGETS
 
 EXIT_OK, EXIT_VERIFY_FAILED, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
-SUBCOMMANDS = ("targets", "inspect", "verify")
+SUBCOMMANDS = ("targets", "inspect", "verify", "report")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -39,6 +41,9 @@ def compile_parser() -> argparse.ArgumentParser:
     parser.add_argument("model", help="path of the .onnx model")
     parser.add_argument("--target", required=True, help=f"chip: {', '.join(TARGETS)}")
     parser.add_argument("-o", "--output", help="blob path (default: MODEL.TARGET.ptom next to it)")
+    parser.add_argument("--report", metavar="PATH",
+                        help="HTML report path (default: the blob's path, .report.html)")
+    parser.add_argument("--no-report", action="store_true", help="write no HTML report")
     parser.add_argument("--input-shape", action="append", default=[], metavar="NAME=D0,D1,...",
                         help="fix the shape of a model input (repeatable)")
     parser.add_argument("--inputs", help=".npz of real inputs for the check, by input name")
@@ -96,11 +101,15 @@ def _progress(quiet: bool):
 def run_compile(argv: list[str]) -> int:
     args = compile_parser().parse_args(argv)
     from pypto_offline import api
+    from pypto_offline.offline_compiler.blob import check_writable
 
     target = api.get_target(args.target)
     inputs = _load_inputs(args.inputs)
     output = Path(args.output) if args.output else \
         Path(args.model).with_name(f"{Path(args.model).stem}.{target.name}.ptom")
+    report = None if args.no_report else Path(args.report) if args.report else report_path(output)
+    for path in filter(None, (output, report)):
+        check_writable(path)
     started = time.perf_counter()
     compiled = api.compile(args.model, target.name, _input_shapes(args.input_shape),
                            cache_dir=args.cache_dir, jobs=args.jobs,
@@ -108,10 +117,18 @@ def run_compile(argv: list[str]) -> int:
     if not args.no_verify:
         compiled.verify(inputs)
     compiled.save(output)
+    if report:
+        compiled.write_report(report)
     summary = {**compiled.summary(), "model": args.model, "blob": str(output),
+               "report": str(report) if report else None,
                "compile_seconds": round(time.perf_counter() - started, 2)}
     _print(summary, args, _human_summary)
     return EXIT_VERIFY_FAILED if summary["verification"]["status"] == "failed" else EXIT_OK
+
+
+def report_path(blob: Path) -> Path:
+    """MODEL.T.ptom → MODEL.T.report.html, beside it."""
+    return blob.with_name(f"{blob.stem}.report.html")
 
 
 def _human_summary(s: dict) -> str:
@@ -135,6 +152,8 @@ def _human_summary(s: dict) -> str:
     ]
     if "compile_seconds" in s:
         lines.append(f"  compiled in {s['compile_seconds']:.1f} s")
+    if s.get("report"):
+        lines.append(f"  report: {s['report']}")
     return "\n".join(lines)
 
 
@@ -222,10 +241,25 @@ def run_verify(argv: list[str]) -> int:
     return EXIT_VERIFY_FAILED if summary["verification"]["status"] == "failed" else EXIT_OK
 
 
+def run_report(argv: list[str]) -> int:
+    parser = _blob_parser("pypto-offline report",
+                          "Write the HTML fusion report of a blob (the page a build writes).")
+    parser.add_argument("-o", "--output", help="report path (default: the blob's path, "
+                                               ".report.html)")
+    args = parser.parse_args(argv)
+    from pypto_offline import api
+
+    compiled = api.load(args.blob)
+    path = compiled.write_report(Path(args.output) if args.output else report_path(Path(args.blob)))
+    _print({**compiled.summary(), "blob": args.blob, "report": str(path)}, args,
+           lambda s: f"report: {s['report']}")
+    return EXIT_OK
+
+
 def run(argv: list[str]) -> int:
     if argv and argv[0] in SUBCOMMANDS:
-        return {"targets": run_targets, "inspect": run_inspect, "verify": run_verify}[argv[0]](
-            argv[1:])
+        return {"targets": run_targets, "inspect": run_inspect, "verify": run_verify,
+                "report": run_report}[argv[0]](argv[1:])
     return run_compile(argv)
 
 

@@ -57,9 +57,17 @@ def test_two_builds_are_byte_identical(builds):
     assert first.read_bytes() == second.read_bytes()
 
 
+def test_two_builds_write_byte_identical_reports_beside_their_blobs(builds):
+    (first, one), (second, two) = builds
+    reports = [Path(one["report"]), Path(two["report"])]
+    assert reports == [first.with_name("example0.report.html"),
+                       second.with_name("example1.report.html")]
+    assert reports[0].read_bytes() == reports[1].read_bytes()
+
+
 def test_summary_has_the_promised_fields(builds):
     _, summary = builds[0]
-    for key in ("model", "model_sha256", "target", "blob", "nodes_before", "nodes_after",
+    for key in ("model", "model_sha256", "target", "blob", "report", "nodes_before", "nodes_after",
                 "kernels_before", "kernels_after", "fused_kernels", "ops_fused",
                 "gm_bytes_before", "gm_bytes_after", "gm_bytes_lower_bound",
                 "est_time_us_before", "est_time_us_after", "pypto", "verification",
@@ -78,7 +86,7 @@ def test_cli_inspect_and_verify_agree(builds):
     verified = run_cli("verify", path, "--onnx", EXAMPLE, "--json")
     assert verified.returncode == 0, verified.stderr
     verified = json.loads(verified.stdout)
-    shared = set(compiled) - {"blob", "compile_seconds", "model"}
+    shared = set(compiled) - {"blob", "report", "compile_seconds", "model"}
     for key in shared:
         assert inspected[key] == compiled[key] == verified[key], key
     assert [k["id"] for k in inspected["kernels"]] == ["region_0"]
@@ -183,11 +191,24 @@ def test_a_failed_build_writes_nothing(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["broken.onnx"]
 
 
+@pytest.mark.parametrize("option", [["-o", "missing/x.ptom"], ["--report", "missing/x.html"]])
+def test_an_output_into_a_missing_folder_is_refused_before_any_work(option, tmp_path, capfd):
+    model = tmp_path / "example.onnx"
+    model.write_bytes(EXAMPLE.read_bytes())
+    option = [option[0], str(tmp_path / option[1])]
+    assert cli.main([str(model), "--target", "kirin9050", *SHAPE, *option]) == 2
+    assert "does not exist" in capfd.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["example.onnx"]
+
+
 @pytest.mark.parametrize("target", sorted(TARGETS))
 def test_the_example_compiles_for_every_target(target, tmp_path):
     out = tmp_path / f"example.{target}.ptom"
-    assert cli.main([str(EXAMPLE), "--target", target, *SHAPE, "-o", str(out),
+    report = ["--no-report"] if target == "kirin90" else ["--report", str(tmp_path / "r.html")]
+    assert cli.main([str(EXAMPLE), "--target", target, *SHAPE, "-o", str(out), *report,
                      "--cache-dir", str(tmp_path / "cache"), "--quiet"]) == 0
+    written = sorted(p.name for p in tmp_path.iterdir() if p.name != "cache")
+    assert written == ([out.name] if target == "kirin90" else [out.name, "r.html"])
     compiled = pypto_offline.load(out, expected_target=target)
     assert compiled.summary()["verification"]["status"] == "passed"
     assert compiled.summary()["pypto"]["compiled"] == 1

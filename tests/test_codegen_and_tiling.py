@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from pypto_offline.pypto_kernels.codegen import float_literal, kernel_source, swaps_for
-from pypto_offline.pypto_kernels.tiling import (TilePolicy, candidate_policies,
+from pypto_offline.pypto_kernels.tiling import (MAX_TILES, TilePolicy, candidate_policies,
                                                 default_policy)
 from tests.fusion_helpers import fuse
 from tests.onnx_builders import GraphBuilder
@@ -32,7 +32,7 @@ def test_float_literals_are_valid_python_for_every_value():
 @pytest.mark.parametrize("shape,itemsize", [((1, 16, 64, 64), 4), ((3, 5, 7), 2), ((1000,), 4),
                                             ((2, 3), 1)])
 def test_tiles_are_row_aligned_and_within_budget(shape, itemsize):
-    for policy in candidate_policies(122880):
+    for policy in candidate_policies(122880, int(np.prod(shape)) * itemsize):
         tile = policy.tile(shape, itemsize)
         assert len(tile) == len(shape)
         assert (tile[-1] * itemsize) % 32 == 0
@@ -41,10 +41,25 @@ def test_tiles_are_row_aligned_and_within_budget(shape, itemsize):
 
 
 def test_candidates_fit_the_target_ub():
-    kirin, ascend = candidate_policies(122880), candidate_policies(188416)
-    assert max(p.budget_bytes for p in kirin) * 4 <= 122880 and len(kirin) == 3
-    assert len(ascend) > len(kirin)
+    large = 64 << 20
+    kirin, ascend = candidate_policies(122880, large), candidate_policies(188416, large)
+    assert max(p.budget_bytes for p in kirin) * 4 <= 122880
+    assert max(p.budget_bytes for p in ascend) > max(p.budget_bytes for p in kirin)
     assert default_policy(122880) == TilePolicy(8192)
+
+
+@pytest.mark.parametrize("tensor_bytes", [64, 4096, 100_000, 4 << 20, 64 << 20])
+def test_candidates_span_one_to_max_tiles_and_keep_the_default(tensor_bytes):
+    budgets = [p.budget_bytes for p in candidate_policies(122880, tensor_bytes)]
+    assert 8192 in budgets and budgets == sorted(budgets)
+    below_default = [b for b in budgets if b < 8192]
+    assert all(b * MAX_TILES >= tensor_bytes for b in below_default)
+    # no budget beyond the first that holds the tensor whole: it would compile the same tiles
+    assert sum(b >= tensor_bytes for b in budgets) <= 1 or tensor_bytes <= 8192
+
+
+def test_small_tensors_search_below_the_default():
+    assert min(p.budget_bytes for p in candidate_policies(122880, 4096)) < 4096
 
 
 def test_whole_axes_stay_whole():

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from google.protobuf.message import DecodeError
 
-from pypto_offline.errors import ModelError
+from pypto_offline.errors import ModelError, UsageError
 from pypto_offline.offline_compiler import ptom_pb2
 
 MAGIC = b"PTOM"
@@ -68,10 +68,22 @@ def read(path: Path, expected_target: str | None = None) -> ptom_pb2.CompiledMod
     return from_bytes(data, str(path), expected_target)
 
 
+def check_writable(path: Path) -> None:
+    """Fail before the work, not after: the folder an output goes to must exist."""
+    if not Path(path).parent.is_dir():
+        raise UsageError(f"the folder {str(Path(path).parent)!r} does not exist", where=str(path),
+                         fix="create it, or choose another output path")
+
+
 def write_atomically(path: Path, data: bytes) -> None:
     """A temporary file next to ``path``, renamed over it: no half-written file, ever."""
     path = Path(path)
-    handle, staged = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    check_writable(path)
+    try:
+        handle, staged = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as error:
+        raise UsageError(f"cannot write there: {error.strerror}", where=str(path),
+                         fix="choose a folder you can write to") from None
     try:
         with os.fdopen(handle, "wb") as out:
             out.write(data)

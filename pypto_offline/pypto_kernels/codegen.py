@@ -102,7 +102,7 @@ class _Writer:
         self.lines.append(f"    {line}")
 
     def tile(self, shape, dtype: int, whole_axes=()) -> None:
-        tile = self.policy.tile(tuple(shape), _itemsize(dtype), tuple(whole_axes))
+        tile = self.policy.tile(tuple(shape), itemsize_of(dtype), tuple(whole_axes))
         self.emit(f"pypto.set_vec_tile_shapes({', '.join(map(str, tile))})")
 
     def assign(self, tensor: str, expression: str, shape: Sequence[int] | None = None) -> str:
@@ -118,7 +118,7 @@ def float_literal(value) -> str:
     return repr(value) if np.isfinite(value) else f'float("{value}")'
 
 
-def _itemsize(dtype: int) -> int:
+def itemsize_of(dtype: int) -> int:
     return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(dtype)).itemsize
 
 

@@ -28,7 +28,7 @@ from onnx import helper
 from pypto_offline.fusion.records import FusionPlan, Region
 from pypto_offline.importer import ImportedGraph
 from pypto_offline.pypto_kernels.cache import KernelCache, cache_key
-from pypto_offline.pypto_kernels.codegen import CannotExpress, kernel_source
+from pypto_offline.pypto_kernels.codegen import CannotExpress, itemsize_of, kernel_source
 from pypto_offline.pypto_kernels.records import Kernel, TileResult
 from pypto_offline.pypto_kernels.tiling import candidate_policies, default_policy
 from pypto_offline.runtime import TOLERANCE, run_model
@@ -85,13 +85,18 @@ def compile_kernels(graph: ImportedGraph, plan: FusionPlan, target: Target, *,
         return list(pool.map(compile_one, plan.regions))
 
 
+def largest_tensor_bytes(region: Region) -> int:
+    return max((int(np.prod(shape, dtype=np.int64)) * itemsize_of(dtype)
+                for shape, dtype in region.tensor_types.values()), default=0)
+
+
 def compile_region(region: Region, graph: ImportedGraph, target: Target, cache: KernelCache,
                    constants: dict, *, search: bool = True,
                    timeout: float = DEFAULT_TIMEOUT_S) -> Kernel:
     started = time.perf_counter()
     ub = target.ub_plan_bytes.value
     default = default_policy(ub)
-    policies = candidate_policies(ub) if search else [default]
+    policies = candidate_policies(ub, largest_tensor_bytes(region)) if search else [default]
     try:
         sources = {p.budget_bytes: kernel_source(region, p, constants) for p in policies}
     except CannotExpress as why:
@@ -297,10 +302,10 @@ def unfused_cost_us(region: Region, graph: ImportedGraph, target: Target, cache:
     singles = single_op_regions(region, graph)
     if not singles:
         return 0.0
-    policies = candidate_policies(target.ub_plan_bytes.value)
+    ub = target.ub_plan_bytes.value
     try:
-        sources = {(s.id, p.budget_bytes): kernel_source(s, p, constants)
-                   for s in singles for p in policies}
+        sources = {(s.id, p.budget_bytes): kernel_source(s, p, constants) for s in singles
+                   for p in candidate_policies(ub, largest_tensor_bytes(s))}
     except CannotExpress:
         return None
     key = cache_key(unfused=sorted(f"{k[0]}:{k[1]}:{v}" for k, v in sources.items()),

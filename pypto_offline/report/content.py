@@ -1,0 +1,151 @@
+"""What the report shows, computed from the blob's message alone (so a blob regenerates it)."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import onnx
+
+from pypto_offline.offline_compiler import ptom_pb2
+from pypto_offline.offline_compiler.summary import summarise
+from pypto_offline.report.graph_view import Drawing, layout
+from pypto_offline.report.plots import Series, bar_chart
+
+# Shown instead of a wall-clock figure: reports, like blobs, are byte-identical between builds.
+COMPILE_TIME_NOTE = ("not in the report: a wall-clock figure would make two identical builds "
+                     "differ; the build prints it and --json gives compile_seconds")
+
+
+@dataclass(frozen=True)
+class Figure:
+    key: str        # the --json path, e.g. "pypto.cost_us_fused"
+    label: str
+    text: str       # as shown
+    value: str      # as JSON, for checks against --json
+    estimate: bool = False  # rests on target figures that are estimates
+
+
+def summary_figures(summary: dict) -> list[Figure]:
+    mb = lambda n: f"{n / 1e6:,.3f} MB"  # noqa: E731
+    us = lambda v: f"{v:,.2f} µs"  # noqa: E731
+    check, pypto = summary["verification"], summary["pypto"]
+    rows = [
+        ("model", "Model", summary["model"]), ("model_sha256", "Model sha256", None),
+        ("target", "Target", summary["target"]),
+        ("nodes_before", "Nodes before", None), ("nodes_after", "Nodes after", None),
+        ("kernels_before", "Kernels before", None), ("kernels_after", "Kernels after", None),
+        ("fused_kernels", "Fused kernels", None), ("ops_fused", "Ops fused", None),
+        ("gm_bytes_before", "GM bytes before", mb(summary["gm_bytes_before"])),
+        ("gm_bytes_after", "GM bytes after (measured)", mb(summary["gm_bytes_after"])),
+        ("gm_bytes_lower_bound", "GM bytes lower bound", mb(summary["gm_bytes_lower_bound"])),
+        ("est_time_us_before", "Estimated time before, on the target",
+         us(summary["est_time_us_before"])),
+        ("est_time_us_after", "Estimated time after, on the target",
+         us(summary["est_time_us_after"])),
+        ("pypto.compiled", "PyPTO kernels compiled", None),
+        ("pypto.fell_back", "PyPTO kernels fallen back", None),
+        ("pypto.cost_us_fused", "PyPTO cost model, fused", us(pypto["cost_us_fused"])),
+        ("pypto.cost_us_unfused", "PyPTO cost model, one kernel per op",
+         us(pypto["cost_us_unfused"])),
+        ("verification.status", "Verification (onnxruntime)", None),
+        ("verification.max_abs_diff", "Max abs diff",
+         "—" if check["max_abs_diff"] is None else f"{check['max_abs_diff']:.3e}"),
+        ("verification.kernels_checked", "Kernels checked (PyPTO pass-verify)", None),
+        ("verification.kernels_passed", "Kernels passed", None),
+    ]
+    figures = []
+    for key, label, text in rows:
+        value = _lookup(summary, key)
+        figures.append(Figure(key, label, str(value) if text is None else text,
+                              json.dumps(value), key.startswith("est_time")))
+    return figures
+
+
+def _lookup(summary: dict, key: str):
+    value = summary
+    for part in key.split("."):
+        value = value[part]
+    return value
+
+
+def kernel_cards(message: ptom_pb2.CompiledModel) -> list[dict]:
+    return [{
+        "id": k.id, "compiled": k.compiled, "fallback_reason": k.fallback_reason,
+        "signature": k.region_signature, "sha256": k.sha256, "platform": k.platform,
+        "original": [_op(o) for o in k.original], "simplified": [_op(o) for o in k.simplified],
+        "rules": list(k.rules_applied), "inputs": list(k.inputs), "outputs": list(k.outputs),
+        "source": k.source,
+        "tiles": [("default", k.default_tile), ("tuned", k.tuned_tile)] if k.compiled else [],
+        "bytes": {"unfused": k.gm_bytes_unfused, "lower_bound": k.gm_bytes_lower_bound,
+                  "read": k.gm_bytes_read, "written": k.gm_bytes_written,
+                  "measured": k.gm_bytes_read + k.gm_bytes_written},
+        "kernels_unfused": k.kernels_unfused,
+        "est_us": {"unfused": k.est_time_us_unfused, "fused": k.est_time_us_fused},
+        "functional_ok": k.functional_ok, "max_abs_diff": k.max_abs_diff,
+        "verdicts": [(v.pass_name, v.result) for v in k.verdicts],
+        "artifacts": [(a.name, len(a.data), a.sha256) for a in k.artifacts],
+    } for k in message.kernels]
+
+
+def _op(op: ptom_pb2.Op) -> dict:
+    return {"op_type": op.op_type, "inputs": list(op.inputs), "outputs": list(op.outputs),
+            "params": op.params_json}
+
+
+def unfused_groups(message: ptom_pb2.CompiledModel) -> list[tuple[str, list]]:
+    """Every memory-bound op left unfused, grouped by category (largest group first)."""
+    groups: dict[str, list] = {}
+    for u in message.unfused:
+        groups.setdefault(u.category, []).append(u)
+    return sorted(groups.items(), key=lambda item: (-len(item[1]), item[0]))
+
+
+def graph_drawing(message: ptom_pb2.CompiledModel) -> Drawing:
+    model = onnx.load_from_string(message.source_onnx_model)
+    region_of = {node: k.id for k in message.kernels for node in k.nodes}
+    compiled = {k.id: k.compiled for k in message.kernels}
+    unfused = {u.node: f"{u.category}: {u.reason}" for u in message.unfused}
+    return layout(model, region_of, compiled, unfused)
+
+
+def plots(message: ptom_pb2.CompiledModel) -> list[str]:
+    kernels = [k for k in message.kernels if k.compiled]
+    if not kernels:
+        return []
+    labels = [f"{k.id} ({len(k.original)} ops)" for k in kernels]
+    kb = lambda n: n / 1024  # noqa: E731
+    return [
+        bar_chart("Global-memory traffic per kernel", labels, [
+            Series("ops unfused", tuple(kb(k.gm_bytes_unfused) for k in kernels)),
+            Series("fused, measured", tuple(kb(k.gm_bytes_read + k.gm_bytes_written)
+                                            for k in kernels)),
+            Series("lower bound", tuple(kb(k.gm_bytes_lower_bound) for k in kernels))], "KiB"),
+        bar_chart("Estimated time on the target per kernel", labels, [
+            Series("ops unfused", tuple(k.est_time_us_unfused for k in kernels)),
+            Series("fused", tuple(k.est_time_us_fused for k in kernels))], "µs, estimate"),
+        bar_chart("PyPTO cost model per kernel", labels, [
+            Series("default tile", tuple(k.default_tile.aicore_us for k in kernels)),
+            Series("tuned tile", tuple(k.tuned_tile.aicore_us for k in kernels))], "µs"),
+    ]
+
+
+def target_figures(message: ptom_pb2.CompiledModel) -> list[ptom_pb2.Figure]:
+    return list(message.target.figures)
+
+
+def provenance(message: ptom_pb2.CompiledModel) -> dict:
+    p = message.provenance
+    return {"tool": p.tool_version, "pypto": p.pypto_version, "onnx": p.onnx_version,
+            "onnxruntime": p.onnxruntime_version,
+            "options": dict(sorted(p.options.items()))}
+
+
+def context(message: ptom_pb2.CompiledModel) -> dict:
+    summary = summarise(message)
+    return {"summary": summary, "figures": summary_figures(summary),
+            "compile_time_note": COMPILE_TIME_NOTE, "provenance": provenance(message),
+            "target": message.target.name, "target_notes": message.target.notes,
+            "target_figures": target_figures(message), "kernels": kernel_cards(message),
+            "unfused": unfused_groups(message), "unfused_count": len(message.unfused),
+            "graph": graph_drawing(message), "plots": plots(message),
+            "verification": message.verification}

@@ -1,0 +1,40 @@
+"""Render the report: jinja2 template, pygments for the PyPTO sources, one self-contained page."""
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+import jinja2
+from pygments import highlight
+from pygments.formatters import HtmlFormatter
+from pygments.lexers import PythonLexer
+
+from pypto_offline.offline_compiler import ptom_pb2
+from pypto_offline.offline_compiler.blob import write_atomically
+from pypto_offline.report.content import context
+
+TEMPLATES = Path(__file__).with_name("templates")
+_FORMATTER = HtmlFormatter(cssclass="highlight")
+
+
+@lru_cache(maxsize=1)
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES),
+                             autoescape=jinja2.select_autoescape(["html", "j2"]),
+                             undefined=jinja2.StrictUndefined, trim_blocks=True,
+                             lstrip_blocks=True, keep_trailing_newline=True)
+    env.filters["python"] = lambda source: jinja2.utils.markupsafe.Markup(
+        highlight(source, PythonLexer(), _FORMATTER))
+    env.filters["kib"] = lambda n: f"{n / 1024:,.1f} KiB"
+    return env
+
+
+def render_report(message: ptom_pb2.CompiledModel) -> str:
+    template = _environment().get_template("report.html.j2")
+    return template.render(**context(message), code_css=_FORMATTER.get_style_defs(".highlight"))
+
+
+def write_report(path: Path, message: ptom_pb2.CompiledModel) -> Path:
+    """Written whole or not at all (temp file, then rename)."""
+    write_atomically(path, render_report(message).encode())
+    return path
