@@ -33,9 +33,12 @@ def get_target(name: str) -> Target:
 class CompiledModel:
     """A compiled model: the blob's content, with the operations a user runs on it."""
 
-    def __init__(self, message: ptom_pb2.CompiledModel):
+    def __init__(self, message: ptom_pb2.CompiledModel, kernel_cache: dict | None = None):
         self.message = message
         self._reference: onnx.ModelProto | None = None
+        # How this build got its kernels ({"hits": n, "compiled": m}); not in the blob, which
+        # must not depend on the state of a cache.
+        self.kernel_cache = kernel_cache
 
     def use_reference(self, original_model) -> None:
         """Check against the original model file instead of the imported graph in the blob;
@@ -104,11 +107,14 @@ def _finite(value: float) -> float:
 def compile(model, target: str = "kirin9050",  # noqa: A001 - the API's verb
             input_shapes: Mapping[str, Sequence[int]] | None = None, *,
             cache_dir=None, jobs: int = 2, tile_search: bool = True,
-            progress=lambda _: None) -> CompiledModel:
+            kernel_timeout: float | None = None, progress=lambda _: None) -> CompiledModel:
     options = BuildOptions(input_shapes=dict(input_shapes or {}),
                            cache_dir=Path(cache_dir) if cache_dir else None, jobs=jobs,
-                           tile_search=tile_search)
-    return CompiledModel(build(model, get_target(target), options, progress).message)
+                           tile_search=tile_search,
+                           **({"kernel_timeout_s": kernel_timeout} if kernel_timeout else {}))
+    result = build(model, get_target(target), options, progress)
+    hits = sum(k.from_cache for k in result.kernels)
+    return CompiledModel(result.message, {"hits": hits, "compiled": len(result.kernels) - hits})
 
 
 def load(path, expected_target: str | None = None) -> CompiledModel:

@@ -49,6 +49,9 @@ def compile_parser() -> argparse.ArgumentParser:
     parser.add_argument("--inputs", help=".npz of real inputs for the check, by input name")
     parser.add_argument("--cache-dir", help="kernel cache (default: ~/.cache/pypto-offline)")
     parser.add_argument("--jobs", type=int, default=2, help="parallel PyPTO compiles")
+    parser.add_argument("--kernel-timeout", type=float, metavar="SECONDS",
+                        help="time limit per PyPTO compile; past it the region stays unfused "
+                             "(default 300)")
     parser.add_argument("--no-tile-search", action="store_true",
                         help="compile the default tile only")
     parser.add_argument("--no-verify", action="store_true", help="skip the onnxruntime check")
@@ -104,6 +107,9 @@ def run_compile(argv: list[str]) -> int:
     from pypto_offline.offline_compiler.blob import check_writable
 
     target = api.get_target(args.target)
+    if args.jobs < 1 or (args.kernel_timeout is not None and args.kernel_timeout <= 0):
+        raise UsageError("--jobs and --kernel-timeout must be positive",
+                         fix="e.g. --jobs 2 --kernel-timeout 300")
     inputs = _load_inputs(args.inputs)
     output = Path(args.output) if args.output else \
         Path(args.model).with_name(f"{Path(args.model).stem}.{target.name}.ptom")
@@ -113,14 +119,15 @@ def run_compile(argv: list[str]) -> int:
     started = time.perf_counter()
     compiled = api.compile(args.model, target.name, _input_shapes(args.input_shape),
                            cache_dir=args.cache_dir, jobs=args.jobs,
-                           tile_search=not args.no_tile_search, progress=_progress(args.quiet))
+                           tile_search=not args.no_tile_search,
+                           kernel_timeout=args.kernel_timeout, progress=_progress(args.quiet))
     if not args.no_verify:
         compiled.verify(inputs)
     compiled.save(output)
     if report:
         compiled.write_report(report)
     summary = {**compiled.summary(), "model": args.model, "blob": str(output),
-               "report": str(report) if report else None,
+               "report": str(report) if report else None, "kernel_cache": compiled.kernel_cache,
                "compile_seconds": round(time.perf_counter() - started, 2)}
     _print(summary, args, _human_summary)
     return EXIT_VERIFY_FAILED if summary["verification"]["status"] == "failed" else EXIT_OK

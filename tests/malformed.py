@@ -85,6 +85,76 @@ def bad_reshape(folder: Path) -> Path:
     return path
 
 
+def wrong_opset(folder: Path) -> Path:
+    path = folder / "opset.onnx"
+    path.write_bytes(_model([helper.make_node("Relu", ["x"], ["y"], name="relu")],
+                            [_vi("x", [2])], [_vi("y", [2])], opset=99))
+    return path
+
+
+def no_default_opset(folder: Path) -> Path:
+    path = folder / "no_opset.onnx"
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"], name="relu")], "bad",
+                              [_vi("x", [2])], [_vi("y", [2])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("com.example", 1)])
+    model.ir_version = 8
+    path.write_bytes(model.SerializeToString())
+    return path
+
+
+def missing_initializer(folder: Path) -> Path:
+    """A weight whose tensor was dropped (as a careless graph surgery leaves it)."""
+    path = folder / "missing_weight.onnx"
+    path.write_bytes(_model([helper.make_node("MatMul", ["x", "weight"], ["y"], name="proj")],
+                            [_vi("x", [2, 4])], [_vi("y", [2, 3])]))
+    return path
+
+
+def short_initializer(folder: Path) -> Path:
+    path = folder / "short_weight.onnx"
+    weight = TensorProto(name="weight", data_type=TensorProto.FLOAT, dims=[4, 3],
+                         float_data=[1.0] * 5)
+    path.write_bytes(_model([helper.make_node("MatMul", ["x", "weight"], ["y"], name="proj")],
+                            [_vi("x", [2, 4])], [_vi("y", [2, 3])], [weight]))
+    return path
+
+
+def mismatched_dtypes(folder: Path) -> Path:
+    path = folder / "dtypes.onnx"
+    path.write_bytes(_model([helper.make_node("Add", ["x", "n"], ["y"], name="mixed")],
+                            [_vi("x", [2]), _vi("n", [2], TensorProto.INT64)], [_vi("y", [2])]))
+    return path
+
+
+def duplicate_names(folder: Path) -> Path:
+    path = folder / "duplicate.onnx"
+    path.write_bytes(_model([helper.make_node("Relu", ["x"], ["y"], name="one"),
+                             helper.make_node("Neg", ["x"], ["y"], name="two")],
+                            [_vi("x", [2])], [_vi("y", [2])]))
+    return path
+
+
+def huge_declared_dim(folder: Path) -> Path:
+    path = folder / "huge.onnx"
+    path.write_bytes(_model([helper.make_node("Relu", ["x"], ["y"], name="relu")],
+                            [_vi("x", [1 << 20, 1 << 20])], [_vi("y", [1 << 20, 1 << 20])]))
+    return path
+
+
+def over_2gb_external_data(folder: Path) -> Path:
+    """A 2.4 GB weight in an external file (sparse: no disk is used), as a large LLM export has."""
+    path = folder / "big.onnx"
+    elements = 600_000_000
+    with open(folder / "big.bin", "wb") as data:
+        data.truncate(elements * 4)
+    weight = TensorProto(name="weight", data_type=TensorProto.FLOAT, dims=[elements])
+    weight.data_location = TensorProto.EXTERNAL
+    weight.external_data.add(key="location", value="big.bin")
+    path.write_bytes(_model([helper.make_node("Add", ["x", "weight"], ["y"], name="add")],
+                            [_vi("x", [elements])], [_vi("y", [elements])], [weight]))
+    return path
+
+
 def example(folder: Path) -> Path:
     return EXAMPLE
 
@@ -102,4 +172,12 @@ CASES = {
     "absurd given dim": (example, ["--input-shape", "x=1,3,99999999999,64"], ["'x'", "larger"]),
     "absurd element count": (example, ["--input-shape", "x=4096,3,4096,4096"], ["'x'", "elements"]),
     "reshape does not multiply out": (bad_reshape, [], ["squash", "do not multiply out"]),
+    "unknown opset version": (wrong_opset, [], ["opset.onnx", "99"]),
+    "no default-domain opset": (no_default_opset, [], ["no_opset.onnx", "default ONNX domain"]),
+    "missing initializer": (missing_initializer, [], ["proj", "'weight'"]),
+    "initializer shorter than its dims": (short_initializer, [], ["weight", "too small"]),
+    "mismatched dtypes": (mismatched_dtypes, [], ["dtypes.onnx", "mixed"]),
+    "duplicate tensor names": (duplicate_names, [], ["'y'", "twice"]),
+    "huge declared dim": (huge_declared_dim, [], ["'x'", "elements"]),
+    "over 2 GB of external data": (over_2gb_external_data, [], ["big.onnx", "2 GB"]),
 }

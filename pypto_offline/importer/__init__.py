@@ -14,12 +14,14 @@ from typing import Mapping, Sequence
 
 import onnx
 
+from pypto_offline.errors import ModelError
 from pypto_offline.importer import folding, shape_probe
 from pypto_offline.importer.graph import ImportedGraph, ImportStats, Node, TensorInfo
 from pypto_offline.importer.input_shapes import check_dims, fix_input_shapes, graph_inputs
 from pypto_offline.importer.loading import load_model
 from pypto_offline.importer.normalise import normalise_graph
 from pypto_offline.importer.validation import check_structure, default_opset, run_checker
+from pypto_offline.runtime import CannotRun
 
 __all__ = ["ImportedGraph", "ImportStats", "Node", "TensorInfo", "import_model"]
 
@@ -39,13 +41,19 @@ def import_model(source: "str | os.PathLike | bytes | onnx.ModelProto",
     check_structure(model, label)
     run_checker(model, label)
     fix_input_shapes(model, input_shapes, label)
-    model, probed = _fold_to_fixed_point(model)
+    model, probed, cannot_run = _fold_to_fixed_point(model)
     nodes_after_folding = len(model.graph.node)
     inferred = _inferred_types(model)
     tensors, corrected = _merge_shapes(model, inferred, probed, label)
     shapes = {name: info.shape for name, info in tensors.items()}
     dtypes = {name: info.dtype for name, info in tensors.items()}
     model, records = normalise_graph(model, opset, shapes, dtypes, label)
+    # After normalising, whose messages name the node and the fix. A model with ops of other
+    # domains may need another runtime: only a pure-ONNX model must run here.
+    if cannot_run is not None and all(n.domain in ("", "ai.onnx") for n in model.graph.node):
+        first = str(cannot_run).strip().splitlines()[0]
+        raise ModelError(f"onnxruntime cannot run the model: {first}", where=label,
+                         fix="re-export the model; it must run in onnxruntime as it is")
     _write_value_info(model, tensors)
     stats = ImportStats(
         nodes_in_source=nodes_in_source,
@@ -63,15 +71,19 @@ def import_model(source: "str | os.PathLike | bytes | onnx.ModelProto",
 
 
 def _fold_to_fixed_point(model: onnx.ModelProto):
+    """(folded model, probed shapes, the error if onnxruntime cannot run the model at all)."""
     model = folding.fold(model)
-    probed = shape_probe.probe(model)
-    for _ in range(MAX_PROBE_ROUNDS):
-        if not _has_foldable_shape_ops(model, probed):
-            break
-        known = {name: shape for name, (_, shape) in probed.items() if shape is not None}
-        model = folding.fold(model, known)
+    try:
         probed = shape_probe.probe(model)
-    return model, probed
+        for _ in range(MAX_PROBE_ROUNDS):
+            if not _has_foldable_shape_ops(model, probed):
+                break
+            known = {name: shape for name, (_, shape) in probed.items() if shape is not None}
+            model = folding.fold(model, known)
+            probed = shape_probe.probe(model)
+    except CannotRun as error:
+        return model, {}, error
+    return model, probed, None
 
 
 def _has_foldable_shape_ops(model: onnx.ModelProto, probed) -> bool:

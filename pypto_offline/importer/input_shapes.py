@@ -70,6 +70,8 @@ def fix_input_shapes(model: onnx.ModelProto, input_shapes: Mapping[str, Sequence
             _write_dims(value, dims)
         elif value.type.tensor_type.HasField("shape"):
             _check_declared(shape, where)
+            if all(d.HasField("dim_value") for d in shape.dim):
+                check_dims([d.dim_value for d in shape.dim], where)
 
 
 def _write_dims(value: onnx.ValueInfoProto, dims: Sequence[int]) -> None:

@@ -10,7 +10,10 @@ from onnx.external_data_helper import ExternalDataInfo, uses_external_data
 
 from pypto_offline.errors import ModelError, UsageError
 
-
+# The .ptom blob is one protobuf message holding the weights, and protobuf stops at 2 GiB; a phone
+# NPU model that large would not fit its memory either. Checked on the declared sizes, before any
+# external data is read.
+MAX_MODEL_BYTES = 2**31 - 1
 
 def load_model(source, base_dir: str | os.PathLike | None = None) -> tuple[onnx.ModelProto, str]:
     """Return (a private copy of the model with all external data loaded, a label for messages)."""
@@ -78,7 +81,24 @@ def _load_external_data(model: onnx.ModelProto, base_dir, label: str) -> None:
     root = Path(base_dir).resolve()
     for tensor in tensors:
         _check_external_location(tensor, root, label)
+    _check_declared_size(model, label)
     onnx.external_data_helper.load_external_data_for_model(model, str(root))
+
+
+def _check_declared_size(model: onnx.ModelProto, label: str) -> None:
+    total = model.ByteSize() + sum(_declared_bytes(t) for t in _external_tensors(model))
+    if total > MAX_MODEL_BYTES:
+        raise ModelError(f"the model declares {total / 1e9:.1f} GB of weights and graph; a .ptom "
+                         f"blob holds at most 2 GB (one protobuf message)", where=label,
+                         fix="split the model, or quantise its weights below 2 GB")
+
+
+def _declared_bytes(tensor: onnx.TensorProto) -> int:
+    itemsize = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
+    elements = 1
+    for dim in tensor.dims:
+        elements *= dim
+    return elements * itemsize
 
 
 def _check_external_location(tensor: onnx.TensorProto, root: Path, label: str) -> None:

@@ -25,19 +25,26 @@ def static_input_shapes(model: onnx.ModelProto) -> dict[str, tuple[int, ...]] | 
 
 
 def probe(model: onnx.ModelProto) -> dict[str, tuple[np.dtype, tuple[int, ...] | None]]:
-    """name → (dtype, shape or None if data-dependent) for every node output; {} if it cannot run."""
+    """name → (dtype, shape or None if data-dependent) for every node output; {} if the inputs
+    are not static or one of the two runs fails. Raises ``CannotRun`` if neither run works."""
     shapes = static_input_shapes(model)
     if shapes is None:
         return {}
     exposed = _expose_all_values(model)
-    runs = []
+    runs, errors = [], []
     for fill in (0, 1):
         feeds = {value.name: np.full(shapes[value.name], fill, dtype=_np_dtype(value))
                  for value in graph_inputs(model)}
-        result = _run(exposed, feeds)
-        if result is None:
-            return {}
-        runs.append(result)
+        try:
+            runs.append(run_model(exposed, feeds))
+        except CannotRun as error:
+            errors.append(error)
+    if len(errors) == 2:
+        # Some inputs are invalid as all zeros (a Range step), none as zeros and as ones:
+        # the model itself cannot run (mixed dtypes in one op, say).
+        raise errors[-1]
+    if errors:
+        return {}
     first, second = runs
     return {name: (array.dtype, array.shape if second[name].shape == array.shape else None)
             for name, array in first.items()
@@ -61,8 +68,3 @@ def _expose_all_values(model: onnx.ModelProto) -> onnx.ModelProto:
     return exposed
 
 
-def _run(model: onnx.ModelProto, feeds) -> dict[str, np.ndarray] | None:
-    try:
-        return run_model(model, feeds)
-    except CannotRun:
-        return None

@@ -12,6 +12,7 @@ import struct
 import tempfile
 from pathlib import Path
 
+import onnx
 from google.protobuf.message import DecodeError
 
 from pypto_offline.errors import ModelError, UsageError
@@ -48,10 +49,35 @@ def from_bytes(data: bytes, where: str = "<bytes>",
         message.ParseFromString(payload)
     except DecodeError:
         raise ModelError("blob payload does not parse", where=where, fix=fix) from None
+    _check_content(message, where, fix)
     if expected_target and message.target.name != expected_target:
         raise ModelError(f"blob is compiled for {message.target.name!r}, not {expected_target!r}",
                          where=where, fix=f"compile the model with --target {expected_target}")
     return message
+
+
+def _check_content(message: ptom_pb2.CompiledModel, where: str, fix: str) -> None:
+    """What every reader relies on, checked once here: a payload can carry a valid digest and
+    still be wrong (a buggy writer, a hand edit)."""
+    from pypto_offline.targets import TARGETS
+
+    if message.target.name not in TARGETS:
+        raise ModelError(f"blob names an unknown target {message.target.name!r}", where=where,
+                         fix=fix)
+    if not message.provenance.tool_version or not message.provenance.model_sha256:
+        raise ModelError("blob has no provenance", where=where, fix=fix)
+    for field in ("onnx_model", "source_onnx_model"):
+        model = onnx.ModelProto()
+        try:
+            model.ParseFromString(getattr(message, field))
+        except DecodeError:
+            raise ModelError(f"blob's {field} does not parse as ONNX", where=where,
+                             fix=fix) from None
+        if not model.graph.node:
+            raise ModelError(f"blob's {field} has no graph", where=where, fix=fix)
+    ids = [k.id for k in message.kernels]
+    if len(set(ids)) != len(ids) or not all(ids):
+        raise ModelError("blob's kernel ids are empty or repeated", where=where, fix=fix)
 
 
 def write(path: Path, message: ptom_pb2.CompiledModel) -> Path:

@@ -21,7 +21,8 @@ from pypto_offline.fusion.records import CANNOT_EXPRESS, FAILED_CHECK, RegionOp
 from pypto_offline.importer import ImportedGraph, import_model
 from pypto_offline.offline_compiler import ptom_pb2
 from pypto_offline.pypto_kernels import Kernel, KernelCache, compile_kernels
-from pypto_offline.pypto_kernels.compiler import PYPTO_VERSION, unfused_cost_us
+from pypto_offline.pypto_kernels.compiler import (DEFAULT_TIMEOUT_S, PYPTO_VERSION,
+                                                  unfused_cost_us)
 from pypto_offline.targets import Target
 
 Progress = Callable[[str], None]
@@ -33,9 +34,10 @@ class BuildOptions:
     cache_dir: Path | None = None
     jobs: int = 2
     tile_search: bool = True
+    kernel_timeout_s: float = DEFAULT_TIMEOUT_S  # per PyPTO worker; past it the region falls back
 
     def provenance(self) -> dict[str, str]:
-        """The options that change the output (not jobs or cache folder)."""
+        """The options that change the output (not jobs, cache folder or time limit)."""
         shapes = ";".join(f"{k}={','.join(map(str, v))}" for k, v in sorted(self.input_shapes.items()))
         return {"input_shapes": shapes, "tile_search": str(self.tile_search).lower()}
 
@@ -74,7 +76,8 @@ def build(source, target: Target, options: BuildOptions, progress: Progress = la
     plan = plan_fusion(graph, target)
     progress(f"compiling {len(plan.regions)} kernels with PyPTO")
     kernels = tuple(compile_kernels(graph, plan, target, cache_dir=options.cache_dir,
-                                    jobs=options.jobs, search=options.tile_search))
+                                    jobs=options.jobs, search=options.tile_search,
+                                    timeout=options.kernel_timeout_s))
     failed = {k.region_id: (_category(k), k.fallback_reason) for k in kernels if not k.compiled}
     shipped = without_regions(plan, graph, target, failed) if failed else plan
     progress("measuring the unfused baseline")
@@ -111,7 +114,8 @@ def _unfused_baseline(plan: FusionPlan, graph: ImportedGraph, target: Target,
                       options: BuildOptions) -> dict[str, float | None]:
     cache = KernelCache(options.cache_dir)
     constants = graph.constant_values()
-    return {r.id: unfused_cost_us(r, graph, target, cache, constants) for r in plan.regions}
+    return {r.id: unfused_cost_us(r, graph, target, cache, constants, options.kernel_timeout_s)
+            for r in plan.regions}
 
 
 def _target_descriptor(target: Target) -> ptom_pb2.TargetDescriptor:

@@ -1,0 +1,96 @@
+"""Reliability: concurrent builds sharing one kernel cache, and PyPTO compiles that crash or hang
+inside a full build (the region falls back, the build finishes, the report says why)."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import pypto_offline
+from pypto_offline import cli
+from tests.malformed import EXAMPLE
+
+SHAPE = ["--input-shape", "x=1,3,64,64"]
+OTHER_MODEL = "asr_frontend_kaldi"   # a corpus model with one fused region
+
+
+def cli_process(*args) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "pypto_offline", *map(str, args), "--json",
+                             "--no-report"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+
+
+def finished(process: subprocess.Popen) -> dict:
+    out, err = process.communicate(timeout=900)
+    assert process.returncode == 0, err
+    return json.loads(out)
+
+
+def cache_listing(cache: Path) -> dict[str, int]:
+    return {str(p.relative_to(cache)): p.stat().st_size for p in sorted(cache.rglob("*"))
+            if p.is_file()}
+
+
+def test_two_builds_at_once_share_a_cache_and_a_third_compiles_nothing(tmp_path):
+    from bench import corpus
+
+    cache = tmp_path / "cache"
+    other = tmp_path / f"{OTHER_MODEL}.onnx"
+    shutil.copy(corpus.model_path(OTHER_MODEL), other)
+    other_shapes = [arg for name, dims in corpus.MODELS[OTHER_MODEL].input_shapes.items()
+                    for arg in ("--input-shape", f"{name}={','.join(map(str, dims))}")]
+    first = cli_process(EXAMPLE, "--target", "kirin9050", *SHAPE, "-o", tmp_path / "a.ptom",
+                        "--cache-dir", cache)
+    second = cli_process(other, "--target", "kirin9050", *other_shapes, "-o",
+                         tmp_path / "b.ptom", "--cache-dir", cache)
+    one, two = finished(first), finished(second)
+    assert one["kernel_cache"]["compiled"] >= 1 and two["kernel_cache"]["compiled"] >= 1
+    assert one["verification"]["status"] == two["verification"]["status"] == "passed"
+    # the cache is whole: every entry complete, no staging folder left behind
+    entries = [p for p in cache.glob("*/*") if p.is_dir() and p.parent.name != "tmp"]
+    assert len(entries) >= 2
+    assert all((entry / "kernel.json").is_file() for entry in entries), entries
+    assert not list((cache / "tmp").glob("*")), "a staging folder was left behind"
+    before = cache_listing(cache)
+    third = finished(cli_process(other, "--target", "kirin9050", *other_shapes, "-o",
+                                 tmp_path / "c.ptom", "--cache-dir", cache))
+    assert third["kernel_cache"] == {"hits": two["kernel_cache"]["compiled"], "compiled": 0}
+    assert cache_listing(cache) == before
+    assert (tmp_path / "c.ptom").read_bytes() == (tmp_path / "b.ptom").read_bytes()
+
+
+@pytest.mark.parametrize("sabotage,timeout,expected", [
+    ("import os\nos._exit(3)\n", "300", "crashed (exit code 3)"),
+    ("import time\ntime.sleep(120)\n", "5", "did not finish within 5 s"),
+])
+def test_a_kernel_that_crashes_or_hangs_falls_back_and_the_report_says_why(
+        sabotage, timeout, expected, tmp_path, monkeypatch, capfd):
+    from pypto_offline.pypto_kernels import codegen
+
+    honest = codegen.kernel_source
+    monkeypatch.setattr("pypto_offline.pypto_kernels.compiler.kernel_source",
+                        lambda region, policy, constants: honest(region, policy, constants)
+                        + sabotage)
+    out = tmp_path / "example.ptom"
+    assert cli.main([str(EXAMPLE), "--target", "kirin9050", *SHAPE, "-o", str(out), "--json",
+                     "--no-tile-search", "--kernel-timeout", timeout,
+                     "--cache-dir", str(tmp_path / "cache")]) == 0
+    summary = json.loads(capfd.readouterr().out)
+    assert summary["pypto"] == {**summary["pypto"], "compiled": 0, "fell_back": 1}
+    assert summary["verification"]["status"] == "passed"   # the unfused ops run instead
+    assert summary["kernels_after"] == summary["kernels_before"]
+    compiled = pypto_offline.load(out)
+    (kernel,) = compiled.message.kernels
+    assert not kernel.compiled and expected in kernel.fallback_reason
+    assert {u.category for u in compiled.message.unfused} == {"failed check"}
+    report = Path(summary["report"]).read_text()
+    assert "fell back" in report and expected in report
+
+
+def test_jobs_and_timeout_must_be_positive(capfd):
+    assert cli.main([str(EXAMPLE), "--target", "kirin9050", "--jobs", "0"]) == 2
+    assert "must be positive" in capfd.readouterr().err
