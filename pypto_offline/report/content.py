@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 
 import onnx
@@ -14,6 +15,9 @@ from pypto_offline.report.plots import Series, bar_chart
 # Shown instead of a wall-clock figure: reports, like blobs, are byte-identical between builds.
 COMPILE_TIME_NOTE = ("not in the report: a wall-clock figure would make two identical builds "
                      "differ; the build prints it and --json gives compile_seconds")
+
+
+TILE_CALL = re.compile(r"pypto\.set_vec_tile_shapes\(([^)]*)\)")
 
 
 @dataclass(frozen=True)
@@ -74,7 +78,7 @@ def kernel_cards(message: ptom_pb2.CompiledModel) -> list[dict]:
         "signature": k.region_signature, "sha256": k.sha256, "platform": k.platform,
         "original": [_op(o) for o in k.original], "simplified": [_op(o) for o in k.simplified],
         "rules": list(k.rules_applied), "inputs": list(k.inputs), "outputs": list(k.outputs),
-        "source": k.source,
+        "source": k.source, "tile_shapes": tile_shapes(k.source),
         "tiles": [("default", k.default_tile), ("tuned", k.tuned_tile)] if k.compiled else [],
         "bytes": {"unfused": k.gm_bytes_unfused, "lower_bound": k.gm_bytes_lower_bound,
                   "read": k.gm_bytes_read, "written": k.gm_bytes_written,
@@ -85,6 +89,20 @@ def kernel_cards(message: ptom_pb2.CompiledModel) -> list[dict]:
         "verdicts": [(v.pass_name, v.result) for v in k.verdicts],
         "artifacts": [(a.name, len(a.data), a.sha256) for a in k.artifacts],
     } for k in message.kernels]
+
+
+def tile_shapes(source: str) -> list[tuple[str, str]]:
+    """(statement, tile shape) for every statement of the generated kernel that sets a tile:
+    the shapes of the tuned kernel, read from its source (the blob keeps that one)."""
+    pairs, shape = [], None
+    for line in source.splitlines():
+        found = TILE_CALL.search(line)
+        if found:
+            shape = found.group(1)
+        elif shape is not None and line.strip():
+            pairs.append((line.strip(), f"({shape})"))
+            shape = None
+    return pairs
 
 
 def _op(op: ptom_pb2.Op) -> dict:
