@@ -40,7 +40,7 @@ MEASURE = """
 import json, resource, subprocess, sys, time
 started = time.perf_counter()
 done = subprocess.run(sys.argv[2:], capture_output=True, text=True)
-json.dump({"returncode": done.returncode, "stdout": done.stdout, "stderr": done.stderr[-2000:],
+json.dump({"returncode": done.returncode, "stdout": done.stdout, "stderr": done.stderr[:4000],
            "seconds": time.perf_counter() - started,
            "peak_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024},
           open(sys.argv[1], "w"))
@@ -219,7 +219,8 @@ def markdown(rows: list[dict], targets: list[str]) -> str:
               "", "## Ratios (pypto-offline, per target)", "",
               "| model | target | kernels ours/ORT-all | ours/IREE | GM after/LB | GM before/after | "
               "PyPTO unfused/fused | tiles ≥20% better | median tuned/default | compile s cold / warm "
-              "| onnxslim s | IREE s | peak MB ours / IREE |", "|---" * 13 + "|"]
+              "| onnxslim s | IREE s | ours÷IREE cold / warm | peak MB ours cold / warm / IREE |",
+              "|---" * 14 + "|"]
     for r in rows:
         b = r["baselines"]
         for t in targets:
@@ -239,7 +240,10 @@ def markdown(rows: list[dict], targets: list[str]) -> str:
                 f"{statistics.median(w['tile_ratios']):.2f}" if w["tile_ratios"] else "—",
                 f"{c['seconds'] if c and 'seconds' in c else '—'} / {w['seconds']}",
                 str(b["onnxslim"]["seconds"]), str(iree.get("seconds", "—")),
-                f"{w['peak_mb']} / {iree.get('peak_mb', '—')} |"]))
+                " / ".join(_ratio(ours_s, iree.get("seconds"))
+                           for ours_s in (c.get("seconds") if c else None, w["seconds"])),
+                f"{c['peak_mb'] if c and 'peak_mb' in c else '—'} / {w['peak_mb']} / "
+                f"{iree.get('peak_mb', '—')} |"]))
     return "\n".join(lines)
 
 

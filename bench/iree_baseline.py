@@ -55,9 +55,10 @@ def count_commands(stream_ir: str) -> dict[str, int]:
 
 
 def _failure(step: str, done) -> dict:
-    lines = [line for line in (done["stderr"] if isinstance(done, dict) else done.stderr)
-             .splitlines() if "error" in line.lower()] or ["(no message)"]
-    return {"error": f"{step}: {lines[0].strip()[:200]}"}
+    text = done["stderr"] if isinstance(done, dict) else done.stderr
+    lines = [line for line in text.splitlines() if "error" in line.lower()] or \
+        [line for line in text.splitlines() if line.strip()][-1:] or ["(no message)"]
+    return {"error": f"{step}: {re.sub(r'^.*?iree\.mlir:', 'iree.mlir:', lines[0].strip())[:200]}"}
 
 
 def compile_and_check(source: Path, feeds: dict, reference: list, folder: Path) -> dict:
