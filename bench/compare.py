@@ -1,7 +1,7 @@
 """Side by side with the tools a user would pick instead (not part of the test run).
 
     python -m bench.compare [--models a,b] [--targets kirin9050,ascend910b] [--cache-dir DIR]
-                            [--cold-models a,b] [--no-iree] [--out bench/results/compare]
+                            [--cold-models a,b] [--no-iree] [--out bench/results/compare] [--update]
 
 Per model, on the corpus input shapes, all in one run:
 - kernels after: pypto-offline against onnxruntime's optimised graph (ORT_ENABLE_EXTENDED and
@@ -302,6 +302,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="also compile these on a fresh cache (cold)")
     parser.add_argument("--no-iree", action="store_true")
     parser.add_argument("--out", type=Path, default=Path("bench/results/compare"))
+    parser.add_argument("--update", action="store_true",
+                        help="keep the other models' rows already in OUT/compare.json")
     args = parser.parse_args(argv)
     from pypto_offline.pypto_kernels.cache import default_cache_dir
 
@@ -313,6 +315,12 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(bench_model(name, targets, cache, name in cold, not args.no_iree))
         print(f"{name}: done", file=sys.stderr, flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.update and (args.out / "compare.json").exists():
+        fresh = {r["model"] for r in rows}
+        kept = [r for r in json.loads((args.out / "compare.json").read_text())
+                if r["model"] not in fresh]
+        order = list(corpus.MODELS)
+        rows = sorted(kept + rows, key=lambda r: order.index(r["model"]))
     (args.out / "compare.json").write_text(json.dumps(rows, indent=1, default=str))
     table = markdown(rows, targets)
     (args.out / "compare.md").write_text(table + "\n")

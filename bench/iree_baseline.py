@@ -58,7 +58,8 @@ def _failure(step: str, done) -> dict:
     text = done["stderr"] if isinstance(done, dict) else done.stderr
     lines = [line for line in text.splitlines() if "error" in line.lower()] or \
         [line for line in text.splitlines() if line.strip()][-1:] or ["(no message)"]
-    return {"error": f"{step}: {re.sub(r'^.*?iree\.mlir:', 'iree.mlir:', lines[0].strip())[:200]}"}
+    message = re.sub(r"^.*?iree\.mlir:", "iree.mlir:", lines[0].strip())  # no temp folder
+    return {"error": f"{step}: {message[:200]}"}
 
 
 def compile_and_check(source: Path, feeds: dict, reference: list, folder: Path) -> dict:
