@@ -103,6 +103,9 @@ def test_a_crashing_or_hanging_compile_falls_back_and_the_build_goes_on(
                                 search=False, timeout=5)
     assert not kernel.compiled and expected in kernel.fallback_reason
     assert time.perf_counter() - started < 30
+    # a crash is the kernel's own and is cached; a time limit may be the machine's load: not cached
+    entries = [p for p in tmp_path.glob("*/*") if p.parent.name != "tmp"]
+    assert len(entries) == (0 if "did not finish" in expected else 1)
     replanned = without_regions(plan, graph, TARGETS["kirin9050"],
                                 {kernel.region_id: (FAILED_CHECK, kernel.fallback_reason)})
     assert_compiled_matches(graph, replanned)

@@ -37,6 +37,7 @@ from pypto_offline.targets import Target
 PYPTO_VERSION = "0.2.0"
 KERNEL_FORMAT = 13  # bump when the generator changes what a cached entry means
 DEFAULT_TIMEOUT_S = 300
+TIMED_OUT = "PyPTO compile did not finish within"
 # ascend950: the cost model can use its A5 tables (pypto-cpu.md §6); everything else is 910B.
 COST_MODEL = {"ascend950": ("A5", "ASCEND_950PR_9579")}
 
@@ -116,6 +117,11 @@ def compile_region(region: Region, graph: ImportedGraph, target: Target, cache: 
         shutil.rmtree(staged, ignore_errors=True)
         raise
     kernel = Kernel(**{**kernel.__dict__, "compile_seconds": round(time.perf_counter() - started, 3)})
+    if not kernel.compiled and kernel.fallback_reason.startswith(TIMED_OUT):
+        # A time limit says as much about the machine's load as about the kernel: fall back in
+        # this build, but let the next one try again rather than cache the failure for good.
+        shutil.rmtree(staged, ignore_errors=True)
+        return kernel
     _save(kernel, staged)
     return _load(cache.put(key, staged), from_cache=False)
 
@@ -203,7 +209,7 @@ def _run_job(folder: Path, job: dict, target: Target, timeout: float) -> dict:
                                   stdin=subprocess.DEVNULL, timeout=timeout, cwd=folder,
                                   env=worker_environment(), preexec_fn=_fixed_addresses)
         except subprocess.TimeoutExpired:
-            return {"error": f"PyPTO compile did not finish within {timeout:.0f} s"}
+            return {"error": f"{TIMED_OUT} {timeout:.0f} s"}
     result_path = folder / "result.json"
     if not result_path.exists():
         return {"error": f"PyPTO worker crashed (exit code {done.returncode})"}
