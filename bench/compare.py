@@ -210,7 +210,7 @@ def markdown(rows: list[dict], targets: list[str]) -> str:
                      f"({_fmt_diff(iree['max_abs_diff'])})" if "kernels" in iree else
                      f"✗ {iree['error'][:60]}")
         for t in targets:
-            warm = r["targets"][t]["warm"]
+            warm = r["targets"].get(t, {}).get("warm", {"error": "not built"})
             cells.append("✗" if "error" in warm else
                          f"{warm['kernels_after']} ({_fmt_diff(warm['verification']['max_abs_diff'])})")
         lines.append(f"| {r['model']} | " + " | ".join(cells) + " |")
@@ -223,7 +223,7 @@ def markdown(rows: list[dict], targets: list[str]) -> str:
               "|---" * 14 + "|"]
     for r in rows:
         b = r["baselines"]
-        for t in targets:
+        for t in (t for t in targets if t in r["targets"]):
             w, c = r["targets"][t]["warm"], r["targets"][t].get("cold")
             if "error" in w:
                 lines.append(f"| {r['model']} | {t} | ✗ {w['error'][:80]} |" + " |" * 11)
@@ -264,7 +264,7 @@ def plots(rows: list[dict], targets: list[str], out: Path) -> None:
              ("onnxoptimizer", lambda b, r: b["onnxoptimizer"]["kernels"]),
              ("IREE", lambda b, r: b.get("iree", {}).get("kernels", 0)),
              (f"pypto-offline {targets[0]}",
-              lambda b, r: r["targets"][targets[0]]["warm"].get("kernels_after", 0))]
+              lambda b, r: r["targets"].get(targets[0], {}).get("warm", {}).get("kernels_after", 0))]
     x = np.arange(len(names))
     width = 0.8 / len(tools)
     fig, ax = plt.subplots(figsize=(12, 5))
@@ -280,7 +280,7 @@ def plots(rows: list[dict], targets: list[str], out: Path) -> None:
     plt.close(fig)
     fig, ax = plt.subplots(figsize=(12, 4))
     for index, target in enumerate(targets):
-        warm = [r["targets"][target]["warm"] for r in rows]
+        warm = [r["targets"].get(target, {}).get("warm", {}) for r in rows]
         ax.bar(x + index * 0.4, [w["gm_bytes_after"] / w["gm_bytes_lower_bound"]
                                  if "gm_bytes_after" in w else 0 for w in warm], 0.4, label=target)
     ax.axhline(1.0, color="black", linewidth=0.8)
