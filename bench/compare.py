@@ -210,8 +210,8 @@ def markdown(rows: list[dict], targets: list[str]) -> str:
                      f"({_fmt_diff(iree['max_abs_diff'])})" if "kernels" in iree else
                      f"✗ {iree['error'][:60]}")
         for t in targets:
-            warm = r["targets"].get(t, {}).get("warm", {"error": "not built"})
-            cells.append("✗" if "error" in warm else
+            warm = r["targets"].get(t, {}).get("warm")
+            cells.append("— (not run)" if warm is None else "✗" if "error" in warm else
                          f"{warm['kernels_after']} ({_fmt_diff(warm['verification']['max_abs_diff'])})")
         lines.append(f"| {r['model']} | " + " | ".join(cells) + " |")
     lines += ["", "† onnxslim broke the model with static input shapes (its output does not run in "
