@@ -153,8 +153,7 @@ def baselines(name: str, folder: Path, with_iree: bool) -> dict:
 
 
 def ours(name: str, target: str, cache: Path, folder: Path) -> dict:
-    shapes = [arg for input_name, dims in corpus.MODELS[name].input_shapes.items()
-              for arg in ("--input-shape", f"{input_name}={','.join(map(str, dims))}")]
+    shapes = corpus.MODELS[name].shape_args
     inputs = folder / f"{name}.inputs.npz"
     np.savez(inputs, **corpus.MODELS[name].make_inputs(seed=0))
     blob = folder / f"{name}.{target}.ptom"

@@ -59,6 +59,12 @@ class CorpusModel:
     def input_shapes(self) -> dict[str, list[int]]:
         return {name: list(spec.shape) for name, spec in self.inputs.items()}
 
+    @property
+    def shape_args(self) -> list[str]:
+        """The input shapes as pypto-offline's command line takes them."""
+        return [arg for name, dims in self.input_shapes.items()
+                for arg in ("--input-shape", f"{name}={','.join(map(str, dims))}")]
+
     def make_inputs(self, seed: int = 0) -> dict[str, np.ndarray]:
         rng = np.random.default_rng(seed)
         return {name: spec.make(rng) for name, spec in self.inputs.items()}

@@ -202,15 +202,11 @@ def run_inspect(argv: list[str]) -> int:
     args = _blob_parser("pypto-offline inspect", "Show what a blob holds.").parse_args(argv)
     from pypto_offline import api
     from pypto_offline.offline_compiler import FORMAT_VERSION
+    from pypto_offline.offline_compiler.summary import provenance
 
     compiled = api.load(args.blob)
     summary = {**compiled.summary(), "blob": args.blob,
-               "format_version": FORMAT_VERSION, "provenance": dict(
-                   tool=compiled.message.provenance.tool_version,
-                   pypto=compiled.message.provenance.pypto_version,
-                   onnx=compiled.message.provenance.onnx_version,
-                   onnxruntime=compiled.message.provenance.onnxruntime_version,
-                   options=dict(sorted(compiled.message.provenance.options.items()))),
+               "format_version": FORMAT_VERSION, "provenance": provenance(compiled.message),
                "kernels": [{"id": k.id, "ops": [o.op_type for o in k.original],
                             "compiled": k.compiled, "fallback_reason": k.fallback_reason,
                             "tuned_us": k.tuned_tile.aicore_us, "default_us": k.default_tile.aicore_us,

@@ -41,8 +41,7 @@ def test_two_builds_at_once_share_a_cache_and_a_third_compiles_nothing(tmp_path)
     cache = tmp_path / "cache"
     other = tmp_path / f"{OTHER_MODEL}.onnx"
     shutil.copy(corpus.model_path(OTHER_MODEL), other)
-    other_shapes = [arg for name, dims in corpus.MODELS[OTHER_MODEL].input_shapes.items()
-                    for arg in ("--input-shape", f"{name}={','.join(map(str, dims))}")]
+    other_shapes = corpus.MODELS[OTHER_MODEL].shape_args
     first = cli_process(EXAMPLE, "--target", "kirin9050", *SHAPE, "-o", tmp_path / "a.ptom",
                         "--cache-dir", cache)
     second = cli_process(other, "--target", "kirin9050", *other_shapes, "-o",

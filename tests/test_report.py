@@ -40,8 +40,7 @@ def corpus_build(tmp_path_factory):
     folder = tmp_path_factory.mktemp("report")
     model = folder / f"{REPORT_MODEL}.onnx"
     shutil.copy(corpus.model_path(REPORT_MODEL), model)
-    shapes = [arg for name, dims in corpus.MODELS[REPORT_MODEL].input_shapes.items()
-              for arg in ("--input-shape", f"{name}={','.join(map(str, dims))}")]
+    shapes = corpus.MODELS[REPORT_MODEL].shape_args
     done = run_cli(model, "--target", "kirin9050", *shapes, "--json",
                    "--cache-dir", folder / "cache")
     assert done.returncode == 0, done.stderr

@@ -28,3 +28,10 @@ def summarise(message: ptom_pb2.CompiledModel) -> dict:
             "kernels_checked": len(checked),
             "kernels_passed": sum(k.functional_ok for k in checked)},
     }
+
+
+def provenance(message: ptom_pb2.CompiledModel) -> dict:
+    """The tool versions and the build options a blob records, as inspect and the report show."""
+    p = message.provenance
+    return {"tool": p.tool_version, "pypto": p.pypto_version, "onnx": p.onnx_version,
+            "onnxruntime": p.onnxruntime_version, "options": dict(sorted(p.options.items()))}

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import onnx
 
 from pypto_offline.offline_compiler import ptom_pb2
-from pypto_offline.offline_compiler.summary import summarise
+from pypto_offline.offline_compiler.summary import provenance, summarise
 from pypto_offline.report.graph_view import Drawing, layout
 from pypto_offline.report.plots import Series, bar_chart
 
@@ -147,23 +147,12 @@ def plots(message: ptom_pb2.CompiledModel) -> list[str]:
     ]
 
 
-def target_figures(message: ptom_pb2.CompiledModel) -> list[ptom_pb2.Figure]:
-    return list(message.target.figures)
-
-
-def provenance(message: ptom_pb2.CompiledModel) -> dict:
-    p = message.provenance
-    return {"tool": p.tool_version, "pypto": p.pypto_version, "onnx": p.onnx_version,
-            "onnxruntime": p.onnxruntime_version,
-            "options": dict(sorted(p.options.items()))}
-
-
 def context(message: ptom_pb2.CompiledModel) -> dict:
     summary = summarise(message)
     return {"summary": summary, "figures": summary_figures(summary),
             "compile_time_note": COMPILE_TIME_NOTE, "provenance": provenance(message),
             "target": message.target.name, "target_notes": message.target.notes,
-            "target_figures": target_figures(message), "kernels": kernel_cards(message),
+            "target_figures": list(message.target.figures), "kernels": kernel_cards(message),
             "unfused": unfused_groups(message), "unfused_count": len(message.unfused),
             "graph": graph_drawing(message), "plots": plots(message),
             "verification": message.verification}
