@@ -8,8 +8,10 @@ import numpy as np
 import pytest
 
 from pypto_offline.pypto_kernels.codegen import float_literal, kernel_source, swaps_for
+from pypto_offline.pypto_kernels.compiler import default_candidate
 from pypto_offline.pypto_kernels.tiling import (MAX_TILES, TilePolicy, candidate_policies,
-                                                default_policy)
+                                                default_policy, fits_ub)
+from pypto_offline.pypto_kernels.worker import ub_peak
 from tests.fusion_helpers import fuse
 from tests.onnx_builders import GraphBuilder
 
@@ -40,12 +42,48 @@ def test_tiles_are_row_aligned_and_within_budget(shape, itemsize):
         assert np.prod(tile) * itemsize <= max(policy.budget_bytes, tile[-1] * itemsize)
 
 
-def test_candidates_fit_the_target_ub():
+def test_candidates_leave_room_for_an_input_and_an_output_tile_in_the_target_ub():
     large = 64 << 20
     kirin, ascend = candidate_policies(122880, large), candidate_policies(188416, large)
-    assert max(p.budget_bytes for p in kirin) * 4 <= 122880
-    assert max(p.budget_bytes for p in ascend) > max(p.budget_bytes for p in kirin)
-    assert default_policy(122880) == TilePolicy(8192)
+    assert max(p.budget_bytes for p in kirin) == 32768  # 2 x 64 KiB would pass 120 KiB
+    assert max(p.budget_bytes for p in ascend) == 65536
+    assert default_policy(122880) == TilePolicy(8192)  # four operand tiles fit without measuring
+
+
+def test_every_budget_comes_in_both_transpose_tile_orientations():
+    policies = candidate_policies(122880, 1 << 20)
+    assert {p.budget_bytes for p in policies if p.swap_transpose_tiles} == \
+        {p.budget_bytes for p in policies if not p.swap_transpose_tiles}
+
+
+def test_a_swapped_transpose_tile_exchanges_the_swapped_axes_only():
+    out_shape = (1, 64, 16, 128)  # Transpose(1,2) of 1x16x64x128 fp32, the bundled example's
+    assert TilePolicy(32768).transpose_tile(out_shape, 4, 1, 2) == (1, 4, 16, 128)
+    assert TilePolicy(32768, True).transpose_tile(out_shape, 4, 1, 2) == (1, 16, 4, 128)
+    # the last axis keeps its 32-byte alignment: a swap with it is left alone
+    assert TilePolicy(32768, True).transpose_tile((4, 96), 4, 0, 1) == \
+        TilePolicy(32768).transpose_tile((4, 96), 4, 0, 1)
+
+
+def test_a_candidate_fits_only_if_its_measured_ub_does():
+    assert fits_ub(122880, 122880) and not fits_ub(122881, 122880)
+    assert not fits_ub(None, 122880)  # an unread program is not trusted
+
+
+def test_the_default_tile_shrinks_until_its_leaves_fit():
+    fitting = [{"budget": b, "swapped": s} for b in (1024, 2048, 4096, 32768)
+               for s in (False, True)]  # 8192 overflowed the UB
+    assert default_candidate(fitting, 8192) == {"budget": 4096, "swapped": False}
+    assert default_candidate([{"budget": 16384, "swapped": False}], 8192) is None
+
+
+def test_ub_peak_reads_the_highest_range_a_leaf_allocates():
+    leaf = {"graphtype": 3, "tensors": [{"mem_id": 15, "mem_range": [0, 0]},
+                                        {"mem_id": 39, "mem_range": [0, 7680]},
+                                        {"mem_id": 88, "mem_range": [7680, 23040]},
+                                        {"mem_id": -1, "mem_range": [0, 99999]}]}
+    tile_graph = {"graphtype": 1, "tensors": [{"mem_id": 1, "mem_range": [0, 50000]}]}
+    assert ub_peak({"functions": [tile_graph, leaf]}) == 23040
 
 
 @pytest.mark.parametrize("tensor_bytes", [64, 4096, 100_000, 4 << 20, 64 << 20])

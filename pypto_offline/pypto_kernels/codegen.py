@@ -102,7 +102,12 @@ class _Writer:
         self.lines.append(f"    {line}")
 
     def tile(self, shape, dtype: int, whole_axes=()) -> None:
-        tile = self.policy.tile(tuple(shape), itemsize_of(dtype), tuple(whole_axes))
+        self._set_tile(self.policy.tile(tuple(shape), itemsize_of(dtype), tuple(whole_axes)))
+
+    def transpose_tile(self, out_shape, dtype: int, i: int, j: int) -> None:
+        self._set_tile(self.policy.transpose_tile(tuple(out_shape), itemsize_of(dtype), i, j))
+
+    def _set_tile(self, tile: tuple[int, ...]) -> None:
         self.emit(f"pypto.set_vec_tile_shapes({', '.join(map(str, tile))})")
 
     def assign(self, tensor: str, expression: str, shape: Sequence[int] | None = None) -> str:
@@ -355,7 +360,7 @@ def _transpose(w: _Writer, op: RegionOp) -> None:
     current = w.value(source, shape)
     for i, j in swaps_for(perm):
         shape[i], shape[j] = shape[j], shape[i]
-        w.tile(shape, w.dtype(out))  # bounded tiles compile; whole swapped axes overflow UB
+        w.transpose_tile(shape, w.dtype(out), i, j)  # bounded: whole swapped axes overflow UB
         name = w.fresh()
         w.emit(f"{name} = pypto.transpose({current}, {i}, {j})")
         current = name

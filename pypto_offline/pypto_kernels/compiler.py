@@ -30,12 +30,13 @@ from pypto_offline.importer import ImportedGraph
 from pypto_offline.pypto_kernels.cache import KernelCache, cache_key
 from pypto_offline.pypto_kernels.codegen import CannotExpress, itemsize_of, kernel_source
 from pypto_offline.pypto_kernels.records import Kernel, TileResult
-from pypto_offline.pypto_kernels.tiling import candidate_policies, default_policy
+from pypto_offline.pypto_kernels.tiling import (TilePolicy, candidate_policies, default_policy,
+                                                fits_ub)
 from pypto_offline.runtime import TOLERANCE, run_model
 from pypto_offline.targets import Target
 
 PYPTO_VERSION = "0.2.0"
-KERNEL_FORMAT = 13  # bump when the generator changes what a cached entry means
+KERNEL_FORMAT = 14  # bump when the generator changes what a cached entry means
 DEFAULT_TIMEOUT_S = 300
 TIMED_OUT = "PyPTO compile did not finish within"
 # ascend950: the cost model can use its A5 tables (pypto-cpu.md §6); everything else is 910B.
@@ -99,57 +100,93 @@ def compile_region(region: Region, graph: ImportedGraph, target: Target, cache: 
     default = default_policy(ub)
     policies = candidate_policies(ub, largest_tensor_bytes(region)) if search else [default]
     try:
-        sources = {p.budget_bytes: kernel_source(region, p, constants) for p in policies}
+        sources = distinct_sources(region, policies, constants)
     except CannotExpress as why:
         return Kernel(region.id, False, f"cannot express in PyPTO 0.2.0: {why}")
-    key = cache_key(sources=sources, types={k: [list(v[0]), v[1]] for k, v in
-                                            sorted(region.tensor_types.items())},
+    key = cache_key(sources={p.name: text for p, text in sources.items()},
+                    types={k: [list(v[0]), v[1]] for k, v in sorted(region.tensor_types.items())},
                     target=target.name, pypto=PYPTO_VERSION, format=KERNEL_FORMAT,
                     default=default.budget_bytes, cost_model=COST_MODEL.get(target.name))
-    hit = cache.get(key)
+    hit = cache.get(key) or cache.get(timed_out_key(key, timeout))
     if hit is not None:
         return _load(hit, from_cache=True)
     staged = cache.staging()
     try:
-        kernel = _build(region, graph, target, cache, constants, sources, default.budget_bytes,
-                        key, staged, timeout)
+        kernel = _build(region, graph, target, cache, constants, sources, default, key, staged,
+                        timeout)
     except BaseException:
         shutil.rmtree(staged, ignore_errors=True)
         raise
     kernel = Kernel(**{**kernel.__dict__, "compile_seconds": round(time.perf_counter() - started, 3)})
     if not kernel.compiled and kernel.fallback_reason.startswith(TIMED_OUT):
-        # A time limit says as much about the machine's load as about the kernel: fall back in
-        # this build, but let the next one try again rather than cache the failure for good.
-        shutil.rmtree(staged, ignore_errors=True)
-        return kernel
+        key = timed_out_key(key, timeout)
     _save(kernel, staged)
     return _load(cache.put(key, staged), from_cache=False)
 
 
-def _build(region, graph, target, cache, constants, sources, default_budget, key, staged, timeout):
+def timed_out_key(key: str, timeout: float) -> str:
+    """Where a compile that ran out of time is remembered: under its time limit, so a warm
+    rebuild with the same limit compiles nothing (and falls back the same way), while a longer
+    ``--kernel-timeout`` tries again."""
+    return cache_key(kernel=key, timed_out_within_s=timeout)
+
+
+def distinct_sources(region: Region, policies: list[TilePolicy], constants: dict
+                     ) -> dict[TilePolicy, str]:
+    """Each policy's module, less those another policy already gives (a region without a
+    transpose reads the same in both transpose-tile orientations): one compile each."""
+    sources: dict[TilePolicy, str] = {}
+    for policy in policies:
+        text = kernel_source(region, policy, constants)
+        if text not in sources.values():
+            sources[policy] = text
+    return sources
+
+
+def _policy(candidate: dict) -> TilePolicy:
+    return TilePolicy(candidate["budget"], candidate["swapped"])
+
+
+def _build(region, graph, target, cache, constants, sources, untuned, key, staged,
+           timeout):
     paths = {}
-    for budget, text in sources.items():
-        path = kernel_source_dir() / f"{key[:16]}_{budget}.py"
+    for policy, text in sources.items():
+        path = kernel_source_dir() / f"{key[:16]}_{policy.name}.py"
         path.parent.mkdir(parents=True, exist_ok=True)
         if not path.exists():
             _write_atomically(path, text.encode())
-        paths[budget] = path
+        paths[policy] = path
     arrays, reference = _region_data(region, graph, constants)
     searched = _run_worker(staged / "search", region, target, paths, arrays, reference, False,
                            timeout)
     compiled = [c for c in searched.get("candidates", []) if c.get("compiled") and c["aicore_us"]]
     if not compiled:
-        return Kernel(region.id, False, _failure(searched), source=sources[default_budget],
+        return Kernel(region.id, False, _failure(searched), source=sources[untuned],
                       cache_key=key)
-    best = min(compiled, key=lambda c: (c["aicore_us"], c["total_us"] or 0, c["budget"]))
-    default = next((c for c in compiled if c["budget"] == default_budget), None)
-    final = _run_worker(staged / "final", region, target, {best["budget"]: paths[best["budget"]]},
+    ub = target.ub_plan_bytes.value
+    fitting = [c for c in compiled if fits_ub(c.get("ub_bytes"), ub)]
+    if not fitting:
+        least = min((c.get("ub_bytes") or 0 for c in compiled), default=0)
+        return Kernel(region.id, False, f"no tile fits {target.name}'s planned UB of {ub} bytes: "
+                      f"the smallest compiled candidate's leaves need {least}",
+                      source=sources[untuned], cache_key=key)
+    best = min(fitting, key=lambda c: (c["aicore_us"], c["total_us"] or 0, c["budget"],
+                                       c["swapped"]))
+    default = default_candidate(fitting, untuned.budget_bytes)
+    chosen = _policy(best)
+    final = _run_worker(staged / "final", region, target, {chosen: paths[chosen]},
                         arrays, reference, True, timeout)
     result = (final.get("candidates") or [{}])[0]
     if not result.get("compiled"):
-        return Kernel(region.id, False, _failure(final), source=sources[best["budget"]],
-                      cache_key=key)
-    return _kernel_record(region, sources[best["budget"]], key, best, default, result, staged)
+        return Kernel(region.id, False, _failure(final), source=sources[chosen], cache_key=key)
+    return _kernel_record(region, sources[chosen], key, best, default, result, staged)
+
+
+def default_candidate(fitting: list[dict], default_budget: int) -> dict | None:
+    """What an untuned build would run: the default budget in the default orientation, or when
+    its leaves overflow the target's UB, the largest smaller budget that fits."""
+    smaller = [c for c in fitting if c["budget"] <= default_budget and not c["swapped"]]
+    return max(smaller, key=lambda c: c["budget"], default=None)
 
 
 def _kernel_record(region, source, key, best, default, result, staged) -> Kernel:
@@ -174,7 +211,7 @@ def _tile(candidate) -> TileResult | None:
     if candidate is None:
         return None
     return TileResult(candidate["budget"], candidate["aicore_us"], candidate["total_us"],
-                      candidate["tasks"])
+                      candidate["tasks"], candidate.get("ub_bytes"), candidate["swapped"])
 
 
 def _failure(result: dict) -> str:
@@ -190,7 +227,8 @@ def _run_worker(folder: Path, region: Region, target: Target, sources: dict, arr
     np.savez(folder / "inputs.npz", **{f"in{i}": a for i, a in enumerate(arrays)})
     np.savez(folder / "reference.npz", **{f"out{i}": a for i, a in enumerate(reference)})
     job = {"function": region.id, "verify": verify,
-           "candidates": [{"budget": b, "source": str(p)} for b, p in sources.items()],
+           "candidates": [{"budget": p.budget_bytes, "swapped": p.swap_transpose_tiles,
+                           "source": str(path)} for p, path in sources.items()],
            "outputs": [{"shape": list(region.tensor_types[o][0]),
                         "dtype": _torch_dtype(region.tensor_types[o][1])} for o in region.outputs]}
     return _run_job(folder, job, target, timeout)
@@ -310,11 +348,11 @@ def unfused_cost_us(region: Region, graph: ImportedGraph, target: Target, cache:
         return 0.0
     ub = target.ub_plan_bytes.value
     try:
-        sources = {(s.id, p.budget_bytes): kernel_source(s, p, constants) for s in singles
-                   for p in candidate_policies(ub, largest_tensor_bytes(s))}
+        sources = {(s.id, p): text for s in singles for p, text in distinct_sources(
+            s, candidate_policies(ub, largest_tensor_bytes(s)), constants).items()}
     except CannotExpress:
         return None
-    key = cache_key(unfused=sorted(f"{k[0]}:{k[1]}:{v}" for k, v in sources.items()),
+    key = cache_key(unfused=sorted(f"{k[0]}:{k[1].name}:{v}" for k, v in sources.items()),
                     target=target.name, pypto=PYPTO_VERSION, format=KERNEL_FORMAT,
                     cost_model=COST_MODEL.get(target.name))
     hit = cache.get(key)
@@ -331,14 +369,15 @@ def unfused_cost_us(region: Region, graph: ImportedGraph, target: Target, cache:
             arrays.update(zip(names[single.id], data))
         np.savez(folder / "inputs.npz", **arrays)
         candidates = []
-        for (single_id, budget), text in sources.items():
-            path = kernel_source_dir() / f"{key[:16]}_{single_id}_{budget}.py"
+        for (single_id, policy), text in sources.items():
+            path = kernel_source_dir() / f"{key[:16]}_{single_id}_{policy.name}.py"
             path.parent.mkdir(parents=True, exist_ok=True)
             if not path.exists():
                 _write_atomically(path, text.encode())
             single = next(s for s in singles if s.id == single_id)
             candidates.append({
-                "budget": budget, "source": str(path), "function": single_id,
+                "budget": policy.budget_bytes, "swapped": policy.swap_transpose_tiles,
+                "source": str(path), "function": single_id,
                 "inputs": names[single_id],
                 "outputs": [{"shape": list(single.tensor_types[o][0]),
                              "dtype": _torch_dtype(single.tensor_types[o][1])}
@@ -347,7 +386,7 @@ def unfused_cost_us(region: Region, graph: ImportedGraph, target: Target, cache:
                                    "outputs": []}, target, timeout)
         best: dict[str, float] = {}
         for c in result.get("candidates", []):
-            if c.get("compiled") and c.get("aicore_us"):
+            if c.get("compiled") and c.get("aicore_us") and fits_ub(c.get("ub_bytes"), ub):
                 best[c["function"]] = min(best.get(c["function"], float("inf")), c["aicore_us"])
         total = sum(best.values()) if len(best) == len(singles) else None
         for bulky in ("run", "pypto_home", "ascend_log"):

@@ -10,6 +10,8 @@ class TileResult:
     aicore_us: float | None
     total_us: float | None
     tasks: int
+    ub_bytes: int | None = None  # UB the compiled leaves allocate at peak
+    swapped_transposes: bool = False  # transpose tiles in the other orientation (tiling.py)
 
 
 @dataclass(frozen=True)

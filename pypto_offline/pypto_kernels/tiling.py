@@ -12,6 +12,11 @@ wants tiles small enough to give every AI core a task (measured on BERT's Add→
 1x16x64 fp32: 7.46 us at the 8 KiB default in 5 tasks, 2.03 us at 2 KiB in 2). Candidates are the
 budgets that give a region's largest tensor between one and ``MAX_TILES`` tiles (plus the default and
 the larger ones), so the search stays a handful of compiles whatever the size.
+
+How many tiles a leaf keeps in UB at once depends on how PyPTO groups the ops into leaf functions,
+which only the compiled program shows. So candidates go up to what two operand tiles (one in, one
+out) allow, and the compiler drops every candidate whose compiled leaves allocate more UB than the
+target plans with (``fits_ub``). The default is planned for four operand tiles.
 """
 from __future__ import annotations
 
@@ -19,19 +24,38 @@ from dataclasses import dataclass
 from math import prod
 
 BLOCK_BYTES = 32
-# Candidates keep four operand tiles (inputs, output, a temporary) inside UB. Tried: two (budgets up
-# to UB/2): single-op kernels gained more than fused ones, and the bundled example's fused kernel
-# fell behind its unfused ops (23.6 against 20.5 us). A wider search wants per-op budgets first.
-MIN_OPERANDS_PER_LEAF = 4
+# The fewest operand tiles a leaf can hold (one in, one out): bounds the largest candidate. Whether
+# a candidate really fits is measured on its compiled program (``fits_ub``).
+CANDIDATE_OPERANDS = 2
+# The default plans for inputs, output and a temporary, so it fits without measuring.
+DEFAULT_OPERANDS = 4
 CANDIDATE_BUDGETS = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
 DEFAULT_BUDGET = 8192
 # Above this many tiles of the largest tensor a smaller budget only adds tasks (and compile time).
-MAX_TILES = 256
+# 1024 keeps 4 KiB for a 2-4 MiB tensor: the best tile of the 1x64x128x128 fp16 Slice->Pad->Tile.
+MAX_TILES = 1024
 
 
 @dataclass(frozen=True)
 class TilePolicy:
     budget_bytes: int
+    # A transpose's tile, as filled for its output, with the two swapped axes' extents exchanged:
+    # the tile then walks the input the way its producer's tiles do. Measured on the bundled
+    # example's Transpose(1,2) of 1x16x64x128 fp32 at 32 KiB: 23.6 -> 17.1 us.
+    swap_transpose_tiles: bool = False
+
+    @property
+    def name(self) -> str:
+        return f"{self.budget_bytes}{'-swapped' if self.swap_transpose_tiles else ''}"
+
+    def transpose_tile(self, out_shape: tuple[int, ...], itemsize: int, i: int, j: int
+                       ) -> tuple[int, ...]:
+        """The tile of a transpose swapping axes ``i`` and ``j``, given its output shape."""
+        tile = list(self.tile(out_shape, itemsize))
+        last = len(out_shape) - 1
+        if self.swap_transpose_tiles and last not in (i, j):  # the last axis keeps its alignment
+            tile[i], tile[j] = min(tile[j], out_shape[i]), min(tile[i], out_shape[j])
+        return tuple(tile)
 
     def tile(self, shape: tuple[int, ...], itemsize: int, whole_axes: tuple[int, ...] = ()
              ) -> tuple[int, ...]:
@@ -54,16 +78,23 @@ class TilePolicy:
         return tuple(tile)
 
 
-def fitting_budgets(ub_plan_bytes: int) -> list[int]:
-    """The budgets that keep a leaf's operand tiles inside the target's UB."""
-    return [b for b in CANDIDATE_BUDGETS if b * MIN_OPERANDS_PER_LEAF <= ub_plan_bytes]
+def fitting_budgets(ub_plan_bytes: int, operands: int = CANDIDATE_OPERANDS) -> list[int]:
+    """The budgets whose ``operands`` tiles fit inside the target's planned UB."""
+    return [b for b in CANDIDATE_BUDGETS if b * operands <= ub_plan_bytes]
+
+
+def fits_ub(ub_bytes: int | None, ub_plan_bytes: int) -> bool:
+    """Whether a compiled candidate's leaves stay within the target's planned UB (a candidate
+    whose program could not be read is not trusted to)."""
+    return ub_bytes is not None and ub_bytes <= ub_plan_bytes
 
 
 def candidate_policies(ub_plan_bytes: int, largest_tensor_bytes: int) -> list[TilePolicy]:
     """Fitting budgets from the one that needs at most ``MAX_TILES`` tiles of the largest tensor
     up to the first that holds it whole. The default and every larger budget stay in (a tensor
     too large for ``MAX_TILES`` tiles still gains from fewer); the report compares against the
-    default."""
+    default. Each budget comes in both transpose-tile orientations; a region without a transpose
+    gives the same source for both, which the compiler compiles once."""
     fitting = fitting_budgets(ub_plan_bytes)
     default = default_policy(ub_plan_bytes).budget_bytes
     chosen, whole = [], False
@@ -73,9 +104,10 @@ def candidate_policies(ub_plan_bytes: int, largest_tensor_bytes: int) -> list[Ti
         if budget * MAX_TILES >= largest_tensor_bytes or budget >= default:
             chosen.append(budget)
         whole = budget >= largest_tensor_bytes
-    return [TilePolicy(b) for b in sorted(set(chosen) | {default})]
+    budgets = sorted(set(chosen) | {default})
+    return [TilePolicy(b, swap) for b in budgets for swap in (False, True)]
 
 
 def default_policy(ub_plan_bytes: int) -> TilePolicy:
-    fitting = fitting_budgets(ub_plan_bytes)
+    fitting = fitting_budgets(ub_plan_bytes, DEFAULT_OPERANDS)
     return TilePolicy(DEFAULT_BUDGET if DEFAULT_BUDGET in fitting else fitting[0])

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+TILE_GRAPH, LEAF_GRAPH = 1, 3  # program.json graphtypes: the tile graph, a leaf (AICore) function
 CYCLES_PER_US = 1800.0  # the simulator's swim-lane time base (1.8 GHz)
 # pypto DataType codes (pypto.DT_*) → bytes per element, for counting copies in program.json
 DT_BYTES = {0: 0.5, 1: 1, 2: 2, 3: 4, 4: 8, 5: 1, 6: 2, 7: 4, 8: 2, 11: 1, 12: 2, 13: 4, 14: 8,
@@ -139,7 +140,7 @@ def copy_traffic(program: dict) -> dict:
     graphs, sized by the UB-side tile's valid shape and its raw tensor's dtype."""
     read = written = 0
     for function in program["functions"]:
-        if function.get("graphtype") != 1:
+        if function.get("graphtype") != TILE_GRAPH:
             continue
         tensors = {t["magic"]: t for t in function["tensors"]}
         dtypes = {r["rawmagic"]: r["datatype"] for r in function["rawtensors"]}
@@ -155,6 +156,19 @@ def copy_traffic(program: dict) -> dict:
             else:
                 written += nbytes
     return {"read": read, "written": written}
+
+
+def ub_peak(program: dict) -> int:
+    """The most Unified Buffer any leaf function of the compiled program allocates: the end of
+    the highest UB range its local tensors occupy."""
+    peak = 0
+    for function in program["functions"]:
+        if function.get("graphtype") != LEAF_GRAPH:
+            continue
+        for tensor in function["tensors"]:
+            if tensor.get("mem_id", -1) >= 0 and tensor.get("mem_range"):
+                peak = max(peak, int(tensor["mem_range"][1]))
+    return peak
 
 
 def verdicts(verify_dir: Path) -> list[dict]:
@@ -228,7 +242,9 @@ def _compile_once(job: dict, candidate: dict, folder: Path, arrays: list, torch)
     result.update(cost_of(run_dirs[-1]))
     program = run_dirs[-1] / "program.json"
     if program.exists():
-        result["gm_bytes"] = copy_traffic(json.loads(program.read_text()))
+        compiled = json.loads(program.read_text())
+        result["gm_bytes"] = copy_traffic(compiled)
+        result["ub_bytes"] = ub_peak(compiled)
     result["outputs"] = [o.numpy().reshape(tuple(spec["shape"])) for o, spec in
                          zip(outputs, job["outputs"])]
     return result
@@ -270,7 +286,8 @@ def run_job(job: dict) -> dict:
                         candidate["source"]: f"kernel/{Path(candidate['source']).name}",
                         str(_pypto_lib().parent): "<pypto>", str(folder): "<build>"}
             _keep_artifacts(Path(result["run_dir"]), folder / "artifacts", portable)
-        results.append({"budget": candidate["budget"], "function": own["function"], **result})
+        results.append({"budget": candidate["budget"], "swapped": candidate.get("swapped", False),
+                        "function": own["function"], **result})
     return {"candidates": results}
 
 
