@@ -60,9 +60,15 @@ def test_a_swapped_transpose_tile_exchanges_the_swapped_axes_only():
     out_shape = (1, 64, 16, 128)  # Transpose(1,2) of 1x16x64x128 fp32, the bundled example's
     assert TilePolicy(32768).transpose_tile(out_shape, 4, 1, 2) == (1, 4, 16, 128)
     assert TilePolicy(32768, True).transpose_tile(out_shape, 4, 1, 2) == (1, 16, 4, 128)
-    # the last axis keeps its 32-byte alignment: a swap with it is left alone
-    assert TilePolicy(32768, True).transpose_tile((4, 96), 4, 0, 1) == \
-        TilePolicy(32768).transpose_tile((4, 96), 4, 0, 1)
+
+
+@pytest.mark.parametrize("budget", [1024, 8192, 32768])
+def test_a_swap_with_the_last_axis_gets_a_square_block_aligned_on_both_sides(budget):
+    out_shape = (1, 80, 3000)  # whisper's log-mel Transpose(1,2): rows of 3000 fp32
+    assert TilePolicy(budget).transpose_tile(out_shape, 4, 1, 2)[2] == 3000  # whole rows
+    tile = TilePolicy(budget, True).transpose_tile(out_shape, 4, 1, 2)
+    assert tile[1] * 4 % 32 == 0 and tile[2] * 4 % 32 == 0  # each is the last axis on one side
+    assert tile[1] * tile[2] * 4 <= budget and tile[1] <= 80 and tile[2] < 3000
 
 
 def test_a_candidate_fits_only_if_its_measured_ub_does():

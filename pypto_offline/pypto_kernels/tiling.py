@@ -21,7 +21,7 @@ target plans with (``fits_ub``). The default is planned for four operand tiles.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from math import prod
+from math import isqrt, prod
 
 BLOCK_BYTES = 32
 # The fewest operand tiles a leaf can hold (one in, one out): bounds the largest candidate. Whether
@@ -39,9 +39,12 @@ MAX_TILES = 1024
 @dataclass(frozen=True)
 class TilePolicy:
     budget_bytes: int
-    # A transpose's tile, as filled for its output, with the two swapped axes' extents exchanged:
-    # the tile then walks the input the way its producer's tiles do. Measured on the bundled
-    # example's Transpose(1,2) of 1x16x64x128 fp32 at 32 KiB: 23.6 -> 17.1 us.
+    # The other transpose-tile orientation. Without the last axis: the tile filled for the output
+    # with the two swapped axes' extents exchanged, so it walks the input the way its producer's
+    # tiles do (the bundled example's Transpose(1,2) of 1x16x64x128 fp32 at 32 KiB: 23.6 ->
+    # 17.1 us). With the last axis: a square block of the two axes, aligned on both (each is the
+    # last axis on one side), where the output-filled tile keeps whole rows: whisper's 80x3000
+    # Transpose then takes 1x3000 rows of the output, whose input side pads to 195 KiB of UB.
     swap_transpose_tiles: bool = False
 
     @property
@@ -53,8 +56,25 @@ class TilePolicy:
         """The tile of a transpose swapping axes ``i`` and ``j``, given its output shape."""
         tile = list(self.tile(out_shape, itemsize))
         last = len(out_shape) - 1
-        if self.swap_transpose_tiles and last not in (i, j):  # the last axis keeps its alignment
-            tile[i], tile[j] = min(tile[j], out_shape[i]), min(tile[i], out_shape[j])
+        if not self.swap_transpose_tiles:
+            return tuple(tile)
+        if last in (i, j):
+            return self._square_tile(out_shape, itemsize, i + j - last)
+        tile[i], tile[j] = min(tile[j], out_shape[i]), min(tile[i], out_shape[j])
+        return tuple(tile)
+
+    def _square_tile(self, shape: tuple[int, ...], itemsize: int, other: int) -> tuple[int, ...]:
+        """A block of the last axis and ``other``, both multiples of 32 bytes, within the budget;
+        the axes before them filled with what is left."""
+        align = max(BLOCK_BYTES // itemsize, 1)
+        side = max(align, isqrt(self.budget_bytes // itemsize) // align * align)
+        tile = [1] * len(shape)
+        for axis in (len(shape) - 1, other):
+            tile[axis] = min(side, -(-shape[axis] // align) * align)
+        for axis in range(len(shape) - 2, -1, -1):
+            if axis != other:
+                room = (self.budget_bytes // itemsize) // max(prod(tile), 1)
+                tile[axis] = max(1, min(shape[axis], room))
         return tuple(tile)
 
     def tile(self, shape: tuple[int, ...], itemsize: int, whole_axes: tuple[int, ...] = ()
