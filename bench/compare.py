@@ -11,7 +11,8 @@ Per model, on the corpus input shapes, all in one run:
 - kernels are counted the same way for every graph: one per node, reshape-likes free;
 - per target: GM bytes before / after / lower bound, PyPTO cost model fused against one kernel per
   op, tuned against default tiles;
-- compile time (warm cache for every model; cold, on a fresh cache, for ``--cold-models``) against
+- compile time (warm cache for every model; for ``--cold-models``, cold on a fresh cache and warm
+  on the cache that cold build filled) against
   onnxslim and IREE, and the peak memory of each compile (largest process of the compile's tree).
 Ratios only: no absolute time is a threshold. Writes compare.md, compare.json and PNG plots.
 """
@@ -179,8 +180,9 @@ def bench_model(name: str, targets: list[str], cache: Path, cold: bool, with_ire
         row = {"model": name, "baselines": baselines(name, folder, with_iree), "targets": {}}
         for target in targets:
             entry = {}
-            if cold:
-                entry["cold"] = ours(name, target, folder / "fresh-cache", folder)
+            if cold:  # warm then means: the same build again, on the cache the cold one filled
+                cache = folder / f"fresh-cache-{target}"
+                entry["cold"] = ours(name, target, cache, folder)
             entry["warm"] = ours(name, target, cache, folder)
             if "error" not in entry["warm"] and entry["warm"]["kernel_cache"]["compiled"]:
                 entry["warm"] = ours(name, target, cache, folder)  # the first run filled it

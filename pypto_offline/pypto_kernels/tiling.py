@@ -3,9 +3,8 @@
 A policy is a byte budget per operand tile. For an output shape it fills the tile from the
 innermost axis outwards: the last axis rounded up to 32 bytes (PyPTO's data-movement tiles need
 ``lastDimBytes % 32 == 0``), then outer axes while the budget lasts. Axes an op needs whole (the
-concat axis, both axes of a swap) are taken whole first. The budgets tried keep every leaf's operand
-tiles inside the target's UB less a margin; the cost model charges per task, so the best budget is
-found by compiling candidates (``search``).
+concat axis) are taken whole first; a transpose has two orientations (``transpose_tile``). The cost
+model charges per task, so the best budget is found by compiling candidates (``search``).
 
 Both directions pay: a large tensor wants large tiles (fewer tasks, each a fixed cost), a small one
 wants tiles small enough to give every AI core a task (measured on BERT's Add→Reshape→Transpose,
@@ -16,7 +15,8 @@ the larger ones), so the search stays a handful of compiles whatever the size.
 How many tiles a leaf keeps in UB at once depends on how PyPTO groups the ops into leaf functions,
 which only the compiled program shows. So candidates go up to what two operand tiles (one in, one
 out) allow, and the compiler drops every candidate whose compiled leaves allocate more UB than the
-target plans with (``fits_ub``). The default is planned for four operand tiles.
+target plans with (``fits_ub``). The default is planned for four operand tiles; it is measured
+too, and shrinks when its leaves need more.
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ BLOCK_BYTES = 32
 # The fewest operand tiles a leaf can hold (one in, one out): bounds the largest candidate. Whether
 # a candidate really fits is measured on its compiled program (``fits_ub``).
 CANDIDATE_OPERANDS = 2
-# The default plans for inputs, output and a temporary, so it fits without measuring.
+# The default plans for inputs, output and a temporary (measured all the same: a leaf may hold more).
 DEFAULT_OPERANDS = 4
 CANDIDATE_BUDGETS = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
 DEFAULT_BUDGET = 8192
