@@ -180,12 +180,13 @@ def bench_model(name: str, targets: list[str], cache: Path, cold: bool, with_ire
         row = {"model": name, "baselines": baselines(name, folder, with_iree), "targets": {}}
         for target in targets:
             entry = {}
-            if cold:  # warm then means: the same build again, on the cache the cold one filled
-                cache = folder / f"fresh-cache-{target}"
-                entry["cold"] = ours(name, target, cache, folder)
-            entry["warm"] = ours(name, target, cache, folder)
+            # cold: a fresh cache, and warm means the same build again on what it filled
+            used = folder / f"fresh-cache-{target}" if cold else cache
+            if cold:
+                entry["cold"] = ours(name, target, used, folder)
+            entry["warm"] = ours(name, target, used, folder)
             if "error" not in entry["warm"] and entry["warm"]["kernel_cache"]["compiled"]:
-                entry["warm"] = ours(name, target, cache, folder)  # the first run filled it
+                entry["warm"] = ours(name, target, used, folder)  # the first run filled it
             row["targets"][target] = entry
     return row
 

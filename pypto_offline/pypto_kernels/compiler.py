@@ -143,19 +143,29 @@ def distinct_sources(region: Region, policies: list[TilePolicy], constants: dict
     return sources
 
 
+def _job_candidate(policy: TilePolicy, source: Path) -> dict:
+    """A tile candidate as the worker takes it (and hands back, with its results)."""
+    return {"budget": policy.budget_bytes, "swapped": policy.swap_transpose_tiles,
+            "source": str(source)}
+
+
 def _policy(candidate: dict) -> TilePolicy:
     return TilePolicy(candidate["budget"], candidate["swapped"])
 
 
+def _write_source(stem: str, text: str) -> Path:
+    """A generated module in the fixed source folder; content-addressed, so written once."""
+    path = kernel_source_dir() / f"{stem}.py"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.exists():
+        _write_atomically(path, text.encode())
+    return path
+
+
 def _build(region, graph, target, cache, constants, sources, untuned, key, staged,
            timeout):
-    paths = {}
-    for policy, text in sources.items():
-        path = kernel_source_dir() / f"{key[:16]}_{policy.name}.py"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if not path.exists():
-            _write_atomically(path, text.encode())
-        paths[policy] = path
+    paths = {policy: _write_source(f"{key[:16]}_{policy.name}", text)
+             for policy, text in sources.items()}
     arrays, reference = _region_data(region, graph, constants)
     searched = _run_worker(staged / "search", region, target, paths, arrays, reference, False,
                            timeout)
@@ -227,8 +237,7 @@ def _run_worker(folder: Path, region: Region, target: Target, sources: dict, arr
     np.savez(folder / "inputs.npz", **{f"in{i}": a for i, a in enumerate(arrays)})
     np.savez(folder / "reference.npz", **{f"out{i}": a for i, a in enumerate(reference)})
     job = {"function": region.id, "verify": verify,
-           "candidates": [{"budget": p.budget_bytes, "swapped": p.swap_transpose_tiles,
-                           "source": str(path)} for p, path in sources.items()],
+           "candidates": [_job_candidate(p, path) for p, path in sources.items()],
            "outputs": [{"shape": list(region.tensor_types[o][0]),
                         "dtype": _torch_dtype(region.tensor_types[o][1])} for o in region.outputs]}
     return _run_job(folder, job, target, timeout)
@@ -370,14 +379,10 @@ def unfused_cost_us(region: Region, graph: ImportedGraph, target: Target, cache:
         np.savez(folder / "inputs.npz", **arrays)
         candidates = []
         for (single_id, policy), text in sources.items():
-            path = kernel_source_dir() / f"{key[:16]}_{single_id}_{policy.name}.py"
-            path.parent.mkdir(parents=True, exist_ok=True)
-            if not path.exists():
-                _write_atomically(path, text.encode())
+            path = _write_source(f"{key[:16]}_{single_id}_{policy.name}", text)
             single = next(s for s in singles if s.id == single_id)
             candidates.append({
-                "budget": policy.budget_bytes, "swapped": policy.swap_transpose_tiles,
-                "source": str(path), "function": single_id,
+                **_job_candidate(policy, path), "function": single_id,
                 "inputs": names[single_id],
                 "outputs": [{"shape": list(single.tensor_types[o][0]),
                              "dtype": _torch_dtype(single.tensor_types[o][1])}
