@@ -1,7 +1,8 @@
 """Side by side with the tools a user would pick instead (not part of the test run).
 
     python -m bench.compare [--models a,b] [--targets kirin9050,ascend910b] [--cache-dir DIR]
-                            [--cold-models a,b] [--no-iree] [--out bench/results/compare] [--update]
+                            [--cold-models a,b] [--keep-cold-caches DIR] [--no-iree]
+                            [--out bench/results/compare] [--update]
 
 Per model, on the corpus input shapes, all in one run:
 - kernels after: pypto-offline against onnxruntime's optimised graph (ORT_ENABLE_EXTENDED and
@@ -174,14 +175,15 @@ def ours(name: str, target: str, cache: Path, folder: Path) -> dict:
             "tile_better": sum(r <= 1 - TILE_GAIN for r in ratios)}
 
 
-def bench_model(name: str, targets: list[str], cache: Path, cold: bool, with_iree: bool) -> dict:
+def bench_model(name: str, targets: list[str], cache: Path, cold: bool, with_iree: bool,
+                keep_cold: Path | None = None) -> dict:
     with tempfile.TemporaryDirectory() as scratch:
         folder = Path(scratch)
         row = {"model": name, "baselines": baselines(name, folder, with_iree), "targets": {}}
         for target in targets:
             entry = {}
             # cold: a fresh cache, and warm means the same build again on what it filled
-            used = folder / f"fresh-cache-{target}" if cold else cache
+            used = _fresh_cache(keep_cold or folder, f"{name}-{target}") if cold else cache
             if cold:
                 entry["cold"] = ours(name, target, used, folder)
             entry["warm"] = ours(name, target, used, folder)
@@ -189,6 +191,14 @@ def bench_model(name: str, targets: list[str], cache: Path, cold: bool, with_ire
                 entry["warm"] = ours(name, target, used, folder)  # the first run filled it
             row["targets"][target] = entry
     return row
+
+
+def _fresh_cache(root: Path, name: str) -> Path:
+    """An empty cache folder for a cold build (kept when under ``--keep-cold-caches``)."""
+    path = root / f"fresh-cache-{name}"
+    if path.exists() and any(path.iterdir()):
+        raise SystemExit(f"{path} is not empty: a cold build needs a fresh cache folder")
+    return path
 
 
 def _fmt_diff(value) -> str:
@@ -302,6 +312,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="kernel cache for the warm builds (default: the user cache)")
     parser.add_argument("--cold-models", default="",
                         help="also compile these on a fresh cache (cold)")
+    parser.add_argument("--keep-cold-caches", type=Path, default=None,
+                        help="keep each cold build's cache in this folder (to reuse its kernels)")
     parser.add_argument("--no-iree", action="store_true")
     parser.add_argument("--out", type=Path, default=Path("bench/results/compare"))
     parser.add_argument("--update", action="store_true",
@@ -314,7 +326,8 @@ def main(argv: list[str] | None = None) -> int:
     cold = set(filter(None, args.cold_models.split(",")))
     rows = []
     for name in args.models.split(","):
-        rows.append(bench_model(name, targets, cache, name in cold, not args.no_iree))
+        rows.append(bench_model(name, targets, cache, name in cold, not args.no_iree,
+                                args.keep_cold_caches))
         print(f"{name}: done", file=sys.stderr, flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     if args.update and (args.out / "compare.json").exists():

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from pypto_offline.pypto_kernels.codegen import float_literal, kernel_source, swaps_for
+from pypto_offline.pypto_kernels.codegen import float_literal, flat_row, kernel_source, swaps_for
 from pypto_offline.pypto_kernels.compiler import default_candidate
 from pypto_offline.pypto_kernels.tiling import (MAX_TILES, TilePolicy, candidate_policies,
                                                 default_policy, fits_ub)
@@ -56,6 +56,12 @@ def test_every_budget_comes_in_both_transpose_tile_orientations():
         {p.budget_bytes for p in policies if not p.swap_transpose_tiles}
 
 
+def test_the_flat_row_layout_is_tried_from_the_default_budget_up():
+    policies = candidate_policies(122880, 1 << 20)
+    assert {p.budget_bytes for p in policies if p.flat_rows} == \
+        {p.budget_bytes for p in policies if p.budget_bytes >= 8192}
+
+
 def test_a_swapped_transpose_tile_exchanges_the_swapped_axes_only():
     out_shape = (1, 64, 16, 128)  # Transpose(1,2) of 1x16x64x128 fp32, the bundled example's
     assert TilePolicy(32768).transpose_tile(out_shape, 4, 1, 2) == (1, 4, 16, 128)
@@ -81,6 +87,12 @@ def test_the_default_tile_shrinks_until_its_leaves_fit():
                for s in (False, True)]  # 8192 overflowed the UB
     assert default_candidate(fitting, 8192) == {"budget": 4096, "swapped": False}
     assert default_candidate([{"budget": 16384, "swapped": False}], 8192) is None
+
+
+def test_the_default_tile_keeps_the_own_shape_layout():
+    fitting = [{"budget": b, "swapped": False, "flat": f} for b in (4096, 8192)
+               for f in (True, False)]
+    assert default_candidate(fitting, 8192) == {"budget": 8192, "swapped": False, "flat": False}
 
 
 def test_ub_peak_reads_the_highest_range_a_leaf_allocates():
@@ -136,3 +148,33 @@ def test_pad_on_any_side_or_value_uses_full_blocks():
     for pads, value in (([1, 0, 0, 8], 0.0), ([0, 0, 0, 8], 1.5)):
         source = _source_for(pads, value)
         assert "pypto.full(" in source and "pypto.pad(" not in source
+
+
+def _silu_region(shape, bias_shape=None):
+    """nudenet's SiLU (x * sigmoid(x)), with a broadcast Add in front when ``bias_shape``."""
+    b = GraphBuilder()
+    x = b.input("x", shape)
+    if bias_shape is not None:
+        x = b.op("Add", [x, b.input("bias", bias_shape)])
+    graph, plan = fuse(b.model(b.op("Mul", [x, b.op("Sigmoid", [x])])))
+    assert len(plan.regions) == 1
+    return plan.regions[0], graph.constant_values()
+
+
+def test_an_elementwise_region_runs_on_unpadded_rows_in_its_flat_layout():
+    region, constants = _silu_region([1, 64, 20, 20])  # rows of 20 floats pad to 24
+    assert flat_row(region, constants) == 128  # 512-byte rows of fp32; 25600 = 200 x 128
+    flat = kernel_source(region, TilePolicy(8192, flat_rows=True), constants)
+    compile(flat, "kernel.py", "exec")
+    assert "pypto.reshape(in0, [200, 128])" in flat
+    assert "pypto.set_vec_tile_shapes(16, 128)" in flat  # 8 KiB of whole rows, none padded
+    assert "[200, 128]" not in kernel_source(region, TilePolicy(8192), constants)
+
+
+@pytest.mark.parametrize("shape,bias", [([1, 64, 20, 20], [1, 64, 1, 1]),  # broadcasts
+                                        ([1, 3, 5, 5], None)])  # 75 floats: no aligned row
+def test_a_region_that_broadcasts_or_has_no_aligned_row_keeps_its_own_layout(shape, bias):
+    region, constants = _silu_region(shape, bias)
+    assert flat_row(region, constants) is None
+    assert kernel_source(region, TilePolicy(8192, flat_rows=True), constants) == \
+        kernel_source(region, TilePolicy(8192), constants)  # compiled once (distinct_sources)

@@ -154,7 +154,8 @@ def _tile(tile) -> ptom_pb2.TileChoice | None:
     return ptom_pb2.TileChoice(budget_bytes=tile.budget_bytes, aicore_us=tile.aicore_us or 0.0,
                                total_us=tile.total_us or 0.0, tasks=tile.tasks,
                                ub_bytes=tile.ub_bytes or 0,
-                               swapped_transposes=tile.swapped_transposes)
+                               swapped_transposes=tile.swapped_transposes,
+                               flat_rows=tile.flat_rows)
 
 
 def _kernel_message(region: Region, kernel: Kernel) -> ptom_pb2.Kernel:

@@ -24,7 +24,7 @@ import onnx
 
 from pypto_offline.fusion.records import Region, RegionOp
 from pypto_offline.pypto_kernels.folding import fold_broadcast, fold_transpose
-from pypto_offline.pypto_kernels.tiling import TilePolicy
+from pypto_offline.pypto_kernels.tiling import BLOCK_BYTES, TilePolicy
 
 PYPTO_DTYPES = {
     onnx.TensorProto.FLOAT: "pypto.DT_FP32", onnx.TensorProto.FLOAT16: "pypto.DT_FP16",
@@ -38,6 +38,12 @@ UNARY = {"Relu": "relu", "Sigmoid": "sigmoid", "Exp": "exp", "Neg": "neg", "Abs"
 BINARY = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "Max": "maximum",
           "Min": "minimum"}
 COMMUTATIVE = frozenset({"Add", "Mul", "Max", "Min"})
+# Ops that map element i of their inputs to element i of their output, whatever the layout.
+FLAT_OPS = frozenset(UNARY) | frozenset(BINARY) | {"Clip", "Cast", "Reciprocal", "Where",
+                                                   "Reshape", "Identity"}
+# The row length hardly matters (256 B to 2 KiB rows gave the same tasks and times on nudenet's
+# 1x128x10x10 SiLU); what pays is that no row pads.
+FLAT_ROW_BYTES = 512
 MAX_CONCAT_INPUTS = 128  # PyPTO's documented limit for one concat
 FLT_MAX = 3.4028234663852886e38
 
@@ -62,6 +68,14 @@ class _Writer:
     names: dict[str, tuple[str, tuple[int, ...]]] = field(default_factory=dict)
     _reshaped: dict[tuple[str, tuple[int, ...]], str] = field(default_factory=dict)
     _count: int = 0
+    # The row length, in elements, of a purely elementwise region the policy lays out in rows
+    # (``flat_row``); None: each op runs on its own (rank-folded) shape. All its tensors have
+    # the same element count.
+    row: int | None = None
+
+    def flat(self, tensor: str) -> list[int]:
+        """The tensor as rows of ``row`` elements."""
+        return [prod(self.shape(tensor)) // self.row, self.row]
 
     def shape(self, tensor: str) -> tuple[int, ...]:
         return tuple(self.region.tensor_types[tensor][0])
@@ -136,6 +150,8 @@ def pypto_dtype(dtype: int) -> str:
 def kernel_source(region: Region, policy: TilePolicy, constants: Mapping[str, np.ndarray]) -> str:
     """The module text; ``constants`` are region inputs known at compile time (inlined if scalar)."""
     w = _Writer(region, policy, constants)
+    if policy.flat_rows:
+        w.row = flat_row(region, constants)
     arguments = []
     for index, tensor in enumerate(region.inputs):
         if _is_scalar_constant(tensor, constants):
@@ -168,6 +184,26 @@ def kernel_source(region: Region, policy: TilePolicy, constants: Mapping[str, np
         f"def {region.id}({', '.join(arguments)}):",
     ]
     return "\n".join(header + w.lines) + "\n"
+
+
+def flat_row(region: Region, constants: Mapping[str, np.ndarray]) -> int | None:
+    """The row length (elements, ``FLAT_ROW_BYTES`` at most, 32-byte aligned) in which a purely
+    elementwise region can run on its elements laid out in rows, or None. Purely elementwise:
+    every op maps element i of its inputs to element i of its output, so every tensor has the
+    same element count and nothing broadcasts. (A Split would qualify on paper, but viewing rows
+    of a computed tensor made PyPTO spill it to GM: nudenet's SiLU->Split read and wrote 2-4x
+    its lower bound.)"""
+    if any(op.op_type not in FLAT_OPS for op in region.simplified):
+        return None
+    tensors = [t for t in region.tensor_types if not _is_scalar_constant(t, constants)]
+    counts = {prod(region.tensor_types[t][0]) for t in tensors}
+    if len(counts) != 1:
+        return None
+    count = counts.pop()
+    itemsizes = [itemsize_of(region.tensor_types[t][1]) for t in tensors]
+    align = max(BLOCK_BYTES // min(itemsizes), 1)
+    widest = max(align, FLAT_ROW_BYTES // max(itemsizes) // align * align)
+    return next((n for n in range(widest, 0, -align) if count % n == 0), None)
 
 
 def _annotation(w: _Writer, tensor: str) -> str:
@@ -303,6 +339,8 @@ def _broadcast_to(w: _Writer, tensor: str, shape, own=None) -> str:
 
 def _compute_shape(w: _Writer, out: str, inputs) -> tuple[list[int], list]:
     """Where a broadcasting op runs: its output shape, folded when above PyPTO's rank."""
+    if w.row is not None:  # nothing broadcasts in a flat region (``flat_row``)
+        return w.flat(out), [w.flat(out)] * len(inputs)
     shape = list(w.shape(out)) or [1]
     if len(shape) <= MAX_RANK:
         return shape, [None] * len(inputs)
@@ -409,6 +447,8 @@ def _where(w: _Writer, op: RegionOp) -> None:
 
 def _elementwise_shape(w: _Writer, tensor: str) -> list[int]:
     """An elementwise op runs on any row-major shape of its tensor: fold the leading axes."""
+    if w.row is not None:
+        return w.flat(tensor)
     shape = list(w.shape(tensor)) or [1]
     return shape if len(shape) <= MAX_RANK else [prod(shape[:-3])] + shape[-3:]
 

@@ -146,11 +146,11 @@ def distinct_sources(region: Region, policies: list[TilePolicy], constants: dict
 def _job_candidate(policy: TilePolicy, source: Path) -> dict:
     """A tile candidate as the worker takes it (and hands back, with its results)."""
     return {"budget": policy.budget_bytes, "swapped": policy.swap_transpose_tiles,
-            "source": str(source)}
+            "flat": policy.flat_rows, "source": str(source)}
 
 
 def _policy(candidate: dict) -> TilePolicy:
-    return TilePolicy(candidate["budget"], candidate["swapped"])
+    return TilePolicy(candidate["budget"], candidate["swapped"], candidate.get("flat", False))
 
 
 def _write_source(stem: str, text: str) -> Path:
@@ -181,7 +181,7 @@ def _build(region, graph, target, cache, constants, sources, untuned, key, stage
                       f"the smallest compiled candidate's leaves need {least}",
                       source=sources[untuned], cache_key=key)
     best = min(fitting, key=lambda c: (c["aicore_us"], c["total_us"] or 0, c["budget"],
-                                       c["swapped"]))
+                                       c["swapped"], c.get("flat", False)))
     default = default_candidate(fitting, untuned.budget_bytes)
     chosen = _policy(best)
     final = _run_worker(staged / "final", region, target, {chosen: paths[chosen]},
@@ -193,9 +193,10 @@ def _build(region, graph, target, cache, constants, sources, untuned, key, stage
 
 
 def default_candidate(fitting: list[dict], default_budget: int) -> dict | None:
-    """What an untuned build would run: the default budget in the default orientation, or when
-    its leaves overflow the target's UB, the largest smaller budget that fits."""
-    smaller = [c for c in fitting if c["budget"] <= default_budget and not c["swapped"]]
+    """What an untuned build would run: the default budget in the default orientation and
+    layout, or when its leaves overflow the target's UB, the largest smaller budget that fits."""
+    smaller = [c for c in fitting if c["budget"] <= default_budget and not c["swapped"]
+               and not c.get("flat", False)]
     return max(smaller, key=lambda c: c["budget"], default=None)
 
 
@@ -221,7 +222,8 @@ def _tile(candidate) -> TileResult | None:
     if candidate is None:
         return None
     return TileResult(candidate["budget"], candidate["aicore_us"], candidate["total_us"],
-                      candidate["tasks"], candidate.get("ub_bytes"), candidate["swapped"])
+                      candidate["tasks"], candidate.get("ub_bytes"), candidate["swapped"],
+                      candidate.get("flat", False))
 
 
 def _failure(result: dict) -> str:

@@ -12,6 +12,7 @@ class TileResult:
     tasks: int
     ub_bytes: int | None = None  # UB the compiled leaves allocate at peak
     swapped_transposes: bool = False  # transpose tiles in the other orientation (tiling.py)
+    flat_rows: bool = False  # an elementwise region run on rows of its elements (tiling.py)
 
 
 @dataclass(frozen=True)

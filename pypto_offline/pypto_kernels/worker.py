@@ -287,7 +287,7 @@ def run_job(job: dict) -> dict:
                         str(_pypto_lib().parent): "<pypto>", str(folder): "<build>"}
             _keep_artifacts(Path(result["run_dir"]), folder / "artifacts", portable)
         results.append({"budget": candidate["budget"], "swapped": candidate.get("swapped", False),
-                        "function": own["function"], **result})
+                        "flat": candidate.get("flat", False), "function": own["function"], **result})
     return {"candidates": results}
 
 
