@@ -304,6 +304,17 @@ def plots(rows: list[dict], targets: list[str], out: Path) -> None:
     plt.close(fig)
 
 
+def merged(previous: list[dict], fresh: list[dict]) -> list[dict]:
+    """``previous`` rows with this run's in their place: a model's targets measured now replace
+    the same targets, its other targets stay (the baselines are this run's)."""
+    by_model = {row["model"]: row for row in previous}
+    for row in fresh:
+        old = by_model.get(row["model"], {"targets": {}})
+        by_model[row["model"]] = {**row, "targets": {**old["targets"], **row["targets"]}}
+    order = list(corpus.MODELS)
+    return sorted(by_model.values(), key=lambda row: order.index(row["model"]))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(corpus.MODELS))
@@ -317,7 +328,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-iree", action="store_true")
     parser.add_argument("--out", type=Path, default=Path("bench/results/compare"))
     parser.add_argument("--update", action="store_true",
-                        help="keep the other models' rows already in OUT/compare.json")
+                        help="keep the other models' and targets' rows already in "
+                        "OUT/compare.json")
     args = parser.parse_args(argv)
     from pypto_offline.pypto_kernels.cache import default_cache_dir
 
@@ -331,11 +343,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name}: done", file=sys.stderr, flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     if args.update and (args.out / "compare.json").exists():
-        fresh = {r["model"] for r in rows}
-        kept = [r for r in json.loads((args.out / "compare.json").read_text())
-                if r["model"] not in fresh]
-        order = list(corpus.MODELS)
-        rows = sorted(kept + rows, key=lambda r: order.index(r["model"]))
+        rows = merged(json.loads((args.out / "compare.json").read_text()), rows)
+        targets = list(dict.fromkeys(t for row in rows for t in row["targets"]))
     (args.out / "compare.json").write_text(json.dumps(rows, indent=1, default=str))
     table = markdown(rows, targets)
     (args.out / "compare.md").write_text(table + "\n")
