@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import astuple
 from pathlib import Path
 from types import MappingProxyType
 
@@ -144,7 +145,8 @@ def distinct_sources(region: Region, policies: list[TilePolicy], constants: dict
 
 
 def _job_candidate(policy: TilePolicy, source: Path) -> dict:
-    """A tile candidate as the worker takes it (and hands back, with its results)."""
+    """A tile candidate as the worker takes it (and hands back, with its results). The policy
+    fields are named here and read back in ``_policy`` only."""
     return {"budget": policy.budget_bytes, "swapped": policy.swap_transpose_tiles,
             "flat": policy.flat_rows, "source": str(source)}
 
@@ -180,8 +182,8 @@ def _build(region, graph, target, cache, constants, sources, untuned, key, stage
         return Kernel(region.id, False, f"no tile fits {target.name}'s planned UB of {ub} bytes: "
                       f"the smallest compiled candidate's leaves need {least}",
                       source=sources[untuned], cache_key=key)
-    best = min(fitting, key=lambda c: (c["aicore_us"], c["total_us"] or 0, c["budget"],
-                                       c["swapped"], c.get("flat", False)))
+    best = min(fitting, key=lambda c: (c["aicore_us"], c["total_us"] or 0,
+                                       astuple(_policy(c))))
     default = default_candidate(fitting, untuned.budget_bytes)
     chosen = _policy(best)
     final = _run_worker(staged / "final", region, target, {chosen: paths[chosen]},
@@ -195,8 +197,8 @@ def _build(region, graph, target, cache, constants, sources, untuned, key, stage
 def default_candidate(fitting: list[dict], default_budget: int) -> dict | None:
     """What an untuned build would run: the default budget in the default orientation and
     layout, or when its leaves overflow the target's UB, the largest smaller budget that fits."""
-    smaller = [c for c in fitting if c["budget"] <= default_budget and not c["swapped"]
-               and not c.get("flat", False)]
+    smaller = [c for c in fitting
+               if c["budget"] <= default_budget and _policy(c) == TilePolicy(c["budget"])]
     return max(smaller, key=lambda c: c["budget"], default=None)
 
 
@@ -221,9 +223,10 @@ def _kernel_record(region, source, key, best, default, result, staged) -> Kernel
 def _tile(candidate) -> TileResult | None:
     if candidate is None:
         return None
-    return TileResult(candidate["budget"], candidate["aicore_us"], candidate["total_us"],
-                      candidate["tasks"], candidate.get("ub_bytes"), candidate["swapped"],
-                      candidate.get("flat", False))
+    policy = _policy(candidate)
+    return TileResult(policy.budget_bytes, candidate["aicore_us"], candidate["total_us"],
+                      candidate["tasks"], candidate.get("ub_bytes"),
+                      policy.swap_transpose_tiles, policy.flat_rows)
 
 
 def _failure(result: dict) -> str:

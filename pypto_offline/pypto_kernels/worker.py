@@ -255,6 +255,10 @@ def _first_line(error: BaseException) -> str:
     return f"{type(error).__name__}: {lines[0][:300] if lines else ''}"
 
 
+# What a candidate says about the kernel it compiles, as opposed to its tile policy.
+KERNEL_FIELDS = ("source", "function", "inputs", "outputs")
+
+
 def run_job(job: dict) -> dict:
     folder = Path(job["folder"])
     prepare_environment(folder, job.get("cost_model_arch"), job.get("device_platform"))
@@ -286,8 +290,9 @@ def run_job(job: dict) -> dict:
                         candidate["source"]: f"kernel/{Path(candidate['source']).name}",
                         str(_pypto_lib().parent): "<pypto>", str(folder): "<build>"}
             _keep_artifacts(Path(result["run_dir"]), folder / "artifacts", portable)
-        results.append({"budget": candidate["budget"], "swapped": candidate.get("swapped", False),
-                        "flat": candidate.get("flat", False), "function": own["function"], **result})
+        # handed back as given (its tile policy, whatever fields it has), less the kernel itself
+        tile = {k: v for k, v in candidate.items() if k not in KERNEL_FIELDS}
+        results.append({**tile, "function": own["function"], **result})
     return {"candidates": results}
 
 
