@@ -203,3 +203,25 @@ def test_a_region_that_simplifies_to_a_rename_compiles_as_one_copy(tmp_path):
                                 search=False)
     assert kernel.compiled and kernel.functional_ok
     assert kernel.gm_bytes == plan.regions[0].fused.gm_bytes  # read once, written once
+
+
+def test_the_unfused_baseline_measures_regions_in_parallel(monkeypatch, tmp_path):
+    """With --jobs 2 two baseline regions are measured at once, like the kernels: the baseline
+    holds most of a cold build's PyPTO compiles. Costs come back by region id, in plan order.
+    (No PyPTO here: this is about scheduling only.)"""
+    import threading
+    from types import SimpleNamespace
+
+    from pypto_offline.pypto_kernels import compiler
+
+    both_running = threading.Barrier(2, timeout=10)
+
+    def cost(region, *_):
+        both_running.wait()  # raises BrokenBarrierError if the other region never starts
+        return {"a": 1.5, "b": None}[region.id]
+
+    monkeypatch.setattr(compiler, "unfused_cost_us", cost)
+    plan = SimpleNamespace(regions=[SimpleNamespace(id="a"), SimpleNamespace(id="b")])
+    graph = SimpleNamespace(constant_values=dict)
+    costs = compiler.unfused_costs(graph, plan, TARGETS["kirin9050"], cache_dir=tmp_path, jobs=2)
+    assert list(costs.items()) == [("a", 1.5), ("b", None)]

@@ -20,9 +20,9 @@ from pypto_offline.fusion import FusionPlan, Region, plan_fusion, without_region
 from pypto_offline.fusion.records import CANNOT_EXPRESS, FAILED_CHECK, RegionOp
 from pypto_offline.importer import ImportedGraph, import_model
 from pypto_offline.offline_compiler import ptom_pb2
-from pypto_offline.pypto_kernels import Kernel, KernelCache, compile_kernels
+from pypto_offline.pypto_kernels import Kernel, compile_kernels
 from pypto_offline.pypto_kernels.compiler import (DEFAULT_TIMEOUT_S, PYPTO_VERSION,
-                                                  unfused_cost_us)
+                                                  unfused_costs)
 from pypto_offline.targets import Target
 
 Progress = Callable[[str], None]
@@ -81,7 +81,8 @@ def build(source, target: Target, options: BuildOptions, progress: Progress = la
     failed = {k.region_id: (_category(k), k.fallback_reason) for k in kernels if not k.compiled}
     shipped = without_regions(plan, graph, target, failed) if failed else plan
     progress("measuring the unfused baseline")
-    unfused_us = _unfused_baseline(shipped, graph, target, options)
+    unfused_us = unfused_costs(graph, shipped, target, cache_dir=options.cache_dir,
+                               jobs=options.jobs, timeout=options.kernel_timeout_s)
     message = ptom_pb2.CompiledModel(
         target=_target_descriptor(target),
         provenance=_provenance(__version__, raw, name, options),
@@ -108,14 +109,6 @@ def _require_static_inputs(graph: ImportedGraph, name: str) -> None:
 
 def _category(kernel: Kernel) -> str:
     return CANNOT_EXPRESS if kernel.fallback_reason.startswith("cannot express") else FAILED_CHECK
-
-
-def _unfused_baseline(plan: FusionPlan, graph: ImportedGraph, target: Target,
-                      options: BuildOptions) -> dict[str, float | None]:
-    cache = KernelCache(options.cache_dir)
-    constants = graph.constant_values()
-    return {r.id: unfused_cost_us(r, graph, target, cache, constants, options.kernel_timeout_s)
-            for r in plan.regions}
 
 
 def _target_descriptor(target: Target) -> ptom_pb2.TargetDescriptor:

@@ -82,10 +82,27 @@ def compile_kernels(graph: ImportedGraph, plan: FusionPlan, target: Target, *,
                     timeout: float = DEFAULT_TIMEOUT_S) -> list[Kernel]:
     cache = KernelCache(cache_dir)
     constants = graph.constant_values()
-    compile_one = lambda region: compile_region(  # noqa: E731 - threads only wait on processes
-        region, graph, target, cache, constants, search=search, timeout=timeout)
+    return _each_region(plan.regions, jobs, lambda region: compile_region(
+        region, graph, target, cache, constants, search=search, timeout=timeout))
+
+
+def unfused_costs(graph: ImportedGraph, plan: FusionPlan, target: Target, *,
+                  cache_dir: Path | None = None, jobs: int = 2,
+                  timeout: float = DEFAULT_TIMEOUT_S) -> dict[str, float | None]:
+    """``unfused_cost_us`` of every region, by region id, on ``jobs`` parallel compiles like
+    the kernels themselves: the baseline holds most of a cold build's PyPTO compiles."""
+    cache = KernelCache(cache_dir)
+    constants = graph.constant_values()
+    costs = _each_region(plan.regions, jobs, lambda region: unfused_cost_us(
+        region, graph, target, cache, constants, timeout))
+    return {region.id: cost for region, cost in zip(plan.regions, costs)}
+
+
+def _each_region(regions, jobs: int, work) -> list:
+    """``work`` of each region, in region order, ``jobs`` at a time: threads are enough, as
+    each only waits on its PyPTO worker process."""
     with ThreadPoolExecutor(max(1, jobs)) as pool:
-        return list(pool.map(compile_one, plan.regions))
+        return list(pool.map(work, regions))
 
 
 def largest_tensor_bytes(region: Region) -> int:
@@ -349,7 +366,7 @@ def _load(entry: Path, from_cache: bool) -> Kernel:
 
 
 __all__ = ["compile_kernels", "compile_region", "region_model", "single_op_regions",
-           "unfused_cost_us"]
+           "unfused_cost_us", "unfused_costs"]
 
 
 def unfused_cost_us(region: Region, graph: ImportedGraph, target: Target, cache: KernelCache,
