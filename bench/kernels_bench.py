@@ -23,17 +23,12 @@ from pathlib import Path
 from bench import corpus
 from pypto_offline import import_model
 from pypto_offline.fusion import plan_fusion
-from pypto_offline.fusion.records import Region
-from pypto_offline.pypto_kernels import KernelCache, compile_kernels
-from pypto_offline.pypto_kernels.compiler import unfused_cost_us
+from pypto_offline.pypto_kernels import compile_kernels
+from pypto_offline.pypto_kernels.compiler import unfused_costs
 from pypto_offline.targets import TARGETS
 
 GM_SLACK = 1.05
 TILE_GAIN = 0.20
-
-
-def unfused_time(region: Region, graph, target, cache) -> float | None:
-    return unfused_cost_us(region, graph, target, cache, graph.constant_values())
 
 
 def bench_model(name: str, target, cache_dir: Path, jobs: int, sample: int) -> dict:
@@ -57,11 +52,11 @@ def bench_model(name: str, target, cache_dir: Path, jobs: int, sample: int) -> d
         rows.append(row)
     compiled = [r for r in rows if r["compiled"]]
     sampled = sorted(compiled, key=lambda r: -len(r["ops"]))[:sample]
-    cache = KernelCache(cache_dir)
+    baselines = unfused_costs(graph, [regions[row["region"]] for row in sampled], target,
+                              cache_dir=cache_dir, jobs=jobs)
     for row in sampled:
-        baseline = unfused_time(regions[row["region"]], graph, target, cache)
-        if baseline is not None:
-            row["unfused_us"] = baseline
+        if baselines[row["region"]] is not None:
+            row["unfused_us"] = baselines[row["region"]]
     return {"model": name, "regions": len(rows), "compiled": len(compiled),
             "fell_back": [(r["region"], r["reason"]) for r in rows if not r["compiled"]],
             "compile_seconds": round(seconds, 1), "kernels": rows}
@@ -85,7 +80,7 @@ def anchor_slice_pad_tile(target, cache_dir: Path) -> dict:
     graph = import_model(b.model(tiled))
     plan = plan_fusion(graph, target)
     (kernel,) = compile_kernels(graph, plan, target, cache_dir=cache_dir)
-    unfused = unfused_time(plan.regions[0], graph, target, KernelCache(cache_dir))
+    (unfused,) = unfused_costs(graph, plan.regions, target, cache_dir=cache_dir).values()
     return {"fused_us": kernel.tuned_tile.aicore_us if kernel.compiled else None,
             "unfused_us": unfused, "compiled": kernel.compiled, "reason": kernel.fallback_reason}
 

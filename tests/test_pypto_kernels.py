@@ -221,7 +221,8 @@ def test_the_unfused_baseline_measures_regions_in_parallel(monkeypatch, tmp_path
         return {"a": 1.5, "b": None}[region.id]
 
     monkeypatch.setattr(compiler, "unfused_cost_us", cost)
-    plan = SimpleNamespace(regions=[SimpleNamespace(id="a"), SimpleNamespace(id="b")])
+    regions = [SimpleNamespace(id="a"), SimpleNamespace(id="b")]
     graph = SimpleNamespace(constant_values=dict)
-    costs = compiler.unfused_costs(graph, plan, TARGETS["kirin9050"], cache_dir=tmp_path, jobs=2)
+    costs = compiler.unfused_costs(graph, regions, TARGETS["kirin9050"], cache_dir=tmp_path,
+                                   jobs=2)
     assert list(costs.items()) == [("a", 1.5), ("b", None)]

@@ -81,7 +81,7 @@ def build(source, target: Target, options: BuildOptions, progress: Progress = la
     failed = {k.region_id: (_category(k), k.fallback_reason) for k in kernels if not k.compiled}
     shipped = without_regions(plan, graph, target, failed) if failed else plan
     progress("measuring the unfused baseline")
-    unfused_us = unfused_costs(graph, shipped, target, cache_dir=options.cache_dir,
+    unfused_us = unfused_costs(graph, shipped.regions, target, cache_dir=options.cache_dir,
                                jobs=options.jobs, timeout=options.kernel_timeout_s)
     message = ptom_pb2.CompiledModel(
         target=_target_descriptor(target),

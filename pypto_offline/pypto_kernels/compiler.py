@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import astuple
 from pathlib import Path
@@ -86,16 +87,16 @@ def compile_kernels(graph: ImportedGraph, plan: FusionPlan, target: Target, *,
         region, graph, target, cache, constants, search=search, timeout=timeout))
 
 
-def unfused_costs(graph: ImportedGraph, plan: FusionPlan, target: Target, *,
+def unfused_costs(graph: ImportedGraph, regions: Sequence[Region], target: Target, *,
                   cache_dir: Path | None = None, jobs: int = 2,
                   timeout: float = DEFAULT_TIMEOUT_S) -> dict[str, float | None]:
-    """``unfused_cost_us`` of every region, by region id, on ``jobs`` parallel compiles like
+    """``unfused_cost_us`` of each region, by region id, on ``jobs`` parallel compiles like
     the kernels themselves: the baseline holds most of a cold build's PyPTO compiles."""
     cache = KernelCache(cache_dir)
     constants = graph.constant_values()
-    costs = _each_region(plan.regions, jobs, lambda region: unfused_cost_us(
+    costs = _each_region(regions, jobs, lambda region: unfused_cost_us(
         region, graph, target, cache, constants, timeout))
-    return {region.id: cost for region, cost in zip(plan.regions, costs)}
+    return {region.id: cost for region, cost in zip(regions, costs)}
 
 
 def _each_region(regions, jobs: int, work) -> list:
