@@ -1,7 +1,8 @@
 """Content-addressed kernel cache, safe when several builds share it.
 
 Key = sha256 over the kernel source, tensor shapes and dtypes, tiling candidates, target and PyPTO
-version. An entry is a folder written under a temporary name and renamed into place in one step:
+version; never a region's or tensor's name, so regions (of one model or several) that do the same
+work share an entry. An entry is a folder written under a temporary name and renamed into place in one step:
 a reader sees a whole entry or none, and when two builds race the first rename wins.
 """
 from __future__ import annotations
@@ -11,6 +12,9 @@ import json
 import os
 import shutil
 import tempfile
+import threading
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 
@@ -27,6 +31,20 @@ class KernelCache:
     def __init__(self, root: Path | None = None):
         self.root = Path(root) if root else default_cache_dir()
         self.root.mkdir(parents=True, exist_ok=True)
+        self._locks: dict[str, threading.Lock] = {}
+        self._locks_guard = threading.Lock()
+
+    @contextmanager
+    def holding(self, keys) -> Iterator[None]:
+        """Within one build, one thread at a time computes an entry: a second region wanting the
+        same key waits and then finds it, instead of compiling it again. Keys are taken in sorted
+        order, so two threads holding several never wait on each other."""
+        with self._locks_guard:
+            locks = [self._locks.setdefault(key, threading.Lock()) for key in sorted(set(keys))]
+        with ExitStack() as stack:
+            for lock in locks:
+                stack.enter_context(lock)
+            yield
 
     def entry(self, key: str) -> Path:
         return self.root / key[:2] / key

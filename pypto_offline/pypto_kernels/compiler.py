@@ -11,6 +11,7 @@ unfused ops, with the reason.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -30,7 +31,8 @@ from onnx import helper
 from pypto_offline.fusion.records import FusionPlan, Region
 from pypto_offline.importer import ImportedGraph
 from pypto_offline.pypto_kernels.cache import KernelCache, cache_key
-from pypto_offline.pypto_kernels.codegen import CannotExpress, itemsize_of, kernel_source
+from pypto_offline.pypto_kernels.codegen import (KERNEL_FUNCTION, CannotExpress, itemsize_of,
+                                                 kernel_source)
 from pypto_offline.pypto_kernels.records import Kernel, TileResult
 from pypto_offline.pypto_kernels.tiling import (TilePolicy, candidate_policies, default_policy,
                                                 fits_ub)
@@ -38,7 +40,7 @@ from pypto_offline.runtime import TOLERANCE, run_model
 from pypto_offline.targets import Target
 
 PYPTO_VERSION = "0.2.0"
-KERNEL_FORMAT = 14  # bump when the generator changes what a cached entry means
+KERNEL_FORMAT = 15  # bump when the generator changes what a cached entry means
 DEFAULT_TIMEOUT_S = 300
 TIMED_OUT = "PyPTO compile did not finish within"
 # ascend950: the cost model can use its A5 tables (pypto-cpu.md §6); everything else is 910B.
@@ -123,24 +125,40 @@ def compile_region(region: Region, graph: ImportedGraph, target: Target, cache: 
     except CannotExpress as why:
         return Kernel(region.id, False, f"cannot express in PyPTO 0.2.0: {why}")
     key = cache_key(sources={p.name: text for p, text in sources.items()},
-                    types={k: [list(v[0]), v[1]] for k, v in sorted(region.tensor_types.items())},
+                    interface=kernel_interface(region, constants),
                     target=target.name, pypto=PYPTO_VERSION, format=KERNEL_FORMAT,
                     default=default.budget_bytes, cost_model=COST_MODEL.get(target.name))
-    hit = cache.get(key) or cache.get(timed_out_key(key, timeout))
-    if hit is not None:
-        return _load(hit, from_cache=True)
-    staged = cache.staging()
-    try:
-        kernel = _build(region, graph, target, cache, constants, sources, default, key, staged,
-                        timeout)
-    except BaseException:
-        shutil.rmtree(staged, ignore_errors=True)
-        raise
-    kernel = Kernel(**{**kernel.__dict__, "compile_seconds": round(time.perf_counter() - started, 3)})
-    if not kernel.compiled and kernel.fallback_reason.startswith(TIMED_OUT):
-        key = timed_out_key(key, timeout)
-    _save(kernel, staged)
-    return _load(cache.put(key, staged), from_cache=False)
+    with cache.holding([key]):
+        hit = cache.get(key) or cache.get(timed_out_key(key, timeout))
+        if hit is not None:
+            return _load(hit, region.id, from_cache=True)
+        staged = cache.staging()
+        try:
+            kernel = _build(region, graph, target, cache, constants, sources, default, key,
+                            staged, timeout)
+        except BaseException:
+            shutil.rmtree(staged, ignore_errors=True)
+            raise
+        kernel = Kernel(**{**kernel.__dict__,
+                           "compile_seconds": round(time.perf_counter() - started, 3)})
+        if not kernel.compiled and kernel.fallback_reason.startswith(TIMED_OUT):
+            key = timed_out_key(key, timeout)
+        _save(kernel, staged)
+        return _load(cache.put(key, staged), region.id, from_cache=False)
+
+
+def kernel_interface(region: Region, constants: dict) -> list:
+    """What a kernel's cache key needs besides its source: the types of its inputs and outputs
+    by position, and the content of the constant arrays it is checked with (tensor names left
+    out, so two regions doing the same work share one entry). The functional check's other
+    inputs are seeded from these types, so the shared entry's check is the one each would run."""
+    def described(tensor: str) -> list:
+        shape, dtype = region.tensor_types[tensor]
+        if tensor in constants and np.asarray(constants[tensor]).size != 1:
+            value = np.ascontiguousarray(constants[tensor])
+            return [list(shape), dtype, hashlib.sha256(value.tobytes()).hexdigest()]
+        return [list(shape), dtype]
+    return [[described(t) for t in region.inputs], [described(t) for t in region.outputs]]
 
 
 def timed_out_key(key: str, timeout: float) -> str:
@@ -259,7 +277,7 @@ def _run_worker(folder: Path, region: Region, target: Target, sources: dict, arr
     folder.mkdir(parents=True)
     np.savez(folder / "inputs.npz", **{f"in{i}": a for i, a in enumerate(arrays)})
     np.savez(folder / "reference.npz", **{f"out{i}": a for i, a in enumerate(reference)})
-    job = {"function": region.id, "verify": verify,
+    job = {"function": KERNEL_FUNCTION, "verify": verify,
            "candidates": [_job_candidate(p, path) for p, path in sources.items()],
            "outputs": [{"shape": list(region.tensor_types[o][0]),
                         "dtype": _torch_dtype(region.tensor_types[o][1])} for o in region.outputs]}
@@ -353,7 +371,8 @@ def _save(kernel: Kernel, staged: Path) -> None:
     (staged / "kernel.json").write_text(json.dumps(record, indent=1, sort_keys=True))
 
 
-def _load(entry: Path, from_cache: bool) -> Kernel:
+def _load(entry: Path, region_id: str, from_cache: bool) -> Kernel:
+    """The entry's kernel as ``region_id``'s: an entry serves every region with the same work."""
     record = json.loads((entry / "kernel.json").read_text())
     for tile in ("default_tile", "tuned_tile"):
         if record[tile] is not None:
@@ -363,7 +382,8 @@ def _load(entry: Path, from_cache: bool) -> Kernel:
     folder = entry / "final" / "artifacts"
     if folder.is_dir():
         artifacts = {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
-    return Kernel(**record, artifacts=artifacts, from_cache=from_cache)
+    return Kernel(**{**record, "region_id": region_id}, artifacts=artifacts,
+                  from_cache=from_cache)
 
 
 __all__ = ["compile_kernels", "compile_region", "region_model", "single_op_regions",
@@ -373,58 +393,67 @@ __all__ = ["compile_kernels", "compile_region", "region_model", "single_op_regio
 def unfused_cost_us(region: Region, graph: ImportedGraph, target: Target, cache: KernelCache,
                     constants: dict, timeout: float = DEFAULT_TIMEOUT_S) -> float | None:
     """PyPTO cost-model time of the region's ops as one kernel each (reshape-likes are free),
-    each at its best tile: the baseline fused kernels are measured against. Cost only, no check;
-    one worker process for the whole region; cached like kernels."""
+    each at its best tile: the baseline fused kernels are measured against. Cost only, no check.
+    Each op's time is cached on its own, so an op that recurs (the same op on the same shapes in
+    another region or model) is compiled once; the region's other ops share one worker process."""
     singles = single_op_regions(region, graph)
     if not singles:
         return 0.0
     ub = target.ub_plan_bytes.value
     try:
-        sources = {(s.id, p): text for s in singles for p, text in distinct_sources(
-            s, candidate_policies(ub, largest_tensor_bytes(s)), constants).items()}
+        sources = {s.id: distinct_sources(s, candidate_policies(ub, largest_tensor_bytes(s)),
+                                          constants) for s in singles}
     except CannotExpress:
         return None
-    key = cache_key(unfused=sorted(f"{k[0]}:{k[1].name}:{v}" for k, v in sources.items()),
-                    target=target.name, pypto=PYPTO_VERSION, format=KERNEL_FORMAT,
-                    cost_model=COST_MODEL.get(target.name))
-    hit = cache.get(key)
-    if hit is not None:
-        return json.loads((hit / "kernel.json").read_text())["unfused_us"]
+    keys = {s.id: cache_key(unfused_op=sorted(f"{p.name}:{t}" for p, t in sources[s.id].items()),
+                            interface=kernel_interface(s, constants), target=target.name,
+                            pypto=PYPTO_VERSION, format=KERNEL_FORMAT,
+                            cost_model=COST_MODEL.get(target.name)) for s in singles}
+    with cache.holding(keys.values()):
+        missing = {keys[s.id]: s for s in singles if cache.get(keys[s.id]) is None}
+        if missing:
+            _measure_single_ops(missing, sources, graph, target, cache, constants, timeout)
+        costs = [json.loads((cache.entry(keys[s.id]) / "kernel.json").read_text())["unfused_us"]
+                 for s in singles]
+    return None if None in costs else sum(costs)
+
+
+def _measure_single_ops(singles: dict[str, Region], sources: dict, graph: ImportedGraph,
+                        target: Target, cache: KernelCache, constants: dict,
+                        timeout: float) -> None:
+    """Compile each op (by cache key) at each of its tiles in one worker process and cache its
+    best time that fits the target's UB, or None when none compiled."""
     staged = cache.staging()
     try:
         folder = staged / "unfused"
         folder.mkdir()
-        arrays, names = {}, {}
-        for single in singles:
+        arrays, candidates = {}, []
+        for key, single in sorted(singles.items()):
             data, _ = _region_data(single, graph, constants)
-            names[single.id] = [f"{single.id}_in{i}" for i in range(len(data))]
-            arrays.update(zip(names[single.id], data))
+            names = [f"{key[:16]}_in{i}" for i in range(len(data))]
+            arrays.update(zip(names, data))
+            for policy, text in sources[single.id].items():
+                path = _write_source(f"{key[:16]}_{policy.name}", text)
+                candidates.append({
+                    **_job_candidate(policy, path), "function": KERNEL_FUNCTION, "op": key,
+                    "inputs": names,
+                    "outputs": [{"shape": list(single.tensor_types[o][0]),
+                                 "dtype": _torch_dtype(single.tensor_types[o][1])}
+                                for o in single.outputs]})
         np.savez(folder / "inputs.npz", **arrays)
-        candidates = []
-        for (single_id, policy), text in sources.items():
-            path = _write_source(f"{key[:16]}_{single_id}_{policy.name}", text)
-            single = next(s for s in singles if s.id == single_id)
-            candidates.append({
-                **_job_candidate(policy, path), "function": single_id,
-                "inputs": names[single_id],
-                "outputs": [{"shape": list(single.tensor_types[o][0]),
-                             "dtype": _torch_dtype(single.tensor_types[o][1])}
-                            for o in single.outputs]})
-        result = _run_job(folder, {"function": "", "verify": False, "candidates": candidates,
-                                   "outputs": []}, target, timeout)
-        best: dict[str, float] = {}
+        result = _run_job(folder, {"function": KERNEL_FUNCTION, "verify": False,
+                                   "candidates": candidates, "outputs": []}, target, timeout)
+        best = {key: None for key in singles}
+        ub = target.ub_plan_bytes.value
         for c in result.get("candidates", []):
             if c.get("compiled") and c.get("aicore_us") and fits_ub(c.get("ub_bytes"), ub):
-                best[c["function"]] = min(best.get(c["function"], float("inf")), c["aicore_us"])
-        total = sum(best.values()) if len(best) == len(singles) else None
-        for bulky in ("run", "pypto_home", "ascend_log"):
-            shutil.rmtree(folder / bulky, ignore_errors=True)
-        (staged / "kernel.json").write_text(json.dumps({"unfused_us": total}))
-        cache.put(key, staged)
-        return total
-    except BaseException:
+                best[c["op"]] = min(best[c["op"]] or float("inf"), c["aicore_us"])
+        for key, us in best.items():
+            entry = cache.staging()
+            (entry / "kernel.json").write_text(json.dumps({"unfused_us": us}))
+            cache.put(key, entry)
+    finally:
         shutil.rmtree(staged, ignore_errors=True)
-        raise
 
 
 def single_op_regions(region: Region, graph: ImportedGraph) -> list[Region]:
