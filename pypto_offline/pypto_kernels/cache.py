@@ -2,8 +2,8 @@
 
 Key = sha256 over the kernel source, tensor shapes and dtypes, tiling candidates, target and PyPTO
 version; never a region's or tensor's name, so regions (of one model or several) that do the same
-work share an entry. An entry is a folder written under a temporary name and renamed into place in one step:
-a reader sees a whole entry or none, and when two builds race the first rename wins.
+work share an entry. An entry is a folder written under a temporary name and renamed into place
+in one step: a reader sees a whole entry or none, and when two builds race the first rename wins.
 """
 from __future__ import annotations
 

@@ -93,7 +93,7 @@ class _Writer:
         name, held = self.names[tensor]
         wanted = tuple(as_shape) if as_shape is not None else self.shape(tensor)
         wanted = wanted or (1,)
-        if held == wanted or _is_scalar_constant(tensor, self.constants):
+        if held == wanted or is_scalar_constant(tensor, self.constants):
             return name
         if len(wanted) > MAX_RANK:
             raise CannotExpress(f"rank {len(wanted)} of {tensor!r} exceeds PyPTO's {MAX_RANK}")
@@ -157,7 +157,7 @@ def kernel_source(region: Region, policy: TilePolicy, constants: Mapping[str, np
         w.row = flat_row(region, constants)
     arguments = []
     for index, tensor in enumerate(region.inputs):
-        if _is_scalar_constant(tensor, constants):
+        if is_scalar_constant(tensor, constants):
             w.hold(tensor, float_literal(np.asarray(constants[tensor]).reshape(-1)[0]), ())
             continue
         w.hold(tensor, f"in{index}", w.shape(tensor))
@@ -198,7 +198,7 @@ def flat_row(region: Region, constants: Mapping[str, np.ndarray]) -> int | None:
     its lower bound.)"""
     if any(op.op_type not in FLAT_OPS for op in region.simplified):
         return None
-    tensors = [t for t in region.tensor_types if not _is_scalar_constant(t, constants)]
+    tensors = [t for t in region.tensor_types if not is_scalar_constant(t, constants)]
     counts = {prod(region.tensor_types[t][0]) for t in tensors}
     if len(counts) != 1:
         return None
@@ -214,7 +214,7 @@ def _annotation(w: _Writer, tensor: str) -> str:
     return f"pypto.Tensor({tuple(shape)!r}, {pypto_dtype(w.dtype(tensor))})"
 
 
-def _is_scalar_constant(tensor: str, constants: Mapping[str, np.ndarray]) -> bool:
+def is_scalar_constant(tensor: str, constants: Mapping[str, np.ndarray]) -> bool:
     return tensor in constants and np.asarray(constants[tensor]).size == 1
 
 
@@ -222,7 +222,7 @@ def _as_tensor(w: _Writer, tensor: str) -> str:
     """A region output must be a tensor value (not an inlined scalar) of PyPTO's rank. An output
     that is a kernel argument itself (the simplified program only renames or reshapes it) is
     copied through a full view: PyPTO refuses ``out[:] = in``."""
-    if _is_scalar_constant(tensor, w.constants):
+    if is_scalar_constant(tensor, w.constants):
         raise CannotExpress(f"output {tensor!r} is a compile-time constant")
     value = w.value(tensor)
     if value.startswith("in"):
@@ -323,7 +323,7 @@ def _tile(w: _Writer, op: RegionOp) -> None:
 def _broadcast_to(w: _Writer, tensor: str, shape, own=None) -> str:
     """The tensor broadcast to ``shape``: reshaped to ``own`` (its shape right-aligned to the
     rank of ``shape``, or a folded form of it), then expanded one axis per call."""
-    if _is_scalar_constant(tensor, w.constants):
+    if is_scalar_constant(tensor, w.constants):
         return w.value(tensor)
     shape = list(shape)
     own = list(own) if own is not None else \
@@ -491,12 +491,12 @@ def _cast(w: _Writer, op: RegionOp) -> None:
 
 def _binary(w: _Writer, op: RegionOp) -> None:
     out = op.outputs[0]
-    if all(_is_scalar_constant(name, w.constants) for name in op.inputs):
+    if all(is_scalar_constant(name, w.constants) for name in op.inputs):
         raise CannotExpress("an op on compile-time constants only")
     shape, owns = _compute_shape(w, out, op.inputs)
     operands = [_broadcast_to(w, name, shape, own) for name, own in zip(op.inputs, owns)]
     function = BINARY[op.op_type]
-    if _is_scalar_constant(op.inputs[0], w.constants):  # PyPTO takes scalars on the right
+    if is_scalar_constant(op.inputs[0], w.constants):  # PyPTO takes scalars on the right
         if op.op_type == "Sub":
             operands = [f"pypto.neg({operands[1]})", operands[0]]
             function = "add"

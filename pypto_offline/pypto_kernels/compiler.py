@@ -31,8 +31,8 @@ from onnx import helper
 from pypto_offline.fusion.records import FusionPlan, Region
 from pypto_offline.importer import ImportedGraph
 from pypto_offline.pypto_kernels.cache import KernelCache, cache_key
-from pypto_offline.pypto_kernels.codegen import (KERNEL_FUNCTION, CannotExpress, itemsize_of,
-                                                 kernel_source)
+from pypto_offline.pypto_kernels.codegen import (KERNEL_FUNCTION, CannotExpress,
+                                                 is_scalar_constant, itemsize_of, kernel_source)
 from pypto_offline.pypto_kernels.records import Kernel, TileResult
 from pypto_offline.pypto_kernels.tiling import (TilePolicy, candidate_policies, default_policy,
                                                 fits_ub)
@@ -154,7 +154,7 @@ def kernel_interface(region: Region, constants: dict) -> list:
     inputs are seeded from these types, so the shared entry's check is the one each would run."""
     def described(tensor: str) -> list:
         shape, dtype = region.tensor_types[tensor]
-        if tensor in constants and np.asarray(constants[tensor]).size != 1:
+        if tensor in constants and not is_scalar_constant(tensor, constants):
             value = np.ascontiguousarray(constants[tensor])
             return [list(shape), dtype, hashlib.sha256(value.tobytes()).hexdigest()]
         return [list(shape), dtype]
@@ -279,8 +279,7 @@ def _run_worker(folder: Path, region: Region, target: Target, sources: dict, arr
     np.savez(folder / "reference.npz", **{f"out{i}": a for i, a in enumerate(reference)})
     job = {"function": KERNEL_FUNCTION, "verify": verify,
            "candidates": [_job_candidate(p, path) for p, path in sources.items()],
-           "outputs": [{"shape": list(region.tensor_types[o][0]),
-                        "dtype": _torch_dtype(region.tensor_types[o][1])} for o in region.outputs]}
+           "outputs": _output_specs(region)}
     return _run_job(folder, job, target, timeout)
 
 
@@ -304,6 +303,12 @@ def _run_job(folder: Path, job: dict, target: Target, timeout: float) -> dict:
     return json.loads(result_path.read_text())
 
 
+def _output_specs(region: Region) -> list[dict]:
+    """The region's outputs as the worker allocates them."""
+    return [{"shape": list(region.tensor_types[o][0]),
+             "dtype": _torch_dtype(region.tensor_types[o][1])} for o in region.outputs]
+
+
 def _torch_dtype(elem_type: int) -> str:
     return {onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.FLOAT16: "float16",
             onnx.TensorProto.BFLOAT16: "bfloat16", onnx.TensorProto.INT32: "int32",
@@ -319,7 +324,7 @@ def _region_data(region: Region, graph: ImportedGraph, constants: dict):
     feeds, arrays = {}, []
     for name in region.inputs:
         if name in constants:
-            if np.asarray(constants[name]).size != 1:
+            if not is_scalar_constant(name, constants):
                 arrays.append(np.asarray(constants[name]))
             continue
         info = graph.tensors[name]
@@ -436,10 +441,7 @@ def _measure_single_ops(singles: dict[str, Region], sources: dict, graph: Import
                 path = _write_source(f"{key[:16]}_{policy.name}", text)
                 candidates.append({
                     **_job_candidate(policy, path), "function": KERNEL_FUNCTION, "op": key,
-                    "inputs": names,
-                    "outputs": [{"shape": list(single.tensor_types[o][0]),
-                                 "dtype": _torch_dtype(single.tensor_types[o][1])}
-                                for o in single.outputs]})
+                    "inputs": names, "outputs": _output_specs(single)})
         np.savez(folder / "inputs.npz", **arrays)
         result = _run_job(folder, {"function": KERNEL_FUNCTION, "verify": False,
                                    "candidates": candidates, "outputs": []}, target, timeout)
