@@ -36,8 +36,9 @@ class CompiledModel:
     def __init__(self, message: ptom_pb2.CompiledModel, kernel_cache: dict | None = None):
         self.message = message
         self._reference: onnx.ModelProto | None = None
-        # How this build got its kernels ({"hits": n, "compiled": m}); not in the blob, which
-        # must not depend on the state of a cache.
+        # How this build got its kernels ({"hits": n, "compiled": m}, where compiled counts
+        # PyPTO compiles: a region the generator refused is in neither); not in the blob,
+        # which must not depend on the state of a cache.
         self.kernel_cache = kernel_cache
 
     def use_reference(self, original_model) -> None:
@@ -114,7 +115,8 @@ def compile(model, target: str = "kirin9050",  # noqa: A001 - the API's verb
                            **({"kernel_timeout_s": kernel_timeout} if kernel_timeout else {}))
     result = build(model, get_target(target), options, progress)
     hits = sum(k.from_cache for k in result.kernels)
-    return CompiledModel(result.message, {"hits": hits, "compiled": len(result.kernels) - hits})
+    compiled = sum(k.reached_pypto and not k.from_cache for k in result.kernels)
+    return CompiledModel(result.message, {"hits": hits, "compiled": compiled})
 
 
 def load(path, expected_target: str | None = None) -> CompiledModel:

@@ -71,22 +71,39 @@ def test_a_warm_rebuild_compiles_nothing(anchor_kernels):
         (cold.cache_key, cold.tuned_tile, cold.artifacts)
 
 
-def test_a_region_the_generator_cannot_write_falls_back_with_its_reason(tmp_path):
+def scalar_over_slice():
+    """One fusable region the kernel generator refuses: a scalar divided by a tensor."""
     from tests.onnx_builders import GraphBuilder
 
     b = GraphBuilder()
     x = b.input("x", [4, 8])
     y = b.op("Slice", [x], starts=[1], ends=[8], axes=[1])
-    graph, plan = fuse(b.model(b.op("Sub", [b.const(1.0), b.op("Div", [b.const(2.0), y])])))
+    return b.model(b.op("Sub", [b.const(1.0), b.op("Div", [b.const(2.0), y])]))
+
+
+def test_a_region_the_generator_cannot_write_falls_back_with_its_reason(tmp_path):
+    graph, plan = fuse(scalar_over_slice())
     (region,) = plan.regions
     kernel = compile_region(region, graph, TARGETS["kirin9050"], KernelCache(tmp_path),
                             graph.constant_values())
     assert not kernel.compiled and "Div with a scalar on the left" in kernel.fallback_reason
+    assert not kernel.reached_pypto and not kernel.from_cache
     replanned = without_regions(plan, graph, TARGETS["kirin9050"],
                                 {region.id: (FAILED_CHECK, kernel.fallback_reason)})
     assert replanned.regions == () and replanned.totals.kernels_after == plan.totals.kernels_before
     assert {u.category for u in replanned.unfused} == {FAILED_CHECK}
     assert_compiled_matches(graph, replanned)
+
+
+def test_a_region_the_generator_refuses_is_not_counted_as_a_compile(tmp_path):
+    """Found on ppocrv4_rec: its two rank-5 regions made every warm build report 2 compiles,
+    though PyPTO compiled nothing for them."""
+    import pypto_offline
+
+    compiled = pypto_offline.compile(scalar_over_slice(), "kirin9050", cache_dir=tmp_path)
+    assert compiled.summary()["pypto"] == {**compiled.summary()["pypto"], "compiled": 0,
+                                           "fell_back": 1}
+    assert compiled.kernel_cache == {"hits": 0, "compiled": 0}
 
 
 @pytest.mark.parametrize("sabotage,expected", [

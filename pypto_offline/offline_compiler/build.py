@@ -108,7 +108,7 @@ def _require_static_inputs(graph: ImportedGraph, name: str) -> None:
 
 
 def _category(kernel: Kernel) -> str:
-    return CANNOT_EXPRESS if kernel.fallback_reason.startswith("cannot express") else FAILED_CHECK
+    return FAILED_CHECK if kernel.reached_pypto else CANNOT_EXPRESS
 
 
 def _target_descriptor(target: Target) -> ptom_pb2.TargetDescriptor:

@@ -28,7 +28,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from pypto_offline.fusion.records import FusionPlan, Region
+from pypto_offline.fusion.records import CANNOT_EXPRESS, FusionPlan, Region
 from pypto_offline.importer import ImportedGraph
 from pypto_offline.pypto_kernels.cache import KernelCache, cache_key
 from pypto_offline.pypto_kernels.codegen import (KERNEL_FUNCTION, CannotExpress,
@@ -123,7 +123,7 @@ def compile_region(region: Region, graph: ImportedGraph, target: Target, cache: 
     try:
         sources = distinct_sources(region, policies, constants)
     except CannotExpress as why:
-        return Kernel(region.id, False, f"cannot express in PyPTO 0.2.0: {why}")
+        return Kernel(region.id, False, f"{CANNOT_EXPRESS} in PyPTO 0.2.0: {why}")
     key = cache_key(sources={p.name: text for p, text in sources.items()},
                     interface=kernel_interface(region, constants),
                     target=target.name, pypto=PYPTO_VERSION, format=KERNEL_FORMAT,

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from pypto_offline.fusion.records import CANNOT_EXPRESS
+
 
 @dataclass(frozen=True)
 class TileResult:
@@ -34,6 +36,12 @@ class Kernel:
     artifacts: dict = field(default_factory=dict, compare=False)  # name → bytes
     compile_seconds: float = 0.0
     from_cache: bool = False
+
+    @property
+    def reached_pypto(self) -> bool:
+        """False when the kernel generator refused the region, so PyPTO compiled nothing for
+        it; such a region falls back the same way on every build, cache or not."""
+        return not (self.fallback_reason or "").startswith(CANNOT_EXPRESS)
 
     @property
     def gm_bytes(self) -> int:
