@@ -7,19 +7,24 @@
     pypto-offline verify BLOB [--onnx MODEL] [--json] re-run the onnxruntime check from the blob
     pypto-offline report BLOB [-o PATH]               the HTML fusion report, from the blob alone
 
-Exit codes: 0 success, 1 verification failed, 2 bad input or usage (one message, no traceback).
+Exit codes: 0 success, 1 verification failed, 2 bad input, usage or an unusable environment (one
+message, no traceback), 3 an internal error, 130 interrupted by SIGINT (Ctrl-C) and 143 by SIGTERM
+(128 + the signal: the build's PyPTO workers are killed and nothing is written).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
+import threading
 import time
 import traceback
+from contextlib import contextmanager
 from pathlib import Path
 
 from pypto_offline import __version__
-from pypto_offline.errors import PyptoOfflineError, UsageError
+from pypto_offline.errors import BuildInterrupted, PyptoOfflineError, UsageError
 from pypto_offline.targets import TARGETS
 
 EXIT_OK, EXIT_VERIFY_FAILED, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
@@ -266,11 +271,31 @@ def run(argv: list[str]) -> int:
     return run_compile(argv)
 
 
+def _interrupt(signum: int, _frame) -> None:
+    raise BuildInterrupted(signum)
+
+
+@contextmanager
+def _sigterm_interrupts():
+    """SIGTERM raises like Ctrl-C does, so that both end the build the same way (its workers
+    killed, its staging folders removed); the previous handler comes back afterwards, as tests
+    call ``main`` in-process. Only the main thread may set handlers."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     debug = "--debug" in argv
     try:
-        return run(argv)
+        with _sigterm_interrupts():
+            return run(argv)
     except PyptoOfflineError as err:
         if debug:
             traceback.print_exc()
@@ -279,9 +304,9 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # the reader went away (`| head`): nothing left to say
         sys.stderr.close()
         return EXIT_OK
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as interrupt:  # Ctrl-C, or SIGTERM as a BuildInterrupted
         print("pypto-offline: interrupted", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return 128 + getattr(interrupt, "signum", signal.SIGINT)
     except Exception as err:  # a bug of ours: say so plainly, traceback only on request
         if debug:
             traceback.print_exc()

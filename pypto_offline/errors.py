@@ -29,3 +29,17 @@ class ModelError(PyptoOfflineError):
 
 class UsageError(PyptoOfflineError):
     """The caller's options are wrong (unknown input name, bad shape string, ...)."""
+
+
+class WorkerCannotStart(PyptoOfflineError):
+    """A PyPTO worker process died before its imports (torch, pypto) succeeded: the environment
+    is broken, and every region would fall back for the same reason (docs/workers.md)."""
+
+
+class BuildInterrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM ended the build. A KeyboardInterrupt, so that both signals take one
+    path: the workers are killed, nothing is written, and the CLI exits 128 + ``signum``."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum

@@ -7,7 +7,8 @@ Per region:
 4. one final process compiles the fastest with pass-verify and compares its output with
    onnxruntime running the region's original ops.
 A region whose kernel cannot be written, crashes, times out or fails its check falls back to
-unfused ops, with the reason.
+unfused ops, with the reason. A worker that cannot even start, or an interrupted build, ends the
+build instead: the worker processes belong to their build (docs/workers.md).
 """
 from __future__ import annotations
 
@@ -15,12 +16,15 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import astuple
+from functools import partial
 from pathlib import Path
 from types import MappingProxyType
 
@@ -28,6 +32,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from pypto_offline.errors import WorkerCannotStart
 from pypto_offline.fusion.records import CANNOT_EXPRESS, FusionPlan, Region
 from pypto_offline.importer import ImportedGraph
 from pypto_offline.pypto_kernels.cache import KernelCache, cache_key
@@ -45,6 +50,9 @@ DEFAULT_TIMEOUT_S = 300
 TIMED_OUT = "PyPTO compile did not finish within"
 # ascend950: the cost model can use its A5 tables (pypto-cpu.md §6); everything else is 910B.
 COST_MODEL = {"ascend950": ("A5", "ASCEND_950PR_9579")}
+# Written by the worker once torch and pypto imported: a worker that dies without it never ran a
+# compile, so its death says something about the environment, not about the region.
+STARTED_MARKER = "worker.started"
 
 
 def worker_environment() -> dict[str, str]:
@@ -56,16 +64,94 @@ def worker_environment() -> dict[str, str]:
 ADDR_NO_RANDOMIZE = 0x0040000  # <sys/personality.h>
 
 
-def _fixed_addresses() -> None:
+def _fixed_addresses(libc) -> None:
     """In the worker, before exec: no address-space randomisation. PyPTO orders some of its
     internal maps by object address, so its program differs from run to run unless every run
     lays out memory the same way (as `setarch -R` does)."""
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
     current = libc.personality(0xFFFFFFFF)
     if current != -1:
         libc.personality(current | ADDR_NO_RANDOMIZE)
+
+
+PR_SET_PDEATHSIG = 1  # <sys/prctl.h>
+
+
+def _worker_preexec(build_pid: int, libc) -> None:
+    """In the worker, before exec (it already leads a session of its own): fixed addresses, and
+    SIGKILL when the build dies. PDEATHSIG fires when the *thread* that forked the worker ends;
+    that thread waits on the worker until it is gone (``_run_job``), so only the build's death
+    fires it. ``libc`` is loaded in the build: no dlopen between fork and exec."""
+    _fixed_addresses(libc)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != build_pid:  # the build died before the line above: nobody to serve
+        os._exit(1)
+
+
+class _Cancelled(BaseException):
+    """In a pool thread: the build was interrupted, this region's work stops (no Kernel record,
+    nothing cached; ``compile_region`` removes its staging folder on the way out)."""
+
+
+class _Workers:
+    """The PyPTO worker processes of one build. Started and killed under one lock, so that an
+    interrupt either finds a worker (and kills its process group) or keeps it from starting."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._running: set[subprocess.Popen] = set()
+        self.cancelled = False
+
+    def start(self, command: list[str], **options) -> subprocess.Popen:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        with self._lock:
+            if self.cancelled:
+                raise _Cancelled
+            # A session (and process group) of its own: killing the group takes PyPTO's
+            # children too (host g++, cmake), and a terminal's Ctrl-C reaches the build only.
+            process = subprocess.Popen(command, start_new_session=True,
+                                       preexec_fn=partial(_worker_preexec, os.getpid(), libc),
+                                       **options)
+            self._running.add(process)
+        return process
+
+    def finished(self, process: subprocess.Popen) -> None:
+        with self._lock:
+            self._running.discard(process)
+
+    def cancel(self) -> None:
+        """No worker starts from now on; the running ones die with their process groups."""
+        with self._lock:
+            self.cancelled = True
+            for process in self._running:
+                _kill_group(process)
+
+
+def _kill_group(process: subprocess.Popen) -> None:
+    """SIGKILL the worker's process group (its pid: it leads a session of its own). Called while
+    the worker is registered as running, so its pid is not yet free for reuse."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:  # already gone, and all of its group with it
+        pass
+
+
+_build = threading.local()  # the _Workers of the build a pool thread works for
+
+
+def _current_workers() -> _Workers:
+    """The build's workers in one of its pool threads; elsewhere (``compile_region`` called on
+    its own) a set of one's own, which nobody cancels."""
+    return getattr(_build, "workers", None) or _Workers()
+
+
+def _working_for(workers: _Workers, work, region):
+    _build.workers = workers
+    try:
+        return work(region)
+    finally:
+        _build.workers = None
 
 
 def kernel_source_dir() -> Path:
@@ -103,9 +189,23 @@ def unfused_costs(graph: ImportedGraph, regions: Sequence[Region], target: Targe
 
 def _each_region(regions, jobs: int, work) -> list:
     """``work`` of each region, in region order, ``jobs`` at a time: threads are enough, as
-    each only waits on its PyPTO worker process."""
-    with ThreadPoolExecutor(max(1, jobs)) as pool:
-        return list(pool.map(work, regions))
+    each only waits on its PyPTO worker process. On the first error, or an interrupt (which
+    only the main thread receives), the queued regions are dropped and the running workers
+    killed before it propagates: an interrupted build makes no Kernel records."""
+    workers = _Workers()
+    pool = ThreadPoolExecutor(max(1, jobs))
+    try:
+        futures = [pool.submit(_working_for, workers, work, region) for region in regions]
+        wait(futures, return_when=FIRST_EXCEPTION)
+        for future in futures:  # the first failure in region order, without waiting for others
+            if future.done() and future.exception() is not None:
+                future.result()
+        return [future.result() for future in futures]
+    except BaseException:
+        workers.cancel()
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def largest_tensor_bytes(region: Region) -> int:
@@ -283,24 +383,63 @@ def _run_worker(folder: Path, region: Region, target: Target, sources: dict, arr
     return _run_job(folder, job, target, timeout)
 
 
+WORKER_MODULE = "pypto_offline.pypto_kernels.worker"
+
+
 def _run_job(folder: Path, job: dict, target: Target, timeout: float) -> dict:
-    """Write the job, run one worker process on it, read its result (or say why there is none)."""
+    """Write the job, run one worker process on it, read its result (or say why there is none).
+    A failure that says nothing about the kernel (time-out, crash, kill) is ``transient``: the
+    region falls back for this build only."""
+    folder = folder.absolute()  # the worker runs in it: a relative --cache-dir would not resolve
     arch, platform = COST_MODEL.get(target.name, (None, None))
     job = {**job, "folder": str(folder), "calculator_cache": str(calculator_cache()),
            "cost_model_arch": arch, "device_platform": platform}
     (folder / "job.json").write_text(json.dumps(job, indent=1))
+    workers = _current_workers()
     with open(folder / "worker.log", "wb") as log:
+        process = workers.start([sys.executable, "-m", WORKER_MODULE, str(folder / "job.json")],
+                                stdout=log, stderr=log, stdin=subprocess.DEVNULL, cwd=folder,
+                                env=worker_environment())
         try:
-            done = subprocess.run([sys.executable, "-m", "pypto_offline.pypto_kernels.worker",
-                                   str(folder / "job.json")], stdout=log, stderr=log,
-                                  stdin=subprocess.DEVNULL, timeout=timeout, cwd=folder,
-                                  env=worker_environment(), preexec_fn=_fixed_addresses)
-        except subprocess.TimeoutExpired:
-            return {"error": f"{TIMED_OUT} {timeout:.0f} s"}
+            timed_out = not _waited(process, timeout)
+        finally:
+            workers.finished(process)
+    if workers.cancelled:
+        raise _Cancelled
+    if timed_out:
+        return {"error": f"{TIMED_OUT} {timeout:.0f} s", "transient": True}
     result_path = folder / "result.json"
-    if not result_path.exists():
-        return {"error": f"PyPTO worker crashed (exit code {done.returncode})"}
-    return json.loads(result_path.read_text())
+    if result_path.exists():
+        return json.loads(result_path.read_text())
+    if not (folder / STARTED_MARKER).exists():
+        raise WorkerCannotStart(
+            f"a PyPTO worker process could not start (exit code {process.returncode}): "
+            f"{_last_line(folder / 'worker.log')}",
+            fix=f"check that '{sys.executable} -m {WORKER_MODULE}' can import torch and "
+                f"pypto {PYPTO_VERSION}")
+    return {"error": f"PyPTO worker crashed (exit code {process.returncode})", "transient": True}
+
+
+def _waited(process: subprocess.Popen, timeout: float) -> bool:
+    """Wait for the worker; False when it ran out of time. Whatever ends the wait early (a time
+    limit, an interrupt in the main thread) kills the worker's whole process group first."""
+    try:
+        process.wait(timeout=timeout)
+        return True
+    except subprocess.TimeoutExpired:
+        _kill_group(process)
+        process.wait()
+        return False
+    except BaseException:
+        _kill_group(process)
+        raise
+
+
+def _last_line(log: Path) -> str:
+    """The last non-blank line of a worker's log: for an import failure, the exception itself."""
+    lines = [line.strip() for line in log.read_text(errors="replace").splitlines()]
+    meaningful = [line for line in lines if line]
+    return meaningful[-1][:300] if meaningful else "it printed nothing"
 
 
 def _output_specs(region: Region) -> list[dict]:

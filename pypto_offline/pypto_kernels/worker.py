@@ -3,7 +3,9 @@
 PyPTO segfaults under threads and its artifacts drift within a process, so every kernel compile
 runs here, alone. The job names generated modules (one or several tile candidates), input and
 reference arrays, and a folder; the result is ``result.json`` in that folder. All of PyPTO's output
-(its simulator, logs, side files) stays inside the folder.
+(its simulator, logs, side files) stays inside the folder. Once torch and pypto are imported the
+worker says so (``STARTED_MARKER``); it dies with its build, and so do PyPTO's own child processes
+(``guard_process_group``; docs/workers.md).
 
 Recipes from ``shared/pypto-cpu.md``:
 - §4: a quiet simulator config through ``TILEFWK_CONFIG_PATH``;
@@ -21,11 +23,15 @@ import gzip
 import importlib.util
 import json
 import os
+import select
+import signal
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
+
+from pypto_offline.pypto_kernels.compiler import STARTED_MARKER
 
 TILE_GRAPH, LEAF_GRAPH = 1, 3  # program.json graphtypes: the tile graph, a leaf (AICore) function
 CYCLES_PER_US = 1800.0  # the simulator's swim-lane time base (1.8 GHz)
@@ -269,6 +275,7 @@ def run_job(job: dict) -> dict:
     importlib.import_module("pypto")  # loads the framework with the environment above
 
     enable_functional_check(Path(job["calculator_cache"]))
+    (folder / STARTED_MARKER).touch()  # the environment works: from here a death is the kernel's
     if job.get("verify"):
         keep_aicore_sources(folder)
     data = np.load(folder / "inputs.npz")
@@ -335,14 +342,55 @@ def _keep_artifacts(run_dir: Path, target: Path, paths: dict[str, str]) -> None:
             (target / name).write_text(text)
 
 
+def guard_process_group() -> int | None:
+    """Fork a sentinel that SIGKILLs this worker's process group as soon as the build or the
+    worker is gone; returns its pid (None when the worker does not lead a group of its own, as
+    when run by hand: its group is then someone else's).
+
+    The build's PDEATHSIG kills the worker only: PyPTO's children (host g++, the calculator's
+    cmake) do not inherit it and would run on as orphans. A thread cannot do the sweeping, as
+    PyPTO's C++ may hold the GIL for the whole compile; a process of its own waits in the kernel
+    (pidfds) and needs nothing from the worker."""
+    worker, build = os.getpid(), os.getppid()  # under PDEATHSIG, the parent is still the build
+    if os.getpgrp() != worker:
+        return None
+    try:
+        watched = [os.pidfd_open(build), os.pidfd_open(worker)]
+    except (AttributeError, OSError):  # Linux < 5.3: poll for the worker's death instead
+        watched = []
+    sentinel = os.fork()
+    if sentinel:
+        for fd in watched:
+            os.close(fd)
+        return sentinel
+    try:  # the sentinel: nothing here may return into the worker's code
+        if watched:
+            poller = select.poll()
+            for fd in watched:
+                poller.register(fd, select.POLLIN)
+            poller.poll()
+        else:
+            while os.getppid() == worker:
+                time.sleep(0.2)
+    finally:
+        os.killpg(worker, signal.SIGKILL)
+        os._exit(0)
+
+
 def main() -> int:
-    job_path = Path(sys.argv[1])
-    job = json.loads(job_path.read_text())
-    result = run_job(job)
-    staged = job_path.with_name("result.json.tmp")
-    staged.write_text(json.dumps(result, indent=1, sort_keys=True))
-    os.replace(staged, job_path.with_name("result.json"))
-    return 0
+    sentinel = guard_process_group()
+    try:
+        job_path = Path(sys.argv[1])
+        job = json.loads(job_path.read_text())
+        result = run_job(job)
+        staged = job_path.with_name("result.json.tmp")
+        staged.write_text(json.dumps(result, indent=1, sort_keys=True))
+        os.replace(staged, job_path.with_name("result.json"))
+        return 0
+    finally:  # a finished worker leaves no sentinel (nor a zombie) behind
+        if sentinel:
+            os.kill(sentinel, signal.SIGKILL)
+            os.waitpid(sentinel, 0)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,212 @@
+"""PyPTO worker processes belong to their build (docs/workers.md): SIGINT and SIGTERM end the build
+and all its workers at once, a killed build takes its workers (and their children) with it, a time
+limit kills the worker's whole process group, and a worker that cannot start fails the build
+instead of turning every region into a fallback.
+
+The builds here are cold builds of a tiny model, interrupted long before any compile finishes."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import onnx
+import pytest
+
+from tests.onnx_builders import GraphBuilder
+
+REPO = Path(__file__).resolve().parents[1]
+WORKER = "pypto_offline.pypto_kernels.worker"
+STARTUP_S = 180   # a cold build reaches its first worker in seconds; the machine may be busy
+
+
+def tiny_model(folder: Path) -> Path:
+    b = GraphBuilder()
+    path = folder / "tiny.onnx"
+    onnx.save(b.model(b.op("Neg", [b.op("Relu", [b.input("x", [1, 8, 16, 16])])])), path)
+    return path
+
+
+def environment(*first_on_path: Path) -> dict[str, str]:
+    """This checkout's code for the build and its workers, after ``first_on_path``."""
+    path = [*map(str, first_on_path), str(REPO), os.environ.get("PYTHONPATH", "")]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, path))}
+
+
+def start_build(tmp_path: Path, env=None) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "pypto_offline", tiny_model(tmp_path), "--target", "kirin9050",
+         "--no-tile-search", "-o", tmp_path / "tiny.ptom", "--cache-dir", tmp_path / "cache"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env or environment())
+
+
+def live_processes() -> dict[int, tuple[str, int]]:
+    """pid → (command line, session id) of every process that is not a zombie."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state, _ppid, _group, session = (entry / "stat").read_text().rsplit(")", 1)[1].split()[:4]
+        except (OSError, ValueError):
+            continue  # gone meanwhile
+        if state != "Z":
+            found[int(entry.name)] = (cmdline, int(session))
+    return found
+
+
+def processes_of(tmp_path: Path, sessions: set[int]) -> dict[int, str]:
+    """The workers of this test's build (their job is under ``tmp_path``), and any process in the
+    session of one of them (the worker's own children)."""
+    return {pid: cmd for pid, (cmd, session) in live_processes().items()
+            if (WORKER in cmd and str(tmp_path) in cmd) or session in sessions}
+
+
+def wait_for_a_worker(build: subprocess.Popen, tmp_path: Path) -> set[int]:
+    """Once a worker of the build runs: the sessions its workers lead (none when they share the
+    build's session, as before workers had sessions of their own)."""
+    deadline = time.monotonic() + STARTUP_S
+    while time.monotonic() < deadline:
+        workers = processes_of(tmp_path, set())
+        if workers:
+            return {pid for pid in workers if live_processes().get(pid, ("", 0))[1] == pid}
+        if build.poll() is not None:
+            pytest.fail(f"the build ended (exit {build.returncode}) before any worker started: "
+                        f"{build.communicate()[1]}")
+        time.sleep(0.05)
+    build.kill()
+    pytest.fail(f"no worker started within {STARTUP_S} s")
+
+
+def remaining_after(seconds: float, tmp_path: Path, sessions: set[int]) -> dict[int, str]:
+    """Processes of the build still alive after ``seconds`` (SIGKILLed ones take a moment)."""
+    deadline = time.monotonic() + seconds
+    while (left := processes_of(tmp_path, sessions)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for pid in left:  # leave nothing running behind a failing test
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return left
+
+
+@pytest.mark.parametrize("signum,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_ends_the_build_and_every_worker_within_5_s(signum, code, tmp_path):
+    build = start_build(tmp_path)
+    sessions = wait_for_a_worker(build, tmp_path)
+    build.send_signal(signum)
+    try:
+        _, err = build.communicate(timeout=5)
+    except subprocess.TimeoutExpired:
+        build.kill()
+        remaining_after(0, tmp_path, sessions)
+        pytest.fail(f"the build still ran 5 s after {signum.name}")
+    assert build.returncode == code, err
+    assert err.strip() == "pypto-offline: interrupted", err  # one line, no traceback
+    assert not remaining_after(1, tmp_path, sessions)
+    assert not (tmp_path / "tiny.ptom").exists() and not (tmp_path / "tiny.report.html").exists()
+    assert not list((tmp_path / "cache" / "tmp").glob("*")), "a staging folder is left behind"
+
+
+def hanging_kernel_build(tmp_path: Path, timeout: float) -> str:
+    """A build (as a script) whose kernel source starts a child process that writes its pid to
+    ``child.pid`` and sleeps, then hangs: what PyPTO's g++ or cmake would be, mid-compile. It
+    prints the kernel's fallback reason and what ``_run_job`` returned for it."""
+    return textwrap.dedent(f"""
+        import sys
+        from pypto_offline.pypto_kernels import codegen, compiler
+        from pypto_offline.targets import TARGETS
+        from tests.fusion_helpers import fuse
+        import onnx
+
+        SABOTAGE = '''
+        import subprocess, sys, time
+        subprocess.Popen([sys.executable, "-c", "import os, sys, time; "
+                          "open(sys.argv[1] + '.tmp', 'w').write(str(os.getpid())); "
+                          "os.rename(sys.argv[1] + '.tmp', sys.argv[1]); time.sleep(300)",
+                          {str(tmp_path / 'child.pid')!r}])
+        time.sleep(300)
+        '''
+        honest = codegen.kernel_source
+        compiler.kernel_source = lambda *args: honest(*args) + SABOTAGE
+        run_job, results = compiler._run_job, []
+        compiler._run_job = lambda *args: results.append(run_job(*args)) or results[-1]
+        graph, plan = fuse(onnx.load({str(tiny_model(tmp_path))!r}))
+        (kernel,) = compiler.compile_kernels(graph, plan, TARGETS["kirin9050"],
+                                             cache_dir={str(tmp_path / 'cache')!r}, search=False,
+                                             timeout={timeout})
+        print(kernel.fallback_reason)
+        print(results[0])
+        """)
+
+
+def wait_for_child(build: subprocess.Popen, tmp_path: Path) -> int:
+    deadline = time.monotonic() + STARTUP_S
+    while not (tmp_path / "child.pid").exists():
+        if build.poll() is not None or time.monotonic() > deadline:
+            build.kill()
+            pytest.fail(f"the worker never started its child: {build.communicate()}")
+        time.sleep(0.05)
+    return int((tmp_path / "child.pid").read_text())
+
+
+def child_runs_on(tmp_path: Path, seconds: float) -> bool:
+    """Whether the hanging kernel's child still runs after ``seconds`` (then it is killed)."""
+    pid_file = tmp_path / "child.pid"
+    assert pid_file.exists(), "the worker never reached the kernel: no child was started"
+    child = int(pid_file.read_text())
+    deadline = time.monotonic() + seconds
+    while child in live_processes() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    alive = child in live_processes()
+    if alive:
+        os.kill(child, signal.SIGKILL)
+    return alive
+
+
+def test_a_killed_build_takes_its_workers_and_their_children_with_it(tmp_path):
+    build = subprocess.Popen([sys.executable, "-c", hanging_kernel_build(tmp_path, 600)],
+                             cwd=REPO, env=environment(), stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    sessions = wait_for_a_worker(build, tmp_path)
+    child = wait_for_child(build, tmp_path)
+    assert child in processes_of(tmp_path, sessions) or not sessions  # in the worker's session
+    build.kill()
+    build.wait()
+    left = remaining_after(5, tmp_path, sessions)
+    assert not child_runs_on(tmp_path, 0) and not left, f"orphans of the killed build: {left}"
+
+
+def test_a_timed_out_worker_dies_with_its_children_and_the_failure_is_transient(tmp_path):
+    """The time limit kills the worker's whole process group, and the fallback is marked as not
+    the kernel's fault (the cache does not keep it as the kernel's verdict)."""
+    build = subprocess.run([sys.executable, "-c", hanging_kernel_build(tmp_path, 60)],
+                           cwd=REPO, env=environment(),
+                           capture_output=True, text=True, timeout=STARTUP_S + 120)
+    assert build.returncode == 0, build.stderr
+    assert not child_runs_on(tmp_path, 2), "the timed-out worker's child runs on"
+    reason, first = build.stdout.strip().splitlines()[-2:]
+    assert "PyPTO compile did not finish within 60 s" in reason
+    assert "'transient': True" in first, first
+
+
+def test_a_worker_that_cannot_start_fails_the_build_with_its_cause(tmp_path):
+    """A torch that fails to import (any broken environment): exit 2 naming the cause, not a
+    build that 'passes' with every region fallen back."""
+    broken = tmp_path / "broken"
+    (broken / "torch").mkdir(parents=True)
+    (broken / "torch" / "__init__.py").write_text(
+        "raise ImportError('torch is broken here on purpose')\n")
+    build = start_build(tmp_path, env=environment(broken))
+    _, err = build.communicate(timeout=STARTUP_S + 120)
+    assert build.returncode == 2, err
+    (line,) = err.strip().splitlines()
+    assert "could not start" in line and "torch is broken here on purpose" in line, line
+    assert not (tmp_path / "tiny.ptom").exists()
+    assert not list((tmp_path / "cache" / "tmp").iterdir()), "a staging folder is left"
