@@ -129,8 +129,9 @@ class _Workers:
 
 
 def _kill_group(process: subprocess.Popen) -> None:
-    """SIGKILL the worker's process group (its pid: it leads a session of its own). Called while
-    the worker is registered as running, so its pid is not yet free for reuse."""
+    """SIGKILL the worker's process group (its pid: it leads a session of its own). The number
+    is not reused while the worker is unreaped or any process of its group lives; at worst (a
+    worker reaped but not yet unregistered, its group empty) the kill finds nobody."""
     try:
         os.killpg(process.pid, signal.SIGKILL)
     except ProcessLookupError:  # already gone, and all of its group with it
