@@ -55,7 +55,8 @@ def live_processes() -> dict[int, tuple[str, int]]:
             continue
         try:
             cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            state, _ppid, _group, session = (entry / "stat").read_text().rsplit(")", 1)[1].split()[:4]
+            stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()  # after the name
+            state, session = stat[0], stat[3]
         except (OSError, ValueError):
             continue  # gone meanwhile
         if state != "Z":
@@ -204,13 +205,13 @@ def test_a_killed_build_takes_its_workers_and_their_children_with_it(tmp_path):
 def test_a_timed_out_worker_dies_with_its_children_and_the_failure_is_transient(tmp_path):
     """The time limit kills the worker's whole process group, and the fallback is marked as not
     the kernel's fault (the cache does not keep it as the kernel's verdict)."""
-    build = subprocess.run([sys.executable, "-c", hanging_kernel_build(tmp_path, 60)],
+    build = subprocess.run([sys.executable, "-c", hanging_kernel_build(tmp_path, 45)],
                            cwd=REPO, env=environment(),
                            capture_output=True, text=True, timeout=STARTUP_S + 120)
     assert build.returncode == 0, build.stderr
     assert not child_runs_on(tmp_path, 2), "the timed-out worker's child runs on"
     reason, first = build.stdout.strip().splitlines()[-2:]
-    assert "PyPTO compile did not finish within 60 s" in reason
+    assert "PyPTO compile did not finish within 45 s" in reason
     assert "'transient': True" in first, first
 
 
@@ -228,3 +229,29 @@ def test_a_worker_that_cannot_start_fails_the_build_with_its_cause(tmp_path):
     assert "could not start" in line and "torch is broken here on purpose" in line, line
     assert not (tmp_path / "tiny.ptom").exists()
     assert not list((tmp_path / "cache" / "tmp").iterdir()), "a staging folder is left"
+
+
+class OurHandlerRan(Exception):
+    pass
+
+
+def test_cli_main_in_process_turns_sigterm_into_exit_143_and_restores_the_handler(
+        monkeypatch, capfd):
+    from pypto_offline import cli
+
+    def terminated(_argv):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the signal arrives first
+        return 0
+
+    def ours(*_):
+        raise OurHandlerRan
+
+    previous = signal.signal(signal.SIGTERM, ours)  # a test process must not die of SIGTERM
+    try:
+        monkeypatch.setattr(cli, "run", terminated)
+        assert cli.main(["whatever.onnx"]) == 143
+        assert signal.getsignal(signal.SIGTERM) is ours
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert capfd.readouterr().err == "pypto-offline: interrupted\n"
