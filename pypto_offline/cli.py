@@ -260,7 +260,6 @@ def run_report(argv: list[str]) -> int:
                                                ".report.html)")
     args = parser.parse_args(argv)
     from pypto_offline import api
-
     from pypto_offline.offline_compiler.blob import check_outputs
 
     path = Path(args.output) if args.output else report_path(Path(args.blob))
@@ -298,6 +297,6 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as err:  # a bug of ours: say so plainly, traceback only on request
         if debug:
             traceback.print_exc()
-        print(f"pypto-offline: internal error: {type(err).__name__}: {err} "
+        print(f"pypto-offline: internal error: {type(err).__name__}: {printable(str(err))} "
               f"(rerun with --debug and report it)", file=sys.stderr)
         return EXIT_INTERNAL

@@ -189,7 +189,8 @@ def _constant_of_shape_model(path: Path, elements: int) -> None:
                               value=helper.make_tensor("v", TensorProto.FLOAT, [1], [1.0])),
              helper.make_node("ReduceSum", ["big"], ["total"], keepdims=0),
              helper.make_node("Add", ["x", "total"], ["y"])]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+    graph = helper.make_graph(nodes, "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])], [shape])
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
 

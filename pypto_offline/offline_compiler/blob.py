@@ -146,7 +146,11 @@ def write_together(files: Mapping[Path, bytes]) -> None:
         for path, data in files.items():
             staged[Path(path)] = _stage(Path(path), data)
         for path, temporary in staged.items():
-            os.replace(temporary, path)
+            try:
+                os.replace(temporary, path)
+            except OSError as error:
+                raise UsageError(f"cannot write there: {error.strerror}", where=str(path),
+                                 fix="choose another output path") from None
             placed.append(path)
     except BaseException:
         for temporary in staged.values():

@@ -57,8 +57,10 @@ def compare(reference: onnx.ModelProto, candidate: onnx.ModelProto,
         expected = run_model(reference, feeds)
     except CannotRun as why:  # a custom-domain op: not the compiler's fault, nothing to check
         first = str(why).strip().splitlines()[0]
-        raise ModelError(f"the model cannot be verified here: onnxruntime cannot run it "
-                         f"({first})", fix="--no-verify builds it without the check") from None
+        raise ModelError(f"the model cannot be verified here: onnxruntime cannot run it on "
+                         f"these inputs ({first})",
+                         fix="give the inputs its shapes depend on with --inputs; --no-verify "
+                             "builds it without the check") from None
     try:
         actual = run_model(candidate, feeds)
     except CannotRun as why:
