@@ -6,6 +6,7 @@ kernel), so they take a second."""
 from __future__ import annotations
 
 import os
+import resource
 import stat
 import subprocess
 import sys
@@ -183,6 +184,16 @@ def test_save_with_a_report_in_a_vanished_folder_leaves_no_blob(plain_blob, tmp_
 
 # --- resource limits --------------------------------------------------------------------------
 
+def _limited(command: list[str]) -> subprocess.CompletedProcess:
+    """A process that cannot take more than 4 GiB of address space: where the check is missing,
+    it fails on its own instead of pushing the machine out of memory."""
+    def limit():
+        resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+
+    return subprocess.run(command, capture_output=True, text=True, preexec_fn=limit, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+
+
 def _constant_of_shape_model(path: Path, elements: int) -> None:
     shape = numpy_helper.from_array(np.array([elements // 1000, 1000], np.int64), "shape")
     nodes = [helper.make_node("ConstantOfShape", ["shape"], ["big"],
@@ -198,13 +209,18 @@ def _constant_of_shape_model(path: Path, elements: int) -> None:
 def test_a_huge_constant_of_shape_is_refused_before_folding_or_probing(tmp_path):
     model = tmp_path / "big.onnx"
     _constant_of_shape_model(model, 100_000_000)
+    # The importer alone (where a missing check would hold the tensor), in a process of its own
+    # so that its peak memory is its own.
     script = ("import resource, sys\n"
-              "from pypto_offline import cli\n"
-              f"code = cli.main([{str(model)!r}, '--target', 'kirin9050', '--no-verify'])\n"
+              "from pypto_offline import import_model\n"
+              "from pypto_offline.errors import PyptoOfflineError\n"
+              "try:\n"
+              f"    import_model({str(model)!r}); code = 0\n"
+              "except PyptoOfflineError as error:\n"
+              "    print(error, file=sys.stderr); code = 2\n"
               "print(code, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)\n")
     started = time.perf_counter()
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
+    done = _limited([sys.executable, "-c", script])
     code, peak_mb = map(int, done.stdout.split())
     assert code == 2, done.stderr
     assert "needs 381.5 MiB" in done.stderr and "'big'" in done.stderr
@@ -214,12 +230,14 @@ def test_a_huge_constant_of_shape_is_refused_before_folding_or_probing(tmp_path)
     assert _files(tmp_path) == ["big.onnx"]
 
 
-def test_a_huge_input_shape_is_refused_with_the_memory_it_needs(tmp_path, capfd):
+def test_a_huge_input_shape_is_refused_with_the_memory_it_needs(tmp_path):
     model = tmp_path / "model.onnx"
     onnx.save(one_node("Relu", ["a", "b", "c"], opset=17), model)
-    assert cli.main([str(model), *TARGET, "--input-shape", "x=1000,1000,2000"]) == 2
-    err = capfd.readouterr().err
-    assert "[1000, 1000, 2000] (float32) needs 7.45 GiB" in err and "input 'x'" in err
+    done = _limited([sys.executable, "-m", "pypto_offline", str(model), *TARGET,
+                     "--input-shape", "x=1000,1000,2000"])
+    assert done.returncode == 2, done.stderr
+    assert "[1000, 1000, 2000] (float32) needs 7.45 GiB" in done.stderr
+    assert "input 'x'" in done.stderr
 
 
 @pytest.mark.parametrize("option", [["--kernel-timeout", "nan"], ["--kernel-timeout", "inf"],

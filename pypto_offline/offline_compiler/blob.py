@@ -2,7 +2,9 @@
 
 Writing is deterministic (sorted maps, no timestamps) and atomic (a temporary file in the same
 folder, renamed into place). Reading checks every layer and refuses a damaged file with one clear
-error: a flipped or missing byte anywhere fails the digest or the header.
+error: a flipped or missing byte anywhere fails the digest or the header. Output paths are checked
+before any work (``check_outputs``) and a blob is written together with its report
+(``write_together``): see docs/outputs.md.
 """
 from __future__ import annotations
 
