@@ -382,3 +382,21 @@ def test_control_characters_in_an_error_are_escaped(tmp_path, capfd):
     assert cli.main([str(model), *TARGET]) == 2
     err = capfd.readouterr().err
     assert "\x1b" not in err and "m\\x1b[2J.onnx" in err
+
+
+def test_a_large_weight_held_in_a_constant_node_is_not_a_computed_tensor(monkeypatch):
+    """Exporters store weights as Constant nodes too: like initializers, they are in memory
+    already and do not count against the per-tensor limit (scaled down here to 1 MiB)."""
+    from pypto_offline import import_model
+    from pypto_offline.importer import input_shapes
+
+    monkeypatch.setattr(input_shapes, "MAX_TENSOR_BYTES", 1 << 20)
+    weight = numpy_helper.from_array(np.zeros((2 << 20) // 4, np.float32), "w")  # 2 MiB
+    nodes = [helper.make_node("Constant", [], ["w"], value=weight),
+             helper.make_node("ReduceMax", ["w"], ["m"], keepdims=0),
+             helper.make_node("Add", ["x", "m"], ["y"])]
+    graph = helper.make_graph(nodes, "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    assert import_model(model).tensors["y"].shape == (1,)

@@ -91,7 +91,10 @@ def import_model(source: "str | os.PathLike | bytes | onnx.ModelProto",
 def _fold_to_fixed_point(model: onnx.ModelProto, given: Mapping[str, np.ndarray], label: str):
     """(folded model, probed shapes, the error if onnxruntime cannot run the model at all).
     Each fold and each probe runs only once its model's tensors fit the memory budget."""
+    # The source's weights are in memory already, as initializers or as Constant nodes (which
+    # folding lifts to initializers of the same name): only what is computed counts.
     weights = {t.name for t in model.graph.initializer}
+    weights |= {n.output[0] for n in model.graph.node if n.op_type == "Constant" and n.output}
     shape_probe.check_memory(model, label, weights)
     model = folding.fold(model)
     try:
