@@ -3,8 +3,7 @@
     compiled = pypto_offline.compile("model.onnx", target="kirin9050",
                                      input_shapes={"x": [1, 3, 224, 224]})
     compiled.verify()               # onnxruntime: the compiled graph against the imported one
-    compiled.save("model.kirin9050.ptom")
-    compiled.write_report("model.kirin9050.report.html")
+    compiled.save("model.kirin9050.ptom", report="model.kirin9050.report.html")  # as a pair
     compiled.summary()              # the figures `pypto-offline --json` prints
     again = pypto_offline.load("model.kirin9050.ptom")
 
@@ -12,6 +11,7 @@ This module and ``cli.py`` are the only places that call every stage.
 """
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -19,6 +19,7 @@ import numpy as np
 import onnx
 
 from pypto_offline.errors import UsageError
+from pypto_offline.importer.input_shapes import check_given_inputs
 from pypto_offline.offline_compiler import BuildOptions, blob, build, ptom_pb2
 from pypto_offline.offline_compiler.summary import summarise
 from pypto_offline.targets import TARGETS, Target
@@ -60,8 +61,18 @@ class CompiledModel:
     def target(self) -> str:
         return self.message.target.name
 
-    def save(self, path) -> Path:
-        return blob.write(Path(path), self.message)
+    def save(self, path, report=None) -> Path:
+        """Write the blob, and with ``report`` its HTML report, as a pair: both are rendered and
+        staged first, so a report that cannot be made or written leaves no blob either."""
+        files = {}
+        if report is not None:
+            from pypto_offline.report import render_report
+
+            blob.check_outputs({"the report": Path(report)}, {"the blob": Path(path)})
+            files[Path(report)] = render_report(self.message).encode()
+        files[Path(path)] = self.to_bytes()  # last: a blob appears only once its report is there
+        blob.write_together(files)
+        return Path(path)
 
     def to_bytes(self) -> bytes:
         return blob.to_bytes(self.message)
@@ -76,10 +87,7 @@ class CompiledModel:
         reference = self._reference or imported
         compiled = onnx.load_from_string(self.message.onnx_model)
         given = dict(inputs or {})
-        unknown = sorted(set(given) - set(self.message.input_names))
-        if unknown:
-            raise UsageError(f"--inputs names {unknown[0]!r}, which is not a model input",
-                             fix=f"the inputs are: {', '.join(self.message.input_names)}")
+        check_given_inputs(imported, given, self.message.provenance.model_name or "the blob")
         result = compare(reference, compiled, generate_inputs(imported, seed, given))
         record = self.message.verification
         record.Clear()
@@ -108,15 +116,40 @@ def _finite(value: float) -> float:
 def compile(model, target: str = "kirin9050",  # noqa: A001 - the API's verb
             input_shapes: Mapping[str, Sequence[int]] | None = None, *,
             cache_dir=None, jobs: int = 2, tile_search: bool = True,
-            kernel_timeout: float | None = None, progress=lambda _: None) -> CompiledModel:
+            kernel_timeout: float | None = None, progress=lambda _: None,
+            inputs: Mapping[str, np.ndarray] | None = None, verify: bool = False
+            ) -> CompiledModel:
+    """Compile ``model`` for ``target``. ``inputs``: real values of some inputs, checked against
+    the model and used to find the shapes that depend on them. ``verify``: also run the
+    onnxruntime check (with ``inputs``), and refuse up front a model it could not run."""
+    check_limits(jobs, kernel_timeout)
+    get_target(target)
     options = BuildOptions(input_shapes=dict(input_shapes or {}),
                            cache_dir=Path(cache_dir) if cache_dir else None, jobs=jobs,
-                           tile_search=tile_search,
+                           tile_search=tile_search, inputs=dict(inputs or {}), verify=verify,
                            **({"kernel_timeout_s": kernel_timeout} if kernel_timeout else {}))
     result = build(model, get_target(target), options, progress)
     hits = sum(k.from_cache for k in result.kernels)
     compiled = sum(k.reached_pypto and not k.from_cache for k in result.kernels)
-    return CompiledModel(result.message, {"hits": hits, "compiled": compiled})
+    compiled_model = CompiledModel(result.message, {"hits": hits, "compiled": compiled})
+    if verify:
+        compiled_model.verify(inputs)
+    return compiled_model
+
+
+# More PyPTO workers than this only queue on any machine this runs on, and each holds its own
+# memory; the bound keeps a typo (--jobs 10000) from forking the machine to death.
+MAX_JOBS = 64
+
+
+def check_limits(jobs: int, kernel_timeout: float | None) -> None:
+    """Refuse resource options outside what makes sense, before any work."""
+    if not isinstance(jobs, int) or not 1 <= jobs <= MAX_JOBS:
+        raise UsageError(f"--jobs must be positive and at most {MAX_JOBS}, not {jobs}",
+                         fix="give the number of parallel PyPTO compiles, e.g. --jobs 2")
+    if kernel_timeout is not None and not (math.isfinite(kernel_timeout) and kernel_timeout > 0):
+        raise UsageError(f"--kernel-timeout must be positive and finite, not {kernel_timeout}",
+                         fix="e.g. --kernel-timeout 300")
 
 
 def load(path, expected_target: str | None = None) -> CompiledModel:

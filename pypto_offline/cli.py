@@ -9,7 +9,7 @@
 
 Exit codes: 0 success, 1 verification failed, 2 bad input, usage or an unusable environment (one
 message, no traceback), 3 an internal error, 130 interrupted by SIGINT (Ctrl-C) and 143 by SIGTERM
-(128 + the signal: the build's PyPTO workers are killed and nothing is written).
+(128 + the signal: the build's PyPTO workers are killed and nothing is written). See README.md.
 """
 from __future__ import annotations
 
@@ -86,15 +86,9 @@ def _input_shapes(options: list[str]) -> dict[str, list[int]]:
 def _load_inputs(path: str | None) -> dict:
     if path is None:
         return {}
-    import numpy as np
+    from pypto_offline.verify import load_inputs
 
-    try:
-        with np.load(path) as data:
-            return {name: data[name] for name in data.files}
-    except (OSError, ValueError) as error:
-        raise UsageError(f"cannot read --inputs: {error}", where=path,
-                         fix="give an .npz made with numpy.savez, one array per input name"
-                         ) from None
+    return load_inputs(path)
 
 
 def _progress(quiet: bool):
@@ -109,28 +103,26 @@ def _progress(quiet: bool):
 def run_compile(argv: list[str]) -> int:
     args = compile_parser().parse_args(argv)
     from pypto_offline import api
-    from pypto_offline.offline_compiler.blob import check_writable
+    from pypto_offline.offline_compiler.blob import check_outputs
 
     target = api.get_target(args.target)
-    if args.jobs < 1 or (args.kernel_timeout is not None and args.kernel_timeout <= 0):
-        raise UsageError("--jobs and --kernel-timeout must be positive",
-                         fix="e.g. --jobs 2 --kernel-timeout 300")
-    inputs = _load_inputs(args.inputs)
+    api.check_limits(args.jobs, args.kernel_timeout)
     output = Path(args.output) if args.output else \
         Path(args.model).with_name(f"{Path(args.model).stem}.{target.name}.ptom")
     report = None if args.no_report else Path(args.report) if args.report else report_path(output)
-    for path in filter(None, (output, report)):
-        check_writable(path)
+    # Every output checked before the work: a compile must not end by failing to write, nor by
+    # overwriting the model it read or the blob with the report.
+    check_outputs({"-o": output, **({"--report": report} if report else {})},
+                  {"input model": Path(args.model),
+                   **({"--inputs file": Path(args.inputs)} if args.inputs else {})})
+    inputs = _load_inputs(args.inputs)
     started = time.perf_counter()
     compiled = api.compile(args.model, target.name, _input_shapes(args.input_shape),
                            cache_dir=args.cache_dir, jobs=args.jobs,
                            tile_search=not args.no_tile_search,
-                           kernel_timeout=args.kernel_timeout, progress=_progress(args.quiet))
-    if not args.no_verify:
-        compiled.verify(inputs)
-    compiled.save(output)
-    if report:
-        compiled.write_report(report)
+                           kernel_timeout=args.kernel_timeout, progress=_progress(args.quiet),
+                           inputs=inputs, verify=not args.no_verify)
+    compiled.save(output, report=report)
     summary = {**compiled.summary(), "model": args.model, "blob": str(output),
                "report": str(report) if report else None, "kernel_cache": compiled.kernel_cache,
                "compile_seconds": round(time.perf_counter() - started, 2)}
@@ -170,10 +162,26 @@ def _human_summary(s: dict) -> str:
 
 
 def _print(summary: dict, args, human) -> None:
+    """The one way a summary reaches stdout: JSON escapes control characters itself; the human
+    form gets every string of the summary escaped first (a model's names are its author's)."""
     if args.json:
         print(json.dumps(summary, indent=2, sort_keys=True))
     elif not args.quiet:
-        print(human(summary))
+        print(human(printable(summary)))
+
+
+def printable(value):
+    """``value`` with every non-printable character of its strings written as Python writes it
+    (``\\x1b``, ``\\n``, ``\\u202e``), through dicts and lists: a node named "\\x1b[2J" must not
+    clear the user's terminal, nor a newline forge a line of the summary."""
+    if isinstance(value, str):
+        return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii")
+                       for c in value)
+    if isinstance(value, dict):
+        return {key: printable(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [printable(item) for item in value]
+    return value
 
 
 def run_targets(argv: list[str]) -> int:
@@ -256,9 +264,12 @@ def run_report(argv: list[str]) -> int:
                                                ".report.html)")
     args = parser.parse_args(argv)
     from pypto_offline import api
+    from pypto_offline.offline_compiler.blob import check_outputs
 
+    path = Path(args.output) if args.output else report_path(Path(args.blob))
+    check_outputs({"-o": path}, {"blob": Path(args.blob)})
     compiled = api.load(args.blob)
-    path = compiled.write_report(Path(args.output) if args.output else report_path(Path(args.blob)))
+    compiled.write_report(path)
     _print({**compiled.summary(), "blob": args.blob, "report": str(path)}, args,
            lambda s: f"report: {s['report']}")
     return EXIT_OK
@@ -299,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
     except PyptoOfflineError as err:
         if debug:
             traceback.print_exc()
-        print(f"pypto-offline: error: {err}", file=sys.stderr)
+        print(f"pypto-offline: error: {printable(str(err))}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except BrokenPipeError:  # the reader went away (`| head`): nothing left to say
         sys.stderr.close()
@@ -310,6 +321,6 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as err:  # a bug of ours: say so plainly, traceback only on request
         if debug:
             traceback.print_exc()
-        print(f"pypto-offline: internal error: {type(err).__name__}: {err} "
+        print(f"pypto-offline: internal error: {type(err).__name__}: {printable(str(err))} "
               f"(rerun with --debug and report it)", file=sys.stderr)
         return EXIT_INTERNAL

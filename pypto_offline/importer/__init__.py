@@ -12,12 +12,14 @@ import os
 import time
 from typing import Mapping, Sequence
 
+import numpy as np
 import onnx
 
 from pypto_offline.errors import ModelError
 from pypto_offline.importer import folding, shape_probe
 from pypto_offline.importer.graph import ImportedGraph, ImportStats, Node, TensorInfo
-from pypto_offline.importer.input_shapes import check_dims, fix_input_shapes, graph_inputs
+from pypto_offline.importer.input_shapes import (check_dims, check_given_inputs, fix_input_shapes,
+                                                 graph_inputs)
 from pypto_offline.importer.loading import load_model
 from pypto_offline.importer.normalise import normalise_graph
 from pypto_offline.importer.validation import check_structure, default_opset, run_checker
@@ -32,8 +34,16 @@ MAX_PROBE_ROUNDS = 3
 
 def import_model(source: "str | os.PathLike | bytes | onnx.ModelProto",
                  input_shapes: Mapping[str, Sequence[int]] | None = None,
-                 base_dir: "str | os.PathLike | None" = None) -> ImportedGraph:
-    """Load, check, fold and normalise a model. Raises ``PyptoOfflineError`` on bad input."""
+                 base_dir: "str | os.PathLike | None" = None, *,
+                 inputs: Mapping[str, np.ndarray] | None = None,
+                 must_run: bool = False) -> ImportedGraph:
+    """Load, check, fold and normalise a model. Raises ``PyptoOfflineError`` on bad input.
+
+    ``inputs``: real values of some inputs (checked against them), fed to the shape probe so a
+    model whose shapes depend on them (a Reshape's shape given as an input) gets static shapes.
+    ``must_run``: the model will be verified in onnxruntime, so one that cannot run there (a
+    custom-domain op) is refused now rather than after the whole compile.
+    """
     started = time.perf_counter()
     model, label = load_model(source, base_dir)
     nodes_in_source = len(model.graph.node)
@@ -41,7 +51,9 @@ def import_model(source: "str | os.PathLike | bytes | onnx.ModelProto",
     check_structure(model, label)
     run_checker(model, label)
     fix_input_shapes(model, input_shapes, label)
-    model, probed, cannot_run = _fold_to_fixed_point(model)
+    given = dict(inputs or {})
+    check_given_inputs(model, given, label)
+    model, probed, cannot_run = _fold_to_fixed_point(model, given, label)
     nodes_after_folding = len(model.graph.node)
     inferred = _inferred_types(model)
     tensors, corrected = _merge_shapes(model, inferred, probed, label)
@@ -53,7 +65,13 @@ def import_model(source: "str | os.PathLike | bytes | onnx.ModelProto",
     if cannot_run is not None and all(n.domain in ("", "ai.onnx") for n in model.graph.node):
         first = str(cannot_run).strip().splitlines()[0]
         raise ModelError(f"onnxruntime cannot run the model: {first}", where=label,
-                         fix="re-export the model; it must run in onnxruntime as it is")
+                         fix="re-export the model; it must run in onnxruntime as it is"
+                         + ("" if given else ", or give the inputs its shapes depend on "
+                                             "with --inputs"))
+    if cannot_run is not None and must_run:
+        first = str(cannot_run).strip().splitlines()[0]
+        raise ModelError(f"the model cannot be verified here: onnxruntime cannot run it ({first})",
+                         where=label, fix="--no-verify builds it without the check")
     _write_value_info(model, tensors)
     stats = ImportStats(
         nodes_in_source=nodes_in_source,
@@ -70,17 +88,25 @@ def import_model(source: "str | os.PathLike | bytes | onnx.ModelProto",
         stats=stats)
 
 
-def _fold_to_fixed_point(model: onnx.ModelProto):
-    """(folded model, probed shapes, the error if onnxruntime cannot run the model at all)."""
+def _fold_to_fixed_point(model: onnx.ModelProto, given: Mapping[str, np.ndarray], label: str):
+    """(folded model, probed shapes, the error if onnxruntime cannot run the model at all).
+    Each fold and each probe runs only once its model's tensors fit the memory budget."""
+    # The source's weights are in memory already, as initializers or as Constant nodes (which
+    # folding lifts to initializers of the same name): only what is computed counts.
+    weights = {t.name for t in model.graph.initializer}
+    weights |= {n.output[0] for n in model.graph.node if n.op_type == "Constant" and n.output}
+    shape_probe.check_memory(model, label, weights)
     model = folding.fold(model)
     try:
-        probed = shape_probe.probe(model)
+        shape_probe.check_memory(model, label, weights)
+        probed = shape_probe.probe(model, given)
         for _ in range(MAX_PROBE_ROUNDS):
             if not _has_foldable_shape_ops(model, probed):
                 break
             known = {name: shape for name, (_, shape) in probed.items() if shape is not None}
             model = folding.fold(model, known)
-            probed = shape_probe.probe(model)
+            shape_probe.check_memory(model, label, weights)
+            probed = shape_probe.probe(model, given)
     except CannotRun as error:
         return model, {}, error
     return model, probed, None

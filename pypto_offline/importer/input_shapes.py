@@ -1,4 +1,8 @@
-"""Fix the graph inputs' shapes from the caller, and refuse impossible dimensions."""
+"""Fix the graph inputs' shapes from the caller, refuse impossible dimensions and tensors too large
+to hold, and check the real input values a caller gives against the inputs they feed.
+
+The memory limits are explained in docs/outputs.md ("Resource limits").
+"""
 from __future__ import annotations
 
 from typing import Mapping, Sequence
@@ -11,6 +15,10 @@ from pypto_offline.errors import ModelError, UsageError
 # PyPTO indexes tensors with int32 ("shape size of tensor must less than or equal to INT32_MAX"),
 # so no tensor the compiler handles may hold more elements than that.
 MAX_ELEMENTS = 2**31 - 1
+# No single tensor the importer computes or is given may need more than this: the shape probe
+# holds every tensor of the graph at once, and an on-device activation of this size is already
+# far beyond any NPU's memory. A 1e8-element float32 tensor (400 MB) is refused.
+MAX_TENSOR_BYTES = 256 << 20
 
 
 def parse_shape_option(text: str) -> tuple[str, list[int]]:
@@ -46,6 +54,38 @@ def check_dims(dims: Sequence[int], where: str) -> None:
                          fix="check the shape: the compiler handles tensors up to 2^31-1 elements")
 
 
+def tensor_bytes(dims: Sequence[int], elem_type: int) -> int:
+    """Bytes a tensor of this shape and ONNX element type needs (at least one byte an element:
+    the packed 4-bit types are held unpacked by every runtime here)."""
+    try:
+        itemsize = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type)).itemsize
+    except (KeyError, TypeError, ValueError):
+        itemsize = 1
+    return int(np.prod([int(d) for d in dims], dtype=object)) * max(itemsize, 1)
+
+
+def _dtype_name(elem_type: int) -> str:
+    try:
+        return str(np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type)))
+    except (KeyError, TypeError, ValueError):
+        return onnx.TensorProto.DataType.Name(elem_type).lower() if elem_type else "?"
+
+
+def human_bytes(count: int) -> str:
+    return f"{count / 2**30:.2f} GiB" if count >= 2**30 else f"{count / 2**20:.1f} MiB"
+
+
+def check_tensor_bytes(dims: Sequence[int], elem_type: int, where: str) -> int:
+    """The tensor's size in bytes; refuses one larger than ``MAX_TENSOR_BYTES``."""
+    size = tensor_bytes(dims, elem_type)
+    if size > MAX_TENSOR_BYTES:
+        dtype = _dtype_name(elem_type)
+        raise ModelError(f"a tensor of shape {list(dims)} ({dtype}) needs {human_bytes(size)}, "
+                         f"more than the {human_bytes(MAX_TENSOR_BYTES)} a tensor may take here",
+                         where=where, fix="give smaller shapes (--input-shape) or check the model")
+    return size
+
+
 def fix_input_shapes(model: onnx.ModelProto, input_shapes: Mapping[str, Sequence[int]] | None,
                      label: str) -> None:
     """Write the caller's shapes into the graph inputs (in place) and validate declared dims."""
@@ -63,6 +103,7 @@ def fix_input_shapes(model: onnx.ModelProto, input_shapes: Mapping[str, Sequence
         if name in given:
             dims = [int(d) for d in given[name]]
             check_dims(dims, where)
+            check_tensor_bytes(dims, value.type.tensor_type.elem_type, where)
             if value.type.tensor_type.HasField("shape") and len(shape.dim) != len(dims):
                 raise UsageError(f"the model declares rank {len(shape.dim)}, got {len(dims)} "
                                  f"dimensions {dims}", where=where,
@@ -72,6 +113,38 @@ def fix_input_shapes(model: onnx.ModelProto, input_shapes: Mapping[str, Sequence
             _check_declared(shape, where)
             if all(d.HasField("dim_value") for d in shape.dim):
                 check_dims([d.dim_value for d in shape.dim], where)
+                check_tensor_bytes([d.dim_value for d in shape.dim],
+                                   value.type.tensor_type.elem_type, where)
+
+
+def check_given_inputs(model: onnx.ModelProto, given: Mapping[str, np.ndarray],
+                       label: str) -> None:
+    """Real input values (``--inputs``) must name model inputs and match their dtype and shape:
+    a wrong one would otherwise reach onnxruntime, or its fallback evaluator, which may broadcast
+    it and report a meaningless result."""
+    inputs = {v.name: v for v in graph_inputs(model)}
+    for name, array in given.items():
+        if name not in inputs:
+            raise UsageError(f"--inputs names {name!r}, which is not a model input", where=label,
+                             fix=f"the inputs are: {', '.join(inputs) or '(none)'}")
+        value = inputs[name]
+        where = f"{label}, input {name!r}"
+        if not value.type.HasField("tensor_type") or not isinstance(array, np.ndarray):
+            raise UsageError("--inputs gives an array for an input that is not a tensor",
+                             where=where, fix="give arrays for tensor inputs only")
+        expected = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type))
+        if array.dtype != expected:
+            raise UsageError(f"--inputs gives dtype {array.dtype}, the model expects {expected}",
+                             where=where, fix=f"convert it with .astype(numpy.{expected})")
+        if value.type.tensor_type.HasField("shape"):
+            dims = value.type.tensor_type.shape.dim
+            declared = [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?")
+                        for d in dims]
+            if len(dims) != array.ndim or any(isinstance(d, int) and d != n
+                                               for d, n in zip(declared, array.shape)):
+                raise UsageError(f"--inputs gives shape {list(array.shape)}, the model expects "
+                                 f"{declared}", where=where,
+                                 fix="give an array of the input's shape (after --input-shape)")
 
 
 def _write_dims(value: onnx.ValueInfoProto, dims: Sequence[int]) -> None:

@@ -3,15 +3,28 @@
 onnx's inference gets some ops wrong (STFT with ``onesided`` gives 512 bins where the op gives
 257) and cannot see through others. With every graph input static, running the graph once shows
 each tensor's real shape. It runs twice, on zeros and on ones: a tensor whose shape differs between
-the two depends on data and stays symbolic.
+the two depends on data and stays symbolic. Inputs whose real values the caller gives (``--inputs``:
+a Reshape's target shape, an Unsqueeze's axes) are fed those values in both runs instead.
+
+The probe keeps every tensor of the graph, so before it (and before folding, which evaluates
+constant subgraphs) ``check_memory`` refuses a model whose tensors, as onnx's shape inference sees
+them, would not fit the budget (docs/outputs.md, "Resource limits").
 """
 from __future__ import annotations
+
+from typing import Collection, Mapping
 
 import numpy as np
 import onnx
 
-from pypto_offline.importer.input_shapes import graph_inputs
+from pypto_offline.errors import ModelError
+from pypto_offline.importer.input_shapes import check_tensor_bytes, graph_inputs, human_bytes
 from pypto_offline.runtime import CannotRun, run_model
+
+# All tensors of one probe run together (it keeps every value; the two runs roughly double it).
+# The corpus needs at most 670 MiB (ppocrv4_det at its bench shape); 2 GiB leaves room without
+# letting a model take the machine's memory before any check. Also the bound on --inputs.
+MAX_PROBE_BYTES = 2 << 30
 
 
 def static_input_shapes(model: onnx.ModelProto) -> dict[str, tuple[int, ...]] | None:
@@ -24,28 +37,65 @@ def static_input_shapes(model: onnx.ModelProto) -> dict[str, tuple[int, ...]] | 
     return shapes
 
 
-def probe(model: onnx.ModelProto) -> dict[str, tuple[np.dtype, tuple[int, ...] | None]]:
+def check_memory(model: onnx.ModelProto, label: str, known: Collection[str] = ()) -> None:
+    """Refuse, before folding or probing, a model with a tensor larger than ``MAX_TENSOR_BYTES``
+    or whose tensors together exceed ``MAX_PROBE_BYTES``, by the static shapes onnx's inference
+    (with data propagation, so Shape → Concat → ConstantOfShape chains count) gives. Initializers
+    named in ``known`` (the source's weights, already in memory) are not counted; those folding
+    made are."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, data_prop=True).graph
+    except Exception:  # noqa: BLE001 - inference is an estimate here; the probe fails on its own
+        inferred = model.graph
+    sizes: dict[str, int] = {}
+    for value in list(inferred.input) + list(inferred.value_info) + list(inferred.output):
+        tensor_type = value.type.tensor_type
+        dims = tensor_type.shape.dim
+        if value.name in known or not value.type.HasField("tensor_type") \
+                or not tensor_type.HasField("shape") \
+                or not all(d.HasField("dim_value") and d.dim_value >= 0 for d in dims):
+            continue
+        sizes[value.name] = check_tensor_bytes([d.dim_value for d in dims], tensor_type.elem_type,
+                                               f"{label}, tensor {value.name!r}")
+    for tensor in model.graph.initializer:
+        if tensor.name not in known:
+            sizes[tensor.name] = check_tensor_bytes(tensor.dims, tensor.data_type,
+                                                    f"{label}, folded constant {tensor.name!r}")
+    total = sum(sizes.values())
+    if total > MAX_PROBE_BYTES:
+        raise ModelError(f"the model's tensors need {human_bytes(total)} together, more than the "
+                         f"{human_bytes(MAX_PROBE_BYTES)} the importer may use to run it",
+                         where=label, fix="give smaller input shapes (--input-shape)")
+
+
+def probe(model: onnx.ModelProto, given: Mapping[str, np.ndarray] | None = None
+          ) -> dict[str, tuple[np.dtype, tuple[int, ...] | None]]:
     """name → (dtype, shape or None if data-dependent) for every node output; {} if the inputs
-    are not static or one of the two runs fails. Raises ``CannotRun`` if neither run works."""
+    are not static or one of the two runs fails. Raises ``CannotRun`` if neither run works.
+    Inputs in ``given`` are fed their values in every run."""
     shapes = static_input_shapes(model)
     if shapes is None:
         return {}
+    given = dict(given or {})
     exposed = _expose_all_values(model)
     runs, errors = [], []
-    for fill in (0, 1):
-        feeds = {value.name: np.full(shapes[value.name], fill, dtype=_np_dtype(value))
+    # With every input given, the two runs would be the same run.
+    fills = (0, 1) if any(v.name not in given for v in graph_inputs(model)) else (0,)
+    for fill in fills:
+        feeds = {value.name: given[value.name] if value.name in given
+                 else np.full(shapes[value.name], fill, dtype=_np_dtype(value))
                  for value in graph_inputs(model)}
         try:
             runs.append(run_model(exposed, feeds))
         except CannotRun as error:
             errors.append(error)
-    if len(errors) == 2:
+    if len(errors) == len(fills):
         # Some inputs are invalid as all zeros (a Range step), none as zeros and as ones:
         # the model itself cannot run (mixed dtypes in one op, say).
         raise errors[-1]
     if errors:
         return {}
-    first, second = runs
+    first, second = runs[0], runs[-1]
     return {name: (array.dtype, array.shape if second[name].shape == array.shape else None)
             for name, array in first.items()
             if isinstance(array, np.ndarray) and isinstance(second.get(name), np.ndarray)}

@@ -2,7 +2,9 @@
 
 Writing is deterministic (sorted maps, no timestamps) and atomic (a temporary file in the same
 folder, renamed into place). Reading checks every layer and refuses a damaged file with one clear
-error: a flipped or missing byte anywhere fails the digest or the header.
+error: a flipped or missing byte anywhere fails the digest or the header. Output paths are checked
+before any work (``check_outputs``) and a blob is written together with its report
+(``write_together``): see docs/outputs.md.
 """
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import os
 import struct
 import tempfile
 from pathlib import Path
+from typing import Mapping
 
 import onnx
 from google.protobuf.message import DecodeError
@@ -95,15 +98,71 @@ def read(path: Path, expected_target: str | None = None) -> ptom_pb2.CompiledMod
 
 
 def check_writable(path: Path) -> None:
-    """Fail before the work, not after: the folder an output goes to must exist."""
-    if not Path(path).parent.is_dir():
-        raise UsageError(f"the folder {str(Path(path).parent)!r} does not exist", where=str(path),
+    """Fail before the work, not after: the folder an output goes to must exist and be writable,
+    and what the path names now, if anything, must be a regular file to replace (not a folder,
+    a device such as /dev/null, or a pipe)."""
+    path = Path(path)
+    folder = path.parent
+    if not folder.is_dir():
+        raise UsageError(f"the folder {str(folder)!r} does not exist", where=str(path),
                          fix="create it, or choose another output path")
+    if path.exists() and not path.is_file():
+        raise UsageError("the output path names a folder, a device or a pipe, not a file",
+                         where=str(path), fix="give the path of a file to write")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise UsageError(f"the folder {str(folder)!r} cannot be written", where=str(path),
+                         fix="choose a folder you can write to")
+
+
+def check_outputs(outputs: Mapping[str, Path], inputs: Mapping[str, Path]) -> None:
+    """Every output writable, none the same file as an input or as another output (compared as
+    files: through symbolic links, ``..`` and hard links). Labels name them in the message."""
+    for label, path in outputs.items():
+        check_writable(path)
+        for other_label, other in list(inputs.items()) + list(outputs.items()):
+            if other_label != label and same_file(path, other):
+                raise UsageError(f"{label} {str(path)!r} is the same file as the {other_label}; "
+                                 f"writing it would destroy it", where=str(path),
+                                 fix=f"give {label} another path")
+
+
+def same_file(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one does not exist yet: the same path once resolved is the same file
+        return os.path.realpath(a) == os.path.realpath(b)
 
 
 def write_atomically(path: Path, data: bytes) -> None:
     """A temporary file next to ``path``, renamed over it: no half-written file, ever."""
-    path = Path(path)
+    write_together({Path(path): data})
+
+
+def write_together(files: Mapping[Path, bytes]) -> None:
+    """Write files as one: each is staged to a temporary file in its folder first, and only when
+    all are staged are they renamed into place, in the given order (so a blob given last appears
+    only once its report is there). A failure leaves none of them behind."""
+    staged: dict[Path, str] = {}
+    placed: list[Path] = []
+    try:
+        for path, data in files.items():
+            staged[Path(path)] = _stage(Path(path), data)
+        for path, temporary in staged.items():
+            try:
+                os.replace(temporary, path)
+            except OSError as error:
+                raise UsageError(f"cannot write there: {error.strerror}", where=str(path),
+                                 fix="choose another output path") from None
+            placed.append(path)
+    except BaseException:
+        for temporary in staged.values():
+            Path(temporary).unlink(missing_ok=True)
+        for path in placed:  # a later rename failed: take back what this write put there
+            path.unlink(missing_ok=True)
+        raise
+
+
+def _stage(path: Path, data: bytes) -> str:
     check_writable(path)
     try:
         handle, staged = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -116,7 +175,11 @@ def write_atomically(path: Path, data: bytes) -> None:
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(staged, 0o666 & ~umask)  # mkstemp makes 0600; a blob is an ordinary file
-        os.replace(staged, path)
+    except OSError as error:
+        Path(staged).unlink(missing_ok=True)
+        raise UsageError(f"cannot write there: {error.strerror}", where=str(path),
+                         fix="free some space or choose another folder") from None
     except BaseException:
         Path(staged).unlink(missing_ok=True)
         raise
+    return staged

@@ -35,11 +35,20 @@ class BuildOptions:
     jobs: int = 2
     tile_search: bool = True
     kernel_timeout_s: float = DEFAULT_TIMEOUT_S  # per PyPTO worker; past it the region falls back
+    # Real input values for the import's shape probe (see ``import_model``), and whether the
+    # model will be verified, so that one onnxruntime cannot run is refused before compiling.
+    inputs: Mapping[str, np.ndarray] = field(default_factory=dict)
+    verify: bool = False
 
     def provenance(self) -> dict[str, str]:
         """The options that change the output (not jobs, cache folder or time limit)."""
         shapes = ";".join(f"{k}={','.join(map(str, v))}" for k, v in sorted(self.input_shapes.items()))
-        return {"input_shapes": shapes, "tile_search": str(self.tile_search).lower()}
+        options = {"input_shapes": shapes, "tile_search": str(self.tile_search).lower()}
+        if self.inputs:  # their values may fix shapes the model leaves to them
+            options["inputs"] = ";".join(
+                f"{name}={hashlib.sha256(np.ascontiguousarray(value).tobytes()).hexdigest()[:16]}"
+                for name, value in sorted(self.inputs.items()))
+        return options
 
 
 @dataclass(frozen=True)
@@ -70,7 +79,8 @@ def build(source, target: Target, options: BuildOptions, progress: Progress = la
 
     raw, name = model_bytes(source)
     progress("importing")
-    graph = import_model(source, options.input_shapes)
+    graph = import_model(source, options.input_shapes, inputs=options.inputs,
+                         must_run=options.verify)
     _require_static_inputs(graph, name)
     progress("planning fusion")
     plan = plan_fusion(graph, target)

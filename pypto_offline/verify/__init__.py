@@ -6,16 +6,23 @@
 Inputs are seeded and respect each input's dtype and valid range: an integer that indexes a Gather
 stays within the indexed axis (token ids within the vocabulary), a length equals its axis, a mask
 is ones. Tolerances are per dtype; integers and booleans must match exactly. Knows nothing of
-kernels or blobs.
+kernels or blobs. ``load_inputs`` reads real inputs from an .npz, sizes checked before any byte is
+decompressed.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Mapping
 
+import zipfile
+import zlib
+
 import numpy as np
 import onnx
 
+from pypto_offline.errors import ModelError, UsageError
+from pypto_offline.importer.input_shapes import human_bytes
+from pypto_offline.importer.shape_probe import MAX_PROBE_BYTES
 from pypto_offline.runtime import TOLERANCE, CannotRun, abs_diff, run_model
 
 # Ops an index tensor passes through unchanged on its way to a Gather.
@@ -46,7 +53,14 @@ class Verification:
 
 def compare(reference: onnx.ModelProto, candidate: onnx.ModelProto,
             feeds: Mapping[str, np.ndarray]) -> Verification:
-    expected = run_model(reference, feeds)
+    try:
+        expected = run_model(reference, feeds)
+    except CannotRun as why:  # a custom-domain op: not the compiler's fault, nothing to check
+        first = str(why).strip().splitlines()[0]
+        raise ModelError(f"the model cannot be verified here: onnxruntime cannot run it on "
+                         f"these inputs ({first})",
+                         fix="give the inputs its shapes depend on with --inputs; --no-verify "
+                             "builds it without the check") from None
     try:
         actual = run_model(candidate, feeds)
     except CannotRun as why:
@@ -135,3 +149,48 @@ def _static_shapes(model: onnx.ModelProto) -> dict[str, list[int]]:
         if all(d.HasField("dim_value") for d in dims):
             shapes[value.name] = [d.dim_value for d in dims]
     return shapes
+
+
+NPZ_FIX = "give an .npz made with numpy.savez, one array per input name"
+
+
+def load_inputs(path) -> dict[str, np.ndarray]:
+    """The arrays of an .npz, by name. Its zip directory and each .npy header are read first, so
+    an archive that would decompress to more than ``MAX_PROBE_BYTES`` (a zip bomb), an array whose
+    header disagrees with its size (truncated), or a pickled object is refused before any data is
+    decompressed. Every failure is a ``UsageError``."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            members = archive.infolist()
+            total = sum(member.file_size for member in members)
+            if total > MAX_PROBE_BYTES:
+                raise UsageError(f"--inputs would decompress to {human_bytes(total)}, more "
+                                 f"than the {human_bytes(MAX_PROBE_BYTES)} allowed",
+                                 where=str(path), fix=NPZ_FIX)
+            for member in members:
+                _check_npy_header(archive, member, path)
+            with np.load(path, allow_pickle=False) as data:
+                return {name: data[name] for name in data.files}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as error:
+        raise UsageError(f"cannot read --inputs: {error}", where=str(path), fix=NPZ_FIX) from None
+
+
+def _check_npy_header(archive: zipfile.ZipFile, member: zipfile.ZipInfo, path) -> None:
+    where = f"{path}, {member.filename}"
+    if not member.filename.endswith(".npy"):
+        raise UsageError("the archive holds a file that is not an .npy array", where=where,
+                         fix=NPZ_FIX)
+    with archive.open(member) as stream:  # decompresses only the header's few bytes
+        version = np.lib.format.read_magic(stream)
+        read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                       else np.lib.format.read_array_header_2_0)
+        shape, _, dtype = read_header(stream, max_header_size=10_000)
+        data_bytes = member.file_size - stream.tell()
+    if dtype.hasobject:
+        raise UsageError("the array holds Python objects, which are not read (they could run "
+                         "code)", where=where, fix=NPZ_FIX)
+    expected = int(np.prod(shape, dtype=object)) * dtype.itemsize
+    if expected != data_bytes:
+        raise UsageError(f"the array's header says shape {list(shape)} {dtype} ({expected} "
+                         f"bytes) but it holds {data_bytes} bytes: the file is truncated or "
+                         f"damaged", where=where, fix=NPZ_FIX)
