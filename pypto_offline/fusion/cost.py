@@ -3,8 +3,9 @@
     time = launches × launch overhead + bytes ÷ bandwidth
 
 A node's kernel reads its data inputs and writes its outputs; reshape-like nodes are metadata on
-contiguous data and cost nothing. A fused region's lower bound reads its inputs once and writes its
-outputs once. The target's bandwidth and launch overhead are mostly estimates (see targets/).
+contiguous data and cost nothing. A fused region's lower bound writes its outputs once and reads
+once the input elements they depend on (docs/figures.md). The target's bandwidth and launch
+overhead are mostly estimates (see targets/).
 """
 from __future__ import annotations
 

@@ -37,8 +37,8 @@ def tile_us(kernel: ptom_pb2.Kernel, tile: str) -> float | None:
 
 def kernels_below_lower_bound(message: ptom_pb2.CompiledModel) -> list[str]:
     """Compiled kernels whose GM bytes counted from their program are fewer than their lower
-    bound (inputs once + outputs once): impossible unless a count is wrong, so the benches check
-    that this is empty (docs/figures.md)."""
+    bound (outputs once, the input elements they depend on once): impossible unless a count is
+    wrong, so the benches check that this is empty (docs/figures.md)."""
     return [k.id for k in message.kernels if k.compiled
             and k.gm_bytes_read + k.gm_bytes_written < k.gm_bytes_lower_bound]
 
