@@ -224,10 +224,13 @@ def test_a_kernel_reading_a_slice_window_measures_at_least_its_lower_bound(tmp_p
     assert kernel.gm_bytes >= region.fused.gm_bytes
 
 
-@pytest.mark.parametrize("model", ["tf_bert_encoder"])
-def test_no_kernel_of_a_corpus_model_measures_below_its_lower_bound(model, tmp_path):
-    """BERT's regions: Reshape+Transpose of Q/K/V (TRANSPOSE_MOVEOUT) and the attention mask
-    and GELU with one-element constants, which the kernel holds as immediates."""
+@pytest.mark.parametrize("model, least_compiled, transposes_out", [
+    ("tf_bert_encoder", 15, True), ("asr_frontend_whisper80_conv", 2, False)])
+def test_no_kernel_of_a_corpus_model_measures_below_its_lower_bound(
+        model, least_compiled, transposes_out, tmp_path):
+    """BERT: Reshape+Transpose of Q/K/V (TRANSPOSE_MOVEOUT), the attention mask and GELU with
+    one-element constants (immediates in the kernel). whisper: a spectrogram transposed and
+    sliced (the dropped frame is never read) and a Div by a constant."""
     from bench import corpus
     from pypto_offline import import_model
     from pypto_offline.fusion import plan_fusion
@@ -239,8 +242,8 @@ def test_no_kernel_of_a_corpus_model_measures_below_its_lower_bound(model, tmp_p
                               search=False)
     regions = {r.id: r for r in plan.regions}
     compiled = [k for k in kernels if k.compiled]
-    assert len(compiled) >= 0.9 * len(kernels) >= 10
-    assert any("TRANSPOSE_MOVEOUT" in _opcodes(k) for k in compiled)
+    assert len(compiled) >= least_compiled, [k.fallback_reason for k in kernels]
+    assert transposes_out == any("TRANSPOSE_MOVEOUT" in _opcodes(k) for k in compiled)
     below = {k.region_id: (k.gm_bytes, regions[k.region_id].fused.gm_bytes) for k in compiled
              if k.gm_bytes < regions[k.region_id].fused.gm_bytes}
     assert below == {}
