@@ -33,6 +33,7 @@ import onnx
 import onnxruntime as ort
 
 from bench import corpus
+from bench.corpus_build import below_cell
 from pypto_offline.fusion.classify import VIEW_ONLY_OPS
 
 TILE_GAIN = 0.20
@@ -167,11 +168,14 @@ def ours(name: str, target: str, cache: Path, folder: Path) -> dict:
     summary = json.loads(run["stdout"])
     from pypto_offline.offline_compiler import blob as blob_format
 
-    kernels = [k for k in blob_format.read(blob).kernels if k.compiled]
+    from pypto_offline.offline_compiler.summary import kernels_below_lower_bound
+
+    message = blob_format.read(blob)
+    kernels = [k for k in message.kernels if k.compiled]
     ratios = [k.tuned_tile.aicore_us / k.default_tile.aicore_us for k in kernels
               if k.default_tile.aicore_us]
     return {**summary, "seconds": round(run["seconds"], 2), "peak_mb": round(run["peak_mb"]),
-            "tile_ratios": ratios,
+            "tile_ratios": ratios, "gm_below_lower_bound": kernels_below_lower_bound(message),
             "tile_better": sum(r <= 1 - TILE_GAIN for r in ratios)}
 
 
@@ -229,16 +233,17 @@ def markdown(rows: list[dict], targets: list[str]) -> str:
     lines += ["", "† onnxslim broke the model with static input shapes (its output does not run in "
               "onnxruntime); the figure is for the model as shipped, with symbolic shapes.",
               "", "## Ratios (pypto-offline, per target)", "",
-              "| model | target | kernels ours/ORT-all | ours/IREE | GM after/LB | GM before/after | "
+              "| model | target | kernels ours/ORT-all | ours/IREE | GM after/LB | kernels GM < LB "
+              "| GM before/after | "
               "PyPTO unfused/fused | tiles ≥20% better | median tuned/default | compile s cold / warm "
               "| onnxslim s | IREE s | ours÷IREE cold / warm | peak MB ours cold / warm / IREE |",
-              "|---" * 14 + "|"]
+              "|---" * 15 + "|"]
     for r in rows:
         b = r["baselines"]
         for t in (t for t in targets if t in r["targets"]):
             w, c = r["targets"][t]["warm"], r["targets"][t].get("cold")
             if "error" in w:
-                lines.append(f"| {r['model']} | {t} | ✗ {w['error'][:80]} |" + " |" * 11)
+                lines.append(f"| {r['model']} | {t} | ✗ {w['error'][:80]} |" + " |" * 12)
                 continue
             iree = b.get("iree", {})
             lines.append(" | ".join([
@@ -246,6 +251,7 @@ def markdown(rows: list[dict], targets: list[str]) -> str:
                 _ratio(w["kernels_after"], b["ORT_ENABLE_ALL"]["kernels"]),
                 _ratio(w["kernels_after"], iree.get("kernels")),
                 _ratio(w["gm_bytes_after"], w["gm_bytes_lower_bound"]),
+                below_cell(w),
                 _ratio(w["gm_bytes_before"], w["gm_bytes_after"]),
                 _ratio(w["pypto"]["cost_us_unfused"], w["pypto"]["cost_us_fused"]),
                 f"{w['tile_better']}/{len(w['tile_ratios'])}",
@@ -257,6 +263,13 @@ def markdown(rows: list[dict], targets: list[str]) -> str:
                 f"{c['peak_mb'] if c and 'peak_mb' in c else '—'} / {w['peak_mb']} / "
                 f"{iree.get('peak_mb', '—')} |"]))
     return "\n".join(lines)
+
+
+def invariant_broken(rows: list[dict]) -> list[str]:
+    return [f"INVARIANT BROKEN: {r['model']} {t} ({run}): kernels {', '.join(below)} measure "
+            f"fewer GM bytes than their lower bound"
+            for r in rows for t, entry in r["targets"].items() for run, result in entry.items()
+            for below in [result.get("gm_below_lower_bound")] if below]
 
 
 def _ratio(a: float, b: float) -> str:
@@ -340,7 +353,12 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.models.split(","):
         rows.append(bench_model(name, targets, cache, name in cold, not args.no_iree,
                                 args.keep_cold_caches))
-        print(f"{name}: done", file=sys.stderr, flush=True)
+        below = sum(len(run.get("gm_below_lower_bound") or []) for entry in
+                    rows[-1]["targets"].values() for run in entry.values())
+        print(f"{name}: done; kernels below their GM lower bound (all runs): {below}",
+              file=sys.stderr, flush=True)
+        for line in invariant_broken(rows[-1:]):
+            print(line, file=sys.stderr, flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     if args.update and (args.out / "compare.json").exists():
         rows = merged(json.loads((args.out / "compare.json").read_text()), rows)
@@ -350,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / "compare.md").write_text(table + "\n")
     plots(rows, targets, args.out)
     print(table)
-    return 0
+    return 1 if invariant_broken(rows) else 0  # flagged above, model by model
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from bench import corpus
 import pypto_offline
+from pypto_offline.offline_compiler.summary import kernels_below_lower_bound, shown
 
 
 def build_one(name: str, target: str, out: Path, cache_dir: Path, jobs: int) -> dict:
@@ -23,24 +24,40 @@ def build_one(name: str, target: str, out: Path, cache_dir: Path, jobs: int) -> 
     compiled.verify(spec.make_inputs(seed=0))
     blob = compiled.save(out / f"{name}.{target}.ptom")
     return {**compiled.summary(), "blob": blob.name,
+            "gm_below_lower_bound": kernels_below_lower_bound(compiled.message),
             "compile_seconds": round(time.perf_counter() - started, 1)}
+
+
+def invariant_broken(row: dict) -> str | None:
+    """The line that flags a model whose kernels measure fewer GM bytes than their lower bound."""
+    below = row.get("gm_below_lower_bound", [])
+    return (f"INVARIANT BROKEN: {row['model']} {row['target']}: {len(below)} kernels measure "
+            f"fewer GM bytes than their lower bound ({', '.join(below)})") if below else None
 
 
 def table(rows: list[dict]) -> str:
     lines = ["| model | target | kernels | fused (ops) | PyPTO compiled / fell back | GM MB before → "
-             "after (lower bound) | est. µs before → after | PyPTO µs fused / unfused | check |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "after (lower bound) | kernels GM < LB | est. µs before → after | PyPTO µs fused / "
+             "unfused | check |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         p, v = r["pypto"], r["verification"]
         lines.append(
             f"| {r['model']} | {r['target']} | {r['kernels_before']} → {r['kernels_after']} | "
             f"{r['fused_kernels']} ({r['ops_fused']}) | {p['compiled']} / {p['fell_back']} | "
             f"{r['gm_bytes_before'] / 1e6:.2f} → {r['gm_bytes_after'] / 1e6:.2f} "
-            f"({r['gm_bytes_lower_bound'] / 1e6:.2f}) | {r['est_time_us_before']:.0f} → "
-            f"{r['est_time_us_after']:.0f} | {p['cost_us_fused']:.1f} / {p['cost_us_unfused']:.1f} | "
-            f"{v['status']} ({v['max_abs_diff']:.1e}; kernels {v['kernels_passed']}/"
+            f"({r['gm_bytes_lower_bound'] / 1e6:.2f}) | {below_cell(r)} | "
+            f"{r['est_time_us_before']:.0f} → {r['est_time_us_after']:.0f} | "
+            f"{shown(p['cost_us_fused'], '.1f')} / {shown(p['cost_us_unfused'], '.1f')} | "
+            f"{v['status']} ({shown(v['max_abs_diff'], '.1e')}; kernels {v['kernels_passed']}/"
             f"{v['kernels_checked']}) |")
     return "\n".join(lines)
+
+
+def below_cell(row: dict) -> str:
+    """Kernels measuring fewer GM bytes than their lower bound: 0 unless a count is wrong."""
+    below = row.get("gm_below_lower_bound")
+    return "—" if below is None else f"**{len(below)} ✗**" if below else "0"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -57,11 +74,14 @@ def main(argv: list[str] | None = None) -> int:
         for target in args.targets.split(","):
             rows.append(build_one(name, target, args.out, args.cache_dir, args.jobs))
             print(f"{name} {target}: {rows[-1]['verification']['status']} in "
-                  f"{rows[-1]['compile_seconds']} s", file=sys.stderr, flush=True)
+                  f"{rows[-1]['compile_seconds']} s; kernels with GM bytes below the lower "
+                  f"bound: {len(rows[-1]['gm_below_lower_bound'])}", file=sys.stderr, flush=True)
+            if invariant_broken(rows[-1]):
+                print(invariant_broken(rows[-1]), file=sys.stderr, flush=True)
             (args.out / "summaries.json").write_text(json.dumps(rows, indent=1))
             (args.out / "summaries.md").write_text(table(rows) + "\n")
     print(table(rows))
-    return 0
+    return 1 if any(map(invariant_broken, rows)) else 0  # flagged above, model by model
 
 
 if __name__ == "__main__":

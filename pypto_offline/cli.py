@@ -136,6 +136,8 @@ def report_path(blob: Path) -> Path:
 
 
 def _human_summary(s: dict) -> str:
+    from pypto_offline.offline_compiler.summary import shown
+
     mb = lambda n: f"{n / 1e6:.2f} MB"  # noqa: E731
     check = s["verification"]
     lines = [
@@ -147,10 +149,9 @@ def _human_summary(s: dict) -> str:
         f"  estimated time {s['est_time_us_before']:.1f} → {s['est_time_us_after']:.1f} µs "
         f"(target bandwidth and launch cost are estimates)",
         f"  PyPTO: {s['pypto']['compiled']} kernels compiled, {s['pypto']['fell_back']} fell "
-        f"back; cost model {s['pypto']['cost_us_fused']:.1f} µs fused against "
-        f"{s['pypto']['cost_us_unfused']:.1f} µs unfused",
+        f"back; {_cost_model(s['pypto'])}",
         f"  verification: {check['status']}"
-        + (f" (max abs diff {check['max_abs_diff']:.2e}; kernels checked "
+        + (f" (max abs diff {shown(check['max_abs_diff'], '.2e')}; kernels checked "
            f"{check['kernels_passed']}/{check['kernels_checked']})"
            if check["status"] != "skipped" else ""),
     ]
@@ -159,6 +160,18 @@ def _human_summary(s: dict) -> str:
     if s.get("report"):
         lines.append(f"  report: {s['report']}")
     return "\n".join(lines)
+
+
+def _cost_model(pypto: dict) -> str:
+    """PyPTO's fused against unfused time, saying which kernels it covers; "not measured" when
+    no kernel's unfused baseline compiled (a sum of nothing is not 0 µs)."""
+    if pypto["cost_us_fused"] is None or pypto["cost_us_unfused"] is None:
+        return "cost model not measured (no kernel's unfused baseline compiled)"
+    compared = pypto.get("kernels_cost_compared", 0)
+    over = f" over {compared} of {pypto['compiled']} kernels" \
+        if 0 < compared < pypto["compiled"] else ""
+    return (f"cost model {pypto['cost_us_fused']:.1f} µs fused against "
+            f"{pypto['cost_us_unfused']:.1f} µs unfused{over}")
 
 
 def _print(summary: dict, args, human) -> None:
@@ -215,14 +228,15 @@ def run_inspect(argv: list[str]) -> int:
     args = _blob_parser("pypto-offline inspect", "Show what a blob holds.").parse_args(argv)
     from pypto_offline import api
     from pypto_offline.offline_compiler import FORMAT_VERSION
-    from pypto_offline.offline_compiler.summary import provenance
+    from pypto_offline.offline_compiler.summary import provenance, shown, tile_us
 
     compiled = api.load(args.blob)
     summary = {**compiled.summary(), "blob": args.blob,
                "format_version": FORMAT_VERSION, "provenance": provenance(compiled.message),
                "kernels": [{"id": k.id, "ops": [o.op_type for o in k.original],
                             "compiled": k.compiled, "fallback_reason": k.fallback_reason,
-                            "tuned_us": k.tuned_tile.aicore_us, "default_us": k.default_tile.aicore_us,
+                            "tuned_us": tile_us(k, "tuned_tile"),
+                            "default_us": tile_us(k, "default_tile"),
                             "gm_bytes": k.gm_bytes_read + k.gm_bytes_written,
                             "gm_bytes_lower_bound": k.gm_bytes_lower_bound}
                            for k in compiled.message.kernels]}
@@ -230,7 +244,8 @@ def run_inspect(argv: list[str]) -> int:
     def human(s):
         lines = [_human_summary(s), "  kernels:"]
         lines += [f"    {k['id']}: {'+'.join(k['ops'])} — "
-                  + (f"{k['tuned_us']:.2f} µs tuned, {k['default_us']:.2f} µs default"
+                  + (f"{shown(k['tuned_us'], '.2f', ' µs')} tuned, "
+                     f"{shown(k['default_us'], '.2f', ' µs')} default"
                      if k["compiled"] else f"fell back: {k['fallback_reason']}")
                   for k in s["kernels"]]
         return "\n".join(lines)

@@ -43,6 +43,11 @@ def rotary():
     return b.model(b.op("Add", [b.op("Mul", [x, cos]), b.op("Mul", [rotated, sin])]))
 
 
+# Input bytes no output depends on, which the lower bound does not read (docs/figures.md): x
+# outside its Slice window (16 channels of 64x64, of which 56x56 are kept).
+UNREAD = {slice_pad_tile_transpose_reshape_add: 16 * (64 * 64 - 56 * 56) * 4}
+
+
 @pytest.mark.parametrize("target", ["kirin9050", "ascend910b"])
 @pytest.mark.parametrize("build", [slice_pad_tile_transpose_reshape_add, channel_shuffle, rotary])
 def test_anchor_is_one_kernel_at_the_lower_bound(build, target):
@@ -51,7 +56,8 @@ def test_anchor_is_one_kernel_at_the_lower_bound(build, target):
     assert totals.kernels_before >= 3
     assert totals.kernels_after == 1 and totals.fused_kernels == 1
     (region,) = plan.regions
-    lower_bound = io_bytes(graph, graph.inputs) + io_bytes(graph, graph.outputs)
+    lower_bound = io_bytes(graph, graph.inputs) + io_bytes(graph, graph.outputs) \
+        - UNREAD.get(build, 0)
     assert region.fused.gm_bytes == lower_bound == totals.gm_bytes_after
     assert totals.gm_bytes_after < totals.gm_bytes_before
     assert totals.est_time_us_after < totals.est_time_us_before

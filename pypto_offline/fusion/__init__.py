@@ -72,7 +72,7 @@ def _region(region_id: str, members: list[Node], graph: ImportedGraph, target: T
         id=region_id, nodes=tuple(node_id(n) for n in members), inputs=inputs, outputs=outputs,
         original=original, simplified=tuple(program.ops), rules_applied=tuple(applied),
         unfused=total((node_cost(n, graph, target) for n in members), target),
-        fused=fused_cost(inputs, outputs, graph, target),
+        fused=fused_cost(inputs, outputs, graph, target, original),
         tensor_types=MappingProxyType({name: (program.shapes[name], program.dtypes[name])
                                        for name in _program_tensors(program)}))
     return region

@@ -3,15 +3,18 @@
     time = launches × launch overhead + bytes ÷ bandwidth
 
 A node's kernel reads its data inputs and writes its outputs; reshape-like nodes are metadata on
-contiguous data and cost nothing. A fused region's lower bound reads its inputs once and writes its
-outputs once. The target's bandwidth and launch overhead are mostly estimates (see targets/).
+contiguous data and cost nothing. A fused region's lower bound writes its outputs once and reads
+once the input elements they depend on (docs/figures.md). The target's bandwidth and launch
+overhead are mostly estimates (see targets/).
 """
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Iterable, Sequence
+
+import numpy as np
 
 from pypto_offline.fusion.classify import VIEW_ONLY_OPS, node_tensors
-from pypto_offline.fusion.records import Cost
+from pypto_offline.fusion.records import Cost, RegionOp
 from pypto_offline.importer import ImportedGraph, Node
 from pypto_offline.targets import Target
 
@@ -40,6 +43,96 @@ def total(costs: Iterable[Cost], target: Target) -> Cost:
 
 
 def fused_cost(inputs: Iterable[str], outputs: Iterable[str], graph: ImportedGraph,
-               target: Target) -> Cost:
-    gm_bytes = tensor_bytes(graph, inputs) + tensor_bytes(graph, outputs)
+               target: Target, ops: Sequence[RegionOp] = ()) -> Cost:
+    """The lower bound (docs/figures.md): outputs written once and, of each input, the elements
+    some output depends on read once (``ops``, the region's program, tells which: all of them
+    but for a Slice's window). A one-element constant is not read from global memory: the kernel
+    holds it as an immediate (codegen's scalar constants). Either way a count above what any
+    kernel must move would let a compiled kernel measure below its "lower bound"."""
+    outputs = list(outputs)
+    read = [name for name in inputs if not _immediate(name, graph)]
+    needed = needed_elements(ops, read, outputs, graph)
+    gm_bytes = sum(needed[name] * graph.tensors[name].np_dtype.itemsize for name in read
+                   if name in needed) + tensor_bytes(graph, outputs)
     return Cost(1, gm_bytes, time_us(1, gm_bytes, target))
+
+
+def _immediate(name: str, graph: ImportedGraph) -> bool:
+    info = graph.tensors.get(name)
+    return name in graph.constants and info is not None and info.shape is not None \
+        and int(np.prod(info.shape, dtype=np.int64)) == 1
+
+
+# Ops whose output element i depends on input element i only (inputs broadcast): an output
+# window needs the same window of each input.
+POINTWISE = frozenset({
+    "Abs", "Add", "And", "Cast", "Ceil", "Clip", "Cos", "Div", "Elu", "Equal", "Erf", "Exp",
+    "Expand", "Floor", "Gelu", "Greater", "GreaterOrEqual", "HardSigmoid", "HardSwish",
+    "Identity", "IsInf", "IsNaN", "LeakyRelu", "Less", "LessOrEqual", "Log", "Max", "Min",
+    "Mod", "Mul", "Neg", "Not", "Or", "Pow", "PRelu", "Reciprocal", "Relu", "Round", "Selu",
+    "Sigmoid", "Sign", "Sin", "Softplus", "Sqrt", "Sub", "Tanh", "Where", "Xor"})
+# Ops whose output may leave some input elements unread: without an exact rule for them the
+# bound counts none of their input (a loose bound is still a bound; a count too high is not).
+PARTIAL_READERS = frozenset({"Gather", "GatherElements", "GatherND", "Resize", "Upsample",
+                             "Slice", "SpaceToDepth", "DepthToSpace", "Pad"})
+
+
+def needed_elements(ops: Sequence[RegionOp], inputs: Sequence[str], outputs: Sequence[str],
+                    graph: ImportedGraph) -> dict[str, int]:
+    """Per input, how many of its elements the outputs depend on: masks propagated from the
+    outputs back through the program. Without a program every element counts."""
+    shape = lambda name: tuple(graph.tensors[name].shape)  # noqa: E731
+    if not ops:
+        return {name: int(np.prod(shape(name), dtype=np.int64)) for name in inputs
+                if graph.tensors[name].shape is not None}
+    masks = {name: np.ones(shape(name), bool) for name in outputs}
+    for op in reversed(ops):
+        wanted = [masks.get(name) for name in op.outputs]
+        if all(m is None for m in wanted):
+            continue
+        for index, name in enumerate(op.inputs):
+            if name and graph.tensors.get(name) is not None and graph.tensors[name].shape \
+                    is not None:
+                need = _input_needs(op, index, wanted, shape(name))
+                masks[name] = need if name not in masks else masks[name] | need
+    return {name: int(masks[name].sum()) if name in masks else 0 for name in inputs}
+
+
+def _input_needs(op: RegionOp, index: int, wanted: list, in_shape: tuple) -> np.ndarray:
+    """The elements of input ``index`` that the wanted output elements depend on, or a subset
+    of them where no exact rule applies (never a superset: the bound must stay a bound)."""
+    out = wanted[0] if len(wanted) == 1 else None
+    if out is not None and op.op_type in VIEW_ONLY_OPS and index == 0:
+        return out.reshape(in_shape)
+    if out is not None and op.op_type == "Transpose":
+        return out.transpose(np.argsort(op.params["perm"]))
+    if out is not None and op.op_type == "Slice" and index == 0:
+        return _slice_window(op, out, in_shape)
+    if out is not None and op.op_type in POINTWISE and _broadcasts(in_shape, out.shape):
+        return _reduce_to(out, in_shape)
+    reads_all = op.op_type not in PARTIAL_READERS or (
+        op.op_type == "Pad" and index == 0 and min(op.params.get("pads", (-1,))) >= 0)
+    every_output = all(m is not None and m.all() for m in wanted)
+    return np.full(in_shape, reads_all and every_output)
+
+
+def _slice_window(op: RegionOp, out: np.ndarray, in_shape: tuple) -> np.ndarray:
+    need = np.zeros(in_shape, bool)
+    window = tuple(slice(start, None if end < 0 else end, step) for start, end, step in
+                   zip(op.params["starts"], op.params["ends"], op.params["steps"]))
+    need[window] = out
+    return need
+
+
+def _broadcasts(in_shape: tuple, out_shape: tuple) -> bool:
+    try:
+        return np.broadcast_shapes(in_shape, out_shape) == tuple(out_shape)
+    except ValueError:
+        return False
+
+
+def _reduce_to(out: np.ndarray, in_shape: tuple) -> np.ndarray:
+    extra = out.ndim - len(in_shape)
+    need = out.any(axis=tuple(range(extra))) if extra else out
+    axes = tuple(i for i, size in enumerate(in_shape) if size == 1 and need.shape[i] != 1)
+    return need.any(axis=axes, keepdims=True) if axes else need

@@ -152,13 +152,19 @@ def region_signature(region: Region) -> str:
 
 
 def _tile(tile) -> ptom_pb2.TileChoice | None:
+    """A figure PyPTO did not give stays absent (docs/figures.md): None is not 0."""
     if tile is None:
         return None
-    return ptom_pb2.TileChoice(budget_bytes=tile.budget_bytes, aicore_us=tile.aicore_us or 0.0,
-                               total_us=tile.total_us or 0.0, tasks=tile.tasks,
-                               ub_bytes=tile.ub_bytes or 0,
+    return ptom_pb2.TileChoice(budget_bytes=tile.budget_bytes, tasks=tile.tasks,
                                swapped_transposes=tile.swapped_transposes,
-                               flat_rows=tile.flat_rows)
+                               flat_rows=tile.flat_rows, **_present(
+                                   aicore_us=tile.aicore_us, total_us=tile.total_us,
+                                   ub_bytes=tile.ub_bytes))
+
+
+def _present(**figures) -> dict:
+    """The figures that were measured, for the `optional` fields of a message."""
+    return {name: value for name, value in figures.items() if value is not None}
 
 
 def _kernel_message(region: Region, kernel: Kernel) -> ptom_pb2.Kernel:
@@ -173,7 +179,7 @@ def _kernel_message(region: Region, kernel: Kernel) -> ptom_pb2.Kernel:
         gm_bytes_read=kernel.gm_bytes_read, gm_bytes_written=kernel.gm_bytes_written,
         kernels_unfused=region.unfused.kernels, est_time_us_unfused=region.unfused.time_us,
         est_time_us_fused=region.fused.time_us, functional_ok=kernel.functional_ok,
-        max_abs_diff=kernel.max_abs_diff or 0.0, platform=kernel.platform,
+        platform=kernel.platform, **_present(max_abs_diff=kernel.max_abs_diff),
         verdicts=[ptom_pb2.PassVerdict(pass_name=p, result=r) for p, r in kernel.verdicts],
         artifacts=[ptom_pb2.Artifact(name=n, data=d, sha256=hashlib.sha256(d).hexdigest())
                    for n, d in sorted(kernel.artifacts.items())])
@@ -195,9 +201,12 @@ def _totals(plan: FusionPlan, kernels: Sequence[Kernel], unfused_us: dict, targe
     lower_bounds = {r.id: r.fused.gm_bytes for r in plan.regions}
     measured_after = t.gm_bytes_after + sum(k.gm_bytes - lower_bounds[k.region_id]
                                             for k in compiled)
-    # fused against unfused over the same kernels: those whose baseline compiled too
+    # fused against unfused over the same kernels: those whose baseline compiled too; with none,
+    # both figures stay absent (not measured), never a sum of nothing shown as 0
     pairs = [(k.tuned_tile.aicore_us, unfused_us[k.region_id]) for k in compiled
-             if unfused_us.get(k.region_id) is not None]
+             if unfused_us.get(k.region_id) is not None and k.tuned_tile.aicore_us is not None]
+    costs = {"cost_us_fused": round(sum(f for f, _ in pairs), 3),
+             "cost_us_unfused": round(sum(u for _, u in pairs), 3)} if pairs else {}
     return ptom_pb2.Totals(
         nodes_before=t.nodes_before, nodes_after=t.nodes_after, kernels_before=t.kernels_before,
         kernels_after=t.kernels_after, fused_kernels=t.fused_kernels, ops_fused=t.ops_fused,
@@ -205,5 +214,4 @@ def _totals(plan: FusionPlan, kernels: Sequence[Kernel], unfused_us: dict, targe
         gm_bytes_lower_bound=t.gm_bytes_lower_bound, est_time_us_before=t.est_time_us_before,
         est_time_us_after=time_us(t.kernels_after, measured_after, target),
         pypto_compiled=len(compiled), pypto_fell_back=len(kernels) - len(compiled),
-        cost_us_fused=round(sum(f for f, _ in pairs), 3),
-        cost_us_unfused=round(sum(u for _, u in pairs), 3))
+        kernels_cost_compared=len(pairs), **costs)

@@ -4,7 +4,43 @@ One function over the blob's message, so every place that shows a figure shows t
 """
 from __future__ import annotations
 
+import math
+import sys
+
 from pypto_offline.offline_compiler import ptom_pb2
+
+NOT_MEASURED = "not measured"
+
+
+def measured(message, field: str):
+    """The figure, or None when the blob says it was not measured (an absent `optional` field):
+    a missing figure is shown as missing, never as 0 (docs/figures.md)."""
+    return getattr(message, field) if message.HasField(field) else None
+
+
+def shown(value, spec: str = ".2f", unit: str = "") -> str:
+    """A figure as text: "not measured" for None, "inf" for an infinite one (the verification
+    stores an infinite difference as the largest double, api._finite), else ``spec``."""
+    if value is None:
+        return NOT_MEASURED
+    if math.isnan(value):
+        return "nan"
+    if not math.isfinite(value) or abs(value) >= sys.float_info.max:
+        return "inf" if value > 0 else "-inf"
+    return f"{value:{spec}}{unit}"
+
+
+def tile_us(kernel: ptom_pb2.Kernel, tile: str) -> float | None:
+    """A kernel's AICore time at its tuned or default tile, None when there is none."""
+    return measured(getattr(kernel, tile), "aicore_us") if kernel.HasField(tile) else None
+
+
+def kernels_below_lower_bound(message: ptom_pb2.CompiledModel) -> list[str]:
+    """Compiled kernels whose GM bytes counted from their program are fewer than their lower
+    bound (outputs once, the input elements they depend on once): impossible unless a count is
+    wrong, so the benches check that this is empty (docs/figures.md)."""
+    return [k.id for k in message.kernels if k.compiled
+            and k.gm_bytes_read + k.gm_bytes_written < k.gm_bytes_lower_bound]
 
 
 def summarise(message: ptom_pb2.CompiledModel) -> dict:
@@ -21,7 +57,9 @@ def summarise(message: ptom_pb2.CompiledModel) -> dict:
         "est_time_us_before": round(t.est_time_us_before, 3),
         "est_time_us_after": round(t.est_time_us_after, 3),
         "pypto": {"compiled": t.pypto_compiled, "fell_back": t.pypto_fell_back,
-                  "cost_us_fused": t.cost_us_fused, "cost_us_unfused": t.cost_us_unfused},
+                  "cost_us_fused": measured(t, "cost_us_fused"),
+                  "cost_us_unfused": measured(t, "cost_us_unfused"),
+                  "kernels_cost_compared": t.kernels_cost_compared},
         "verification": {
             "status": v.status or "skipped",
             "max_abs_diff": max((o.max_abs_diff for o in v.outputs), default=None),

@@ -35,6 +35,7 @@ from pypto_offline.pypto_kernels.compiler import STARTED_MARKER
 
 TILE_GRAPH, LEAF_GRAPH = 1, 3  # program.json graphtypes: the tile graph, a leaf (AICore) function
 CYCLES_PER_US = 1800.0  # the simulator's swim-lane time base (1.8 GHz)
+MEM_DEVICE_DDR = 15  # program.json mem_type of a global-memory tensor (tilefwk/data_type.h)
 # pypto DataType codes (pypto.DT_*) → bytes per element, for counting copies in program.json
 DT_BYTES = {0: 0.5, 1: 1, 2: 2, 3: 4, 4: 8, 5: 1, 6: 2, 7: 4, 8: 2, 11: 1, 12: 2, 13: 4, 14: 8,
             15: 1, 16: 8, 17: 1, 18: 1, 19: 1}
@@ -142,8 +143,11 @@ def cost_of(run_dir: Path) -> dict:
 
 
 def copy_traffic(program: dict) -> dict:
-    """Global-memory bytes the compiled program moves: every COPY_IN and COPY_OUT of the tile
-    graphs, sized by the UB-side tile's valid shape and its raw tensor's dtype."""
+    """Global-memory bytes the compiled program moves (docs/figures.md): every operation of the
+    tile graphs with an operand in GM (COPY_IN, COPY_OUT, TRANSPOSE_MOVEOUT, ...), each GM operand
+    counted once, read when it is an input and written when it is an output. The elements moved
+    are the local side's valid shape (the GM operand is the whole tensor), the bytes per element
+    the GM tensor's dtype: what crosses the bus is what GM holds, whatever a local buffer stages."""
     read = written = 0
     for function in program["functions"]:
         if function.get("graphtype") != TILE_GRAPH:
@@ -151,17 +155,26 @@ def copy_traffic(program: dict) -> dict:
         tensors = {t["magic"]: t for t in function["tensors"]}
         dtypes = {r["rawmagic"]: r["datatype"] for r in function["rawtensors"]}
         for op in function["operations"]:
-            if op["opcode"] not in ("COPY_IN", "COPY_OUT"):
-                continue
-            local = op["ooperands"][0] if op["opcode"] == "COPY_IN" else op["ioperands"][0]
-            tensor = tensors[local]
-            shape = tensor.get("validshape") or tensor["shape"]
-            nbytes = int(np.prod(shape) * DT_BYTES.get(dtypes[tensor["rawtensor"]], 4))
-            if op["opcode"] == "COPY_IN":
-                read += nbytes
-            else:
-                written += nbytes
+            sides = {"in": [tensors[m] for m in op.get("ioperands", [])],
+                     "out": [tensors[m] for m in op.get("ooperands", [])]}
+            for side, other in (("in", "out"), ("out", "in")):
+                local = [t for t in sides[other] if not in_gm(t)]
+                for tensor in filter(in_gm, sides[side] if local else ()):
+                    nbytes = int(_elements(local[0]) * DT_BYTES.get(dtypes[tensor["rawtensor"]], 4))
+                    if side == "in":
+                        read += nbytes
+                    else:
+                        written += nbytes
     return {"read": read, "written": written}
+
+
+def in_gm(tensor: dict) -> bool:
+    """Whether a program.json tensor lives in global memory (MemoryType MEM_DEVICE_DDR)."""
+    return tensor.get("mem_type", {}).get("tobe") == MEM_DEVICE_DDR
+
+
+def _elements(tensor: dict) -> int:
+    return int(np.prod(tensor.get("validshape") or tensor["shape"], dtype=np.int64))
 
 
 def ub_peak(program: dict) -> int:
@@ -304,17 +317,13 @@ def run_job(job: dict) -> dict:
 
 
 def _compare(outputs: list, reference: Path) -> dict:
+    """The kernel's outputs against onnxruntime's, by the one comparison every check uses
+    (equal infinities and NaNs in the same places are equal: an attention mask holds -inf)."""
+    from pypto_offline.runtime import max_abs_diff
+
     expected = np.load(reference)
-    diffs = []
-    for index, actual in enumerate(outputs):
-        want = expected[f"out{index}"]
-        if actual.shape != want.shape:
-            diffs.append(float("inf"))
-            continue
-        diff = np.abs(actual.astype(np.float64) - want.astype(np.float64))
-        same = np.isnan(actual.astype(np.float64)) & np.isnan(want.astype(np.float64))
-        diffs.append(float(np.where(same, 0, np.nan_to_num(diff, nan=np.inf)).max())
-                     if diff.size else 0.0)
+    diffs = [max_abs_diff(expected[f"out{index}"], actual)
+             for index, actual in enumerate(outputs)]
     return {"max_abs_diff": max(diffs, default=0.0)}
 
 

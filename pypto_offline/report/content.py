@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import onnx
 
 from pypto_offline.offline_compiler import ptom_pb2
-from pypto_offline.offline_compiler.summary import provenance, summarise
+from pypto_offline.offline_compiler.summary import measured, provenance, shown, summarise, tile_us
 from pypto_offline.report.graph_view import Drawing, layout
 from pypto_offline.report.plots import Series, bar_chart
 
@@ -31,7 +31,7 @@ class Figure:
 
 def summary_figures(summary: dict) -> list[Figure]:
     mb = lambda n: f"{n / 1e6:,.3f} MB"  # noqa: E731
-    us = lambda v: f"{v:,.2f} µs"  # noqa: E731
+    us = lambda v: shown(v, ",.2f", " µs")  # noqa: E731
     check, pypto = summary["verification"], summary["pypto"]
     rows = [
         ("model", "Model", summary["model"]), ("model_sha256", "Model sha256", None),
@@ -52,8 +52,7 @@ def summary_figures(summary: dict) -> list[Figure]:
         ("pypto.cost_us_unfused", "PyPTO cost model, one kernel per op",
          us(pypto["cost_us_unfused"])),
         ("verification.status", "Verification (onnxruntime)", None),
-        ("verification.max_abs_diff", "Max abs diff",
-         "—" if check["max_abs_diff"] is None else f"{check['max_abs_diff']:.3e}"),
+        ("verification.max_abs_diff", "Max abs diff", shown(check["max_abs_diff"], ".3e")),
         ("verification.kernels_checked", "Kernels checked (PyPTO pass-verify)", None),
         ("verification.kernels_passed", "Kernels passed", None),
     ]
@@ -79,16 +78,27 @@ def kernel_cards(message: ptom_pb2.CompiledModel) -> list[dict]:
         "original": [_op(o) for o in k.original], "simplified": [_op(o) for o in k.simplified],
         "rules": list(k.rules_applied), "inputs": list(k.inputs), "outputs": list(k.outputs),
         "source": k.source, "tile_shapes": tile_shapes(k.source),
-        "tiles": [("default", k.default_tile), ("tuned", k.tuned_tile)] if k.compiled else [],
+        "tiles": [(name, _tile(k, field)) for name, field in
+                  (("default", "default_tile"), ("tuned", "tuned_tile"))
+                  if k.compiled and k.HasField(field)],
         "bytes": {"unfused": k.gm_bytes_unfused, "lower_bound": k.gm_bytes_lower_bound,
                   "read": k.gm_bytes_read, "written": k.gm_bytes_written,
                   "measured": k.gm_bytes_read + k.gm_bytes_written},
         "kernels_unfused": k.kernels_unfused,
         "est_us": {"unfused": k.est_time_us_unfused, "fused": k.est_time_us_fused},
-        "functional_ok": k.functional_ok, "max_abs_diff": k.max_abs_diff,
+        "functional_ok": k.functional_ok, "max_abs_diff": measured(k, "max_abs_diff"),
         "verdicts": [(v.pass_name, v.result) for v in k.verdicts],
         "artifacts": [(a.name, len(a.data), a.sha256) for a in k.artifacts],
     } for k in message.kernels]
+
+
+def _tile(kernel: ptom_pb2.Kernel, field: str) -> dict:
+    """One tile row of a kernel card; a figure the blob does not hold is None (not measured)."""
+    tile = getattr(kernel, field)
+    return {"budget_bytes": tile.budget_bytes, "tasks": tile.tasks,
+            "swapped_transposes": tile.swapped_transposes, "flat_rows": tile.flat_rows,
+            "ub_bytes": measured(tile, "ub_bytes"), "aicore_us": measured(tile, "aicore_us"),
+            "total_us": measured(tile, "total_us")}
 
 
 def tile_shapes(source: str) -> list[tuple[str, str]]:
@@ -142,8 +152,8 @@ def plots(message: ptom_pb2.CompiledModel) -> list[str]:
             Series("ops unfused", tuple(k.est_time_us_unfused for k in kernels)),
             Series("fused", tuple(k.est_time_us_fused for k in kernels))], "µs, estimate"),
         bar_chart("PyPTO cost model per kernel", labels, [
-            Series("default tile", tuple(k.default_tile.aicore_us for k in kernels)),
-            Series("tuned tile", tuple(k.tuned_tile.aicore_us for k in kernels))], "µs"),
+            Series("default tile", tuple(tile_us(k, "default_tile") for k in kernels)),
+            Series("tuned tile", tuple(tile_us(k, "tuned_tile") for k in kernels))], "µs"),
     ]
 
 

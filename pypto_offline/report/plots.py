@@ -5,8 +5,11 @@ byte-identical from build to build; these are a few rectangles and labels.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from html import escape
+
+from pypto_offline.offline_compiler.summary import shown
 
 ROW_H, BAR_H, LABEL_W, PLOT_W, VALUE_W = 26, 7, 190, 420, 260
 COLOURS = ("#8c8c8c", "#2b7bb9", "#e08a1e")
@@ -15,13 +18,14 @@ COLOURS = ("#8c8c8c", "#2b7bb9", "#e08a1e")
 @dataclass(frozen=True)
 class Series:
     name: str
-    values: tuple[float, ...]
+    values: tuple[float | None, ...]  # None: not measured (no bar, said so)
 
 
 def bar_chart(title: str, labels: list[str], series: list[Series], unit: str,
-              fmt=lambda v: f"{v:,.2f}") -> str:
-    """Grouped horizontal bars, scaled to the largest value."""
-    top = max((v for s in series for v in s.values), default=0.0) or 1.0
+              fmt=lambda v: shown(v, ",.2f")) -> str:
+    """Grouped horizontal bars, scaled to the largest finite value; an infinite value fills the
+    row, a missing one draws no bar and reads "not measured"."""
+    top = max((v for s in series for v in s.values if _finite(v)), default=0.0) or 1.0
     height = 40 + ROW_H * len(labels) + 24
     width = LABEL_W + PLOT_W + VALUE_W
     parts = [f'<svg class="plot" role="img" aria-label="{escape(title)}" '
@@ -37,7 +41,7 @@ def bar_chart(title: str, labels: list[str], series: list[Series], unit: str,
         parts.append(f'<text x="0" y="{y + 13}">{escape(label)}</text>')
         for index, (s, colour) in enumerate(zip(series, COLOURS)):
             value = s.values[row]
-            length = max(1, round(PLOT_W * value / top)) if value else 0
+            length = _bar_length(value, top)
             bar_y = y + index * (BAR_H + 1)
             parts.append(f'<rect x="{LABEL_W}" y="{bar_y}" width="{length}" height="{BAR_H}" '
                          f'fill="{colour}"><title>{escape(s.name)}: {fmt(value)} {escape(unit)}'
@@ -46,3 +50,15 @@ def bar_chart(title: str, labels: list[str], series: list[Series], unit: str,
                      f'{" / ".join(fmt(s.values[row]) for s in series)}</text>')
     parts.append("</svg>")
     return "".join(parts)
+
+
+def _finite(value: float | None) -> bool:
+    return value is not None and math.isfinite(value)
+
+
+def _bar_length(value: float | None, top: float) -> int:
+    if not value or math.isnan(value):
+        return 0  # nothing to draw: zero or not measured
+    if not _finite(value):
+        return PLOT_W
+    return max(1, round(PLOT_W * min(value, top) / top))

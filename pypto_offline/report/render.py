@@ -11,6 +11,7 @@ from pygments.lexers import PythonLexer
 
 from pypto_offline.offline_compiler import ptom_pb2
 from pypto_offline.offline_compiler.blob import write_atomically
+from pypto_offline.offline_compiler.summary import shown
 from pypto_offline.report.content import context
 
 TEMPLATES = Path(__file__).with_name("templates")
@@ -26,6 +27,7 @@ def _environment() -> jinja2.Environment:
     env.filters["python"] = lambda source: jinja2.utils.markupsafe.Markup(
         highlight(source, PythonLexer(), _FORMATTER))
     env.filters["kib"] = lambda n: f"{n / 1024:,.1f} KiB"
+    env.filters["figure"] = shown  # "not measured" for a missing figure, "inf" for an infinite one
     return env
 
 
