@@ -63,7 +63,8 @@ def abs_diff(expected: np.ndarray, actual: np.ndarray) -> np.ndarray:
     count as equal, any other NaN as an infinite difference."""
     a, b = np.asarray(expected, dtype=np.float64), np.asarray(actual, dtype=np.float64)
     same = (np.isnan(a) & np.isnan(b)) | (np.isinf(a) & (a == b))
-    return np.nan_to_num(np.where(same, 0.0, np.abs(a - b)), nan=np.inf)
+    with np.errstate(invalid="ignore"):  # inf - inf is NaN where `same` already decided
+        return np.nan_to_num(np.where(same, 0.0, np.abs(a - b)), nan=np.inf)
 
 
 def max_abs_diff(expected: np.ndarray, actual: np.ndarray) -> float:
