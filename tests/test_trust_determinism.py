@@ -1,0 +1,149 @@
+"""A build's bytes depend on its model and options only: not on the hash seed of the process that
+runs the build, nor on another build running at the same time (docs/determinism.md).
+
+The parent process generates everything a PyPTO worker compiles (the plan, each region's
+argument order, the kernel source of every tile candidate and of every single op of the unfused
+baseline); the first tests check that text across hash seeds without compiling, the last ones
+build a rotary embedding cold through the command line."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import onnx
+import pytest
+
+from tests.test_fusion_anchors import rotary
+from tests.test_reliability import finished
+
+REPO = Path(__file__).resolve().parent.parent
+HASH_SEEDS = ("0", "1", "12345", "999")
+DECODER = "tf_llama_decoder_kv"  # a corpus decoder with rotary embeddings and a KV cache
+TARGET = "kirin9050"
+
+
+def parent_output(model: str, input_shapes: dict | None = None) -> dict:
+    """Everything the parent hands to PyPTO workers for ``model``, as JSON-able text: the
+    compiled graph, each region's members, boundary and program, and the module text of every
+    tile candidate of the region and of each of its single ops (the unfused baseline)."""
+    from pypto_offline import import_model
+    from pypto_offline.fusion import plan_fusion
+    from pypto_offline.pypto_kernels.codegen import CannotExpress
+    from pypto_offline.pypto_kernels.compiler import (distinct_sources, kernel_interface,
+                                                      largest_tensor_bytes, single_op_regions)
+    from pypto_offline.pypto_kernels.tiling import candidate_policies
+    from pypto_offline.targets import TARGETS
+
+    target = TARGETS[TARGET]
+    graph = import_model(model, input_shapes)
+    plan = plan_fusion(graph, target)
+    constants = graph.constant_values()
+
+    def sources(region):
+        policies = candidate_policies(target.ub_plan_bytes.value, largest_tensor_bytes(region))
+        try:
+            return {p.name: text for p, text in distinct_sources(region, policies, constants).items()}
+        except CannotExpress as why:
+            return f"cannot express: {why}"
+
+    return {
+        "compiled_model": plan.compiled_model.SerializeToString(deterministic=True).hex(),
+        "unfused": [repr(u) for u in plan.unfused],
+        "regions": [{
+            "id": r.id, "nodes": r.nodes, "inputs": r.inputs, "outputs": r.outputs,
+            "simplified": [repr(op) for op in r.simplified], "rules": r.rules_applied,
+            "interface": kernel_interface(r, constants), "sources": sources(r),
+            "single_ops": {s.id: [s.inputs, s.outputs, sources(s)]
+                           for s in single_op_regions(r, graph)},
+        } for r in plan.regions]}
+
+
+def parent_output_with_seed(seed: str, model: str, input_shapes: dict | None) -> dict:
+    """``parent_output`` in a fresh interpreter started with PYTHONHASHSEED=``seed``."""
+    code = ("import json, sys; from tests.test_trust_determinism import parent_output; "
+            "print(json.dumps(parent_output(sys.argv[1], json.loads(sys.argv[2])), default=list))")
+    done = subprocess.run([sys.executable, "-c", code, model, json.dumps(input_shapes)],
+                          capture_output=True, text=True, cwd=REPO, env=_env(seed), timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout)
+
+
+def _env(seed: str) -> dict:
+    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    return {**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": path}
+
+
+def assert_same_across_seeds(model: str, input_shapes: dict | None = None) -> dict:
+    first, *others = [parent_output_with_seed(seed, model, input_shapes) for seed in HASH_SEEDS]
+    assert first["regions"], "the model must fuse something for the check to mean anything"
+    for seed, other in zip(HASH_SEEDS[1:], others):
+        for mine, theirs in zip(first["regions"], other["regions"]):
+            assert mine == theirs, f"region {mine['id']} differs between hash seeds 0 and {seed}"
+        assert first == other, f"the plan differs between hash seeds 0 and {seed}"
+    return first
+
+
+@pytest.fixture(scope="module")
+def rotary_model(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("rotary") / "rotary.onnx"
+    onnx.save(rotary(), path)
+    return path
+
+
+def test_rotary_plan_and_kernel_sources_are_the_same_whatever_the_hash_seed(rotary_model):
+    output = assert_same_across_seeds(str(rotary_model))
+    (region,) = output["regions"]
+    assert isinstance(region["sources"], dict) and len(region["single_ops"]) >= 5
+
+
+def test_decoder_plan_and_kernel_sources_are_the_same_whatever_the_hash_seed():
+    from bench import corpus
+
+    path = corpus.model_path(DECODER)  # raises CorpusError with the reason when unavailable
+    output = assert_same_across_seeds(str(path), corpus.MODELS[DECODER].input_shapes)
+    assert len(output["regions"]) >= 10
+
+
+def build_process(model: Path, out: Path, cache: Path, seed: str) -> subprocess.Popen:
+    """A cold command-line build in its own process, with its own hash seed."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "pypto_offline", str(model), "--target", TARGET, "-o", str(out),
+         "--cache-dir", str(cache), "--no-tile-search", "--json", "--no-report"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env=_env(seed))
+
+
+def builds_at_once(specs) -> list[dict]:
+    """Start every (model, blob, cache, seed) build, then wait for all of them."""
+    processes = [build_process(*spec) for spec in specs]
+    return [finished(process) for process in processes]
+
+
+@pytest.fixture(scope="module")
+def rotary_blobs(rotary_model, tmp_path_factory) -> dict[str, tuple[bytes, dict]]:
+    """The rotary model built cold four times: two builds at once with different hash seeds and
+    caches of their own, then two at once with different hash seeds sharing one cache."""
+    folder = tmp_path_factory.mktemp("rotary_builds")
+    runs = {"own_cache_seed_1": ("1", folder / "cache1"),
+            "own_cache_seed_2": ("2", folder / "cache2"),
+            "shared_cache_seed_3": ("3", folder / "shared"),
+            "shared_cache_seed_12345": ("12345", folder / "shared")}
+    results = {}
+    for pair in (list(runs)[:2], list(runs)[2:]):
+        summaries = builds_at_once([(rotary_model, folder / f"{name}.ptom", runs[name][1],
+                                     runs[name][0]) for name in pair])
+        results.update({name: ((folder / f"{name}.ptom").read_bytes(), summary)
+                        for name, summary in zip(pair, summaries)})
+    return results
+
+
+def test_cold_builds_with_different_hash_seeds_at_once_give_identical_blobs(rotary_blobs):
+    blobs = {name: blob for name, (blob, _) in rotary_blobs.items()}
+    reference = blobs["own_cache_seed_1"]
+    assert all(blob == reference for blob in blobs.values()), \
+        {name: len(blob) for name, blob in blobs.items()}
+    summary = rotary_blobs["own_cache_seed_1"][1]
+    assert summary["pypto"]["compiled"] == 1 and summary["kernel_cache"]["compiled"] >= 1
+
