@@ -172,7 +172,8 @@ def verified_files(entry: Path, key: str) -> dict[str, bytes]:
         raise DamagedEntry(f"it was stored under key {str(recorded_key)[:16]}…")
     if set(files) != set(recorded):
         missing, extra = sorted(set(recorded) - set(files)), sorted(set(files) - set(recorded))
-        raise DamagedEntry(f"files missing {missing}, files not in its manifest {extra}")
+        raise DamagedEntry(", ".join(f"{what} {names}" for what, names in (
+            ("files missing", missing), ("files not in its manifest", extra)) if names))
     for name, data in files.items():
         if sha256(data) != recorded[name]:
             raise DamagedEntry(f"{name} differs from its manifest")
