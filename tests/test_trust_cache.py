@@ -6,6 +6,7 @@ Builds are real (PyPTO workers) on one tiny elementwise region without tile sear
 cold build is shared by the module."""
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -134,10 +135,11 @@ def rewrite_json(path: Path, change) -> None:
 
 def resign(entry: Path) -> None:
     """What a forger with write access does: the manifest made to match the edited files."""
-    files = kernel_cache.folder_files(entry)
-    files.pop("manifest.json")
-    rewrite_json(entry / "manifest.json", lambda manifest: manifest.update(
-        files={name: kernel_cache.sha256(data) for name, data in files.items()}))
+    manifest = entry / "manifest.json"
+    record = json.loads(manifest.read_text()) if manifest.exists() else {}
+    record["files"] = {p.relative_to(entry).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+                       for p in sorted(entry.rglob("*")) if p.is_file() and p != manifest}
+    manifest.write_text(json.dumps(record, indent=1, sort_keys=True))
 
 
 def edit_cost(found):
