@@ -124,16 +124,11 @@ def test_a_crashing_or_hanging_compile_falls_back_and_the_build_goes_on(
                                 search=False, timeout=5)
     assert not kernel.compiled and expected in kernel.fallback_reason
     assert time.perf_counter() - started < 30
-    # cached either way: a time-out under its limit, so a warm rebuild compiles nothing
-    entries = [p for p in tmp_path.glob("*/*") if p.parent.name != "tmp"]
-    assert len(entries) == 1
+    # never cached: a crash or time-out says nothing about the kernel, the next build retries
+    assert [p for p in tmp_path.glob("*/*") if p.parent.name != "tmp"] == []
     (again,) = compile_kernels(graph, plan, TARGETS["kirin9050"], cache_dir=tmp_path,
                                search=False, timeout=5)
-    assert again.from_cache and again.fallback_reason == kernel.fallback_reason
-    if "did not finish" in expected:  # a longer limit tries again
-        (longer,) = compile_kernels(graph, plan, TARGETS["kirin9050"], cache_dir=tmp_path,
-                                    search=False, timeout=6)
-        assert not longer.from_cache and "within 6 s" in longer.fallback_reason
+    assert not again.from_cache and expected in again.fallback_reason
     replanned = without_regions(plan, graph, TARGETS["kirin9050"],
                                 {kernel.region_id: (FAILED_CHECK, kernel.fallback_reason)})
     assert_compiled_matches(graph, replanned)

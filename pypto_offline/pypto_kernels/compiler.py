@@ -7,8 +7,10 @@ Per region:
 4. one final process compiles the fastest with pass-verify and compares its output with
    onnxruntime running the region's original ops.
 A region whose kernel cannot be written, crashes, times out or fails its check falls back to
-unfused ops, with the reason. A worker that cannot even start, or an interrupted build, ends the
-build instead: the worker processes belong to their build (docs/workers.md).
+unfused ops, with the reason. Only deterministic outcomes are cached: a worker that dies or runs
+out of time says nothing about the kernel, so the next build tries again (docs/kernel-cache.md).
+A worker that cannot even start, or an interrupted build, ends the build instead: the worker
+processes belong to their build (docs/workers.md).
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
-from dataclasses import astuple
+from dataclasses import astuple, replace
 from functools import partial
 from pathlib import Path
 from types import MappingProxyType
@@ -35,7 +37,8 @@ from onnx import helper
 from pypto_offline.errors import WorkerCannotStart
 from pypto_offline.fusion.records import CANNOT_EXPRESS, FusionPlan, Region
 from pypto_offline.importer import ImportedGraph
-from pypto_offline.pypto_kernels.cache import KernelCache, cache_key
+from pypto_offline.pypto_kernels.cache import (DamagedEntry, KernelCache, cache_key,
+                                               user_cache_base)
 from pypto_offline.pypto_kernels.codegen import (KERNEL_FUNCTION, CannotExpress,
                                                  is_scalar_constant, itemsize_of, kernel_source)
 from pypto_offline.pypto_kernels.records import Kernel, TileResult
@@ -138,33 +141,25 @@ def _kill_group(process: subprocess.Popen) -> None:
         pass
 
 
-_build = threading.local()  # the _Workers of the build a pool thread works for
+_pool_thread = threading.local()  # the _Workers of the build a pool thread works for
 
 
 def _current_workers() -> _Workers:
     """The build's workers in one of its pool threads; elsewhere (``compile_region`` called on
     its own) a set of one's own, which nobody cancels."""
-    return getattr(_build, "workers", None) or _Workers()
+    return getattr(_pool_thread, "workers", None) or _Workers()
 
 
 def _working_for(workers: _Workers, work, region):
-    _build.workers = workers
+    _pool_thread.workers = workers
     try:
         return work(region)
     finally:
-        _build.workers = None
-
-
-def kernel_source_dir() -> Path:
-    """Where generated modules are compiled from: one fixed folder, whatever the cache folder.
-    PyPTO hashes the module's path into its program (op seeds, symbol names), so the same kernel
-    gives the same bytes only when compiled from the same path; names inside are content keys."""
-    return Path(os.environ.get("PYPTO_OFFLINE_KERNEL_SRC", "/tmp/pypto-offline-kernels"))
+        _pool_thread.workers = None
 
 
 def calculator_cache() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "pypto-offline" / "calculator"
+    return user_cache_base() / "calculator"
 
 
 def compile_kernels(graph: ImportedGraph, plan: FusionPlan, target: Target, *,
@@ -230,22 +225,39 @@ def compile_region(region: Region, graph: ImportedGraph, target: Target, cache: 
                     target=target.name, pypto=PYPTO_VERSION, format=KERNEL_FORMAT,
                     default=default.budget_bytes, cost_model=COST_MODEL.get(target.name))
     with cache.holding([key]):
-        hit = cache.get(key) or cache.get(timed_out_key(key, timeout))
+        hit = cache.read(key, lambda files: _cached_kernel(files, region.id, key, sources))
         if hit is not None:
-            return _load(hit, region.id, from_cache=True)
+            return hit
         staged = cache.staging()
         try:
-            kernel = _build(region, graph, target, cache, constants, sources, default, key,
-                            staged, timeout)
+            kernel, transient = _build(region, graph, target, constants, sources, default, key,
+                                       staged, timeout)
         except BaseException:
             shutil.rmtree(staged, ignore_errors=True)
             raise
-        kernel = Kernel(**{**kernel.__dict__,
-                           "compile_seconds": round(time.perf_counter() - started, 3)})
-        if not kernel.compiled and kernel.fallback_reason.startswith(TIMED_OUT):
-            key = timed_out_key(key, timeout)
+        kernel = replace(kernel, compile_seconds=round(time.perf_counter() - started, 3))
+        if transient:  # this build falls back; the next one tries again
+            shutil.rmtree(staged, ignore_errors=True)
+            return kernel
         _save(kernel, staged)
         return _load(cache.put(key, staged), region.id, from_cache=False)
+
+
+def _cached_kernel(files: dict[str, bytes], region_id: str, key: str,
+                   sources: dict[TilePolicy, str]) -> Kernel:
+    """A cache entry's kernel, if it is the one this build would compile: stored under this key
+    and from the very source generated now for its tile (the manifest only shows the files are
+    as they were stored)."""
+    kernel = _load(files, region_id, from_cache=True)
+    if kernel.cache_key != key:
+        raise DamagedEntry("its kernel.json names another key")
+    tile = kernel.tuned_tile
+    expected = (sources.get(TilePolicy(tile.budget_bytes, tile.swapped_transposes,
+                                       tile.flat_rows)) if tile is not None
+                else kernel.source if kernel.source in sources.values() else None)
+    if kernel.source != expected:
+        raise DamagedEntry("its kernel source is not the one generated for this build")
+    return kernel
 
 
 def kernel_interface(region: Region, constants: dict) -> list:
@@ -262,13 +274,6 @@ def kernel_interface(region: Region, constants: dict) -> list:
     return [[described(t) for t in region.inputs], [described(t) for t in region.outputs]]
 
 
-def timed_out_key(key: str, timeout: float) -> str:
-    """Where a compile that ran out of time is remembered: under its time limit, so a warm
-    rebuild with the same limit compiles nothing (and falls back the same way), while a longer
-    ``--kernel-timeout`` tries again."""
-    return cache_key(kernel=key, timed_out_within_s=timeout)
-
-
 def distinct_sources(region: Region, policies: list[TilePolicy], constants: dict
                      ) -> dict[TilePolicy, str]:
     """Each policy's module, less those another policy already gives (a region without a
@@ -281,54 +286,49 @@ def distinct_sources(region: Region, policies: list[TilePolicy], constants: dict
     return sources
 
 
-def _job_candidate(policy: TilePolicy, source: Path) -> dict:
+def _job_candidate(policy: TilePolicy, key: str, source: str) -> dict:
     """A tile candidate as the worker takes it (and hands back, with its results). The policy
-    fields are named here and read back in ``_policy`` only."""
+    fields are named here and read back in ``_policy`` only. The module travels as text inside
+    the job, in this build's private staging folder, with a name made of its content key: the
+    worker runs it under that name and imports no file (docs/kernel-cache.md)."""
     return {"budget": policy.budget_bytes, "swapped": policy.swap_transpose_tiles,
-            "flat": policy.flat_rows, "source": str(source)}
+            "flat": policy.flat_rows, "module": f"kernel/{key[:16]}_{policy.name}.py",
+            "source": source}
 
 
 def _policy(candidate: dict) -> TilePolicy:
     return TilePolicy(candidate["budget"], candidate["swapped"], candidate.get("flat", False))
 
 
-def _write_source(stem: str, text: str) -> Path:
-    """A generated module in the fixed source folder; content-addressed, so written once."""
-    path = kernel_source_dir() / f"{stem}.py"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if not path.exists():
-        _write_atomically(path, text.encode())
-    return path
-
-
-def _build(region, graph, target, cache, constants, sources, untuned, key, staged,
-           timeout):
-    paths = {policy: _write_source(f"{key[:16]}_{policy.name}", text)
-             for policy, text in sources.items()}
+def _build(region, graph, target, constants, sources, untuned, key, staged, timeout
+           ) -> tuple[Kernel, bool]:
+    """The region's kernel (or why not), and whether that outcome is transient: a worker that
+    died or ran out of time, which is not cached."""
     arrays, reference = _region_data(region, graph, constants)
-    searched = _run_worker(staged / "search", region, target, paths, arrays, reference, False,
-                           timeout)
+    searched = _run_worker(staged / "search", region, target, sources, key, arrays, reference,
+                           False, timeout)
     compiled = [c for c in searched.get("candidates", []) if c.get("compiled") and c["aicore_us"]]
     if not compiled:
-        return Kernel(region.id, False, _failure(searched), source=sources[untuned],
-                      cache_key=key)
+        return (Kernel(region.id, False, _failure(searched), source=sources[untuned],
+                       cache_key=key), bool(searched.get("transient")))
     ub = target.ub_plan_bytes.value
     fitting = [c for c in compiled if fits_ub(c.get("ub_bytes"), ub)]
     if not fitting:
         least = min((c.get("ub_bytes") or 0 for c in compiled), default=0)
-        return Kernel(region.id, False, f"no tile fits {target.name}'s planned UB of {ub} bytes: "
-                      f"the smallest compiled candidate's leaves need {least}",
-                      source=sources[untuned], cache_key=key)
+        return (Kernel(region.id, False, f"no tile fits {target.name}'s planned UB of {ub} "
+                       f"bytes: the smallest compiled candidate's leaves need {least}",
+                       source=sources[untuned], cache_key=key), False)
     best = min(fitting, key=lambda c: (c["aicore_us"], c["total_us"] or 0,
                                        astuple(_policy(c))))
     default = default_candidate(fitting, untuned.budget_bytes)
     chosen = _policy(best)
-    final = _run_worker(staged / "final", region, target, {chosen: paths[chosen]},
+    final = _run_worker(staged / "final", region, target, {chosen: sources[chosen]}, key,
                         arrays, reference, True, timeout)
     result = (final.get("candidates") or [{}])[0]
     if not result.get("compiled"):
-        return Kernel(region.id, False, _failure(final), source=sources[chosen], cache_key=key)
-    return _kernel_record(region, sources[chosen], key, best, default, result, staged)
+        return (Kernel(region.id, False, _failure(final), source=sources[chosen], cache_key=key),
+                bool(final.get("transient")))
+    return _kernel_record(region, sources[chosen], key, best, default, result, staged), False
 
 
 def default_candidate(fitting: list[dict], default_budget: int) -> dict | None:
@@ -373,13 +373,13 @@ def _failure(result: dict) -> str:
     return f"PyPTO compile failed: {errors[0] if errors else 'no candidate compiled'}"
 
 
-def _run_worker(folder: Path, region: Region, target: Target, sources: dict, arrays, reference,
-                verify: bool, timeout: float) -> dict:
+def _run_worker(folder: Path, region: Region, target: Target, sources: dict, key: str, arrays,
+                reference, verify: bool, timeout: float) -> dict:
     folder.mkdir(parents=True)
     np.savez(folder / "inputs.npz", **{f"in{i}": a for i, a in enumerate(arrays)})
     np.savez(folder / "reference.npz", **{f"out{i}": a for i, a in enumerate(reference)})
     job = {"function": KERNEL_FUNCTION, "verify": verify,
-           "candidates": [_job_candidate(p, path) for p, path in sources.items()],
+           "candidates": [_job_candidate(p, key, text) for p, text in sources.items()],
            "outputs": _output_specs(region)}
     return _run_job(folder, job, target, timeout)
 
@@ -499,16 +499,12 @@ def region_model(region: Region, graph: ImportedGraph) -> onnx.ModelProto:
     return model
 
 
-def _write_atomically(path: Path, data: bytes) -> None:
-    staged = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    staged.write_bytes(data)
-    os.replace(staged, path)
-
-
 def _save(kernel: Kernel, staged: Path) -> None:
     for name in ("search", "final"):  # keep the artifacts, drop the simulator's bulky output
         for bulky in ("run", "verify", "pypto_home", "ascend_log"):
             shutil.rmtree(staged / name / bulky, ignore_errors=True)
+        for data in ("inputs.npz", "reference.npz"):  # re-derived by any build; every stored
+            (staged / name / data).unlink(missing_ok=True)  # byte is hashed on each read
     record = {k: v for k, v in kernel.__dict__.items() if k not in ("artifacts", "from_cache")}
     for tile in ("default_tile", "tuned_tile"):
         if record[tile] is not None:
@@ -516,17 +512,19 @@ def _save(kernel: Kernel, staged: Path) -> None:
     (staged / "kernel.json").write_text(json.dumps(record, indent=1, sort_keys=True))
 
 
-def _load(entry: Path, region_id: str, from_cache: bool) -> Kernel:
-    """The entry's kernel as ``region_id``'s: an entry serves every region with the same work."""
-    record = json.loads((entry / "kernel.json").read_text())
+ARTIFACTS = "final/artifacts/"
+
+
+def _load(files: dict[str, bytes], region_id: str, from_cache: bool) -> Kernel:
+    """An entry's kernel (from its files, by relative path) as ``region_id``'s: an entry serves
+    every region with the same work."""
+    record = json.loads(files["kernel.json"])
     for tile in ("default_tile", "tuned_tile"):
         if record[tile] is not None:
             record[tile] = TileResult(**record[tile])
     record["verdicts"] = tuple(tuple(v) for v in record["verdicts"])
-    artifacts = {}
-    folder = entry / "final" / "artifacts"
-    if folder.is_dir():
-        artifacts = {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+    artifacts = {name[len(ARTIFACTS):]: data for name, data in files.items()
+                 if name.startswith(ARTIFACTS)}
     return Kernel(**{**record, "region_id": region_id}, artifacts=artifacts,
                   from_cache=from_cache)
 
@@ -555,19 +553,41 @@ def unfused_cost_us(region: Region, graph: ImportedGraph, target: Target, cache:
                             pypto=PYPTO_VERSION, format=KERNEL_FORMAT,
                             cost_model=COST_MODEL.get(target.name)) for s in singles}
     with cache.holding(keys.values()):
-        missing = {keys[s.id]: s for s in singles if cache.get(keys[s.id]) is None}
+        known = {}
+        for single in singles:
+            record = cache.read(keys[single.id], lambda files, texts=sources[single.id]:
+                                _cached_op_cost(files, texts))
+            if record is not None:
+                known[keys[single.id]] = record["unfused_us"]
+        missing = {keys[s.id]: s for s in singles if keys[s.id] not in known}
         if missing:
-            _measure_single_ops(missing, sources, graph, target, cache, constants, timeout)
-        costs = [json.loads((cache.entry(keys[s.id]) / "kernel.json").read_text())["unfused_us"]
-                 for s in singles]
+            known.update(_measure_single_ops(missing, sources, graph, target, cache, constants,
+                                             timeout))
+    costs = [known[keys[s.id]] for s in singles]
     return None if None in costs else sum(costs)
+
+
+def _op_cost_record(us: float | None, sources: dict[TilePolicy, str]) -> dict:
+    """A single op's cached baseline: its best time and the sources it was measured on."""
+    return {"unfused_us": us, "sources": {p.name: text for p, text in sources.items()}}
+
+
+def _cached_op_cost(files: dict[str, bytes], sources: dict[TilePolicy, str]) -> dict:
+    """A cached baseline entry, if it is the one this build would measure."""
+    record = json.loads(files["kernel.json"])
+    if record["sources"] != _op_cost_record(None, sources)["sources"]:
+        raise DamagedEntry("its kernel sources are not the ones generated for this build")
+    if not isinstance(record["unfused_us"], (int, float, type(None))):
+        raise DamagedEntry("its time is not a number")
+    return record
 
 
 def _measure_single_ops(singles: dict[str, Region], sources: dict, graph: ImportedGraph,
                         target: Target, cache: KernelCache, constants: dict,
-                        timeout: float) -> None:
-    """Compile each op (by cache key) at each of its tiles in one worker process and cache its
-    best time that fits the target's UB, or None when none compiled."""
+                        timeout: float) -> dict[str, float | None]:
+    """Compile each op (by cache key) at each of its tiles in one worker process: its best time
+    that fits the target's UB, or None when none compiled. Cached unless the worker died or
+    ran out of time (then None for this build only)."""
     staged = cache.staging()
     try:
         folder = staged / "unfused"
@@ -578,9 +598,8 @@ def _measure_single_ops(singles: dict[str, Region], sources: dict, graph: Import
             names = [f"{key[:16]}_in{i}" for i in range(len(data))]
             arrays.update(zip(names, data))
             for policy, text in sources[single.id].items():
-                path = _write_source(f"{key[:16]}_{policy.name}", text)
                 candidates.append({
-                    **_job_candidate(policy, path), "function": KERNEL_FUNCTION, "op": key,
+                    **_job_candidate(policy, key, text), "function": KERNEL_FUNCTION, "op": key,
                     "inputs": names, "outputs": _output_specs(single)})
         np.savez(folder / "inputs.npz", **arrays)
         result = _run_job(folder, {"function": KERNEL_FUNCTION, "verify": False,
@@ -590,10 +609,14 @@ def _measure_single_ops(singles: dict[str, Region], sources: dict, graph: Import
         for c in result.get("candidates", []):
             if c.get("compiled") and c.get("aicore_us") and fits_ub(c.get("ub_bytes"), ub):
                 best[c["op"]] = min(best[c["op"]] or float("inf"), c["aicore_us"])
+        if result.get("transient"):
+            return best
         for key, us in best.items():
             entry = cache.staging()
-            (entry / "kernel.json").write_text(json.dumps({"unfused_us": us}))
+            record = _op_cost_record(us, sources[singles[key].id])
+            (entry / "kernel.json").write_text(json.dumps(record, indent=1, sort_keys=True))
             cache.put(key, entry)
+        return best
     finally:
         shutil.rmtree(staged, ignore_errors=True)
 

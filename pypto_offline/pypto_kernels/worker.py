@@ -1,7 +1,7 @@
 """One PyPTO compile in a fresh process: ``python -m pypto_offline.pypto_kernels.worker JOB.json``.
 
 PyPTO segfaults under threads and its artifacts drift within a process, so every kernel compile
-runs here, alone. The job names generated modules (one or several tile candidates), input and
+runs here, alone. The job holds generated modules (one or several tile candidates), input and
 reference arrays, and a folder; the result is ``result.json`` in that folder. All of PyPTO's output
 (its simulator, logs, side files) stays inside the folder. Once torch and pypto are imported the
 worker says so (``STARTED_MARKER``); it dies with its build, and so do PyPTO's own child processes
@@ -22,11 +22,13 @@ import glob
 import gzip
 import importlib.util
 import json
+import linecache
 import os
 import select
 import signal
 import sys
 import time
+import types
 from pathlib import Path
 
 import numpy as np
@@ -225,10 +227,21 @@ def keep_aicore_sources(folder: Path) -> None:
         os.putenv(key, value)
 
 
-def _load_kernel(source: Path, name: str):
-    spec = importlib.util.spec_from_file_location(f"pypto_offline_kernel_{name}", source)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+def _load_kernel(candidate: dict, name: str):
+    """The candidate's generated module, run from the source text in the job under its fixed
+    virtual file name (``kernel/<key>_<tile>.py``): no file on disk is imported, so nothing
+    planted in a shared folder can run here, and the name PyPTO writes into program.json is the
+    same on every build. PyPTO's parser reads the function back through ``inspect``, which finds
+    the text in ``linecache`` (an entry without mtime is never re-read from disk). See
+    docs/kernel-cache.md."""
+    filename, text = candidate["module"], candidate["source"]
+    linecache.cache[filename] = (len(text), None, text.splitlines(keepends=True), filename)
+    module = types.ModuleType(f"pypto_offline_kernel_{name}")
+    module.__file__ = filename
+    # dont_inherit: this file's ``from __future__ import annotations`` would turn the kernel's
+    # pypto.Tensor annotations into strings, which PyPTO then takes for non-tensor parameters
+    code = compile(text, filename, "exec", dont_inherit=True)
+    exec(code, module.__dict__)  # noqa: S102 - the generated kernel, from this build's job
     return getattr(module, name)
 
 
@@ -243,7 +256,7 @@ def _compile_once(job: dict, candidate: dict, folder: Path, arrays: list, torch)
     before = set(run_root.glob("output_*"))
     started = time.perf_counter()
     try:
-        kernel = _load_kernel(Path(candidate["source"]), job["function"])
+        kernel = _load_kernel(candidate, job["function"])
         if job.get("verify"):  # PyPTO compares its interpreted outputs with onnxruntime's too
             import pypto
 
@@ -252,7 +265,10 @@ def _compile_once(job: dict, candidate: dict, folder: Path, arrays: list, torch)
                 tuple(o["shape"]) or (1,))) for i, o in enumerate(job["outputs"])]
             pypto.set_verify_golden_data(goldens=[None] * len(inputs) + goldens)
         kernel(*inputs, *outputs)
-    except BaseException as error:  # noqa: BLE001 - any failure is this candidate's verdict
+    except MemoryError:
+        raise  # the machine's state, not the kernel's: the worker dies, nothing is cached
+    except Exception as error:  # noqa: BLE001 - any failure is this candidate's verdict
+        # (not BaseException: a Ctrl-C or exit must kill the worker, not pass as a verdict)
         return {"compiled": False, "error": _first_line(error),
                 "seconds": round(time.perf_counter() - started, 3)}
     seconds = time.perf_counter() - started
@@ -275,7 +291,7 @@ def _first_line(error: BaseException) -> str:
 
 
 # What a candidate says about the kernel it compiles, as opposed to its tile policy.
-KERNEL_FIELDS = ("source", "function", "inputs", "outputs")
+KERNEL_FIELDS = ("source", "module", "function", "inputs", "outputs")
 
 
 def run_job(job: dict) -> dict:
@@ -307,7 +323,6 @@ def run_job(job: dict) -> dict:
             result.update(_compare(outputs, folder / "reference.npz"))
             # longest first: the run folder (named with a timestamp and pid) is inside `folder`
             portable = {result["run_dir"]: "<build>/run",
-                        candidate["source"]: f"kernel/{Path(candidate['source']).name}",
                         str(_pypto_lib().parent): "<pypto>", str(folder): "<build>"}
             _keep_artifacts(Path(result["run_dir"]), folder / "artifacts", portable)
         # handed back as given (its tile policy, whatever fields it has), less the kernel itself
@@ -329,7 +344,7 @@ def _compare(outputs: list, reference: Path) -> dict:
 
 def _keep_artifacts(run_dir: Path, target: Path, paths: dict[str, str]) -> None:
     """program.json (gzipped), the task graph, the host control-flow and AICore sources, with
-    absolute paths (the kernel source, the pypto package) replaced by portable names so that
+    absolute paths (the build folder, the pypto package) replaced by portable names so that
     the same kernel gives the same bytes whatever the cache folder or machine."""
     target.mkdir(exist_ok=True)
     files = {"program.json": run_dir / "program.json", "dyn_topo.txt": run_dir / "dyn_topo.txt"}
