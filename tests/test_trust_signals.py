@@ -44,7 +44,13 @@ def start_build(tmp_path: Path, env=None) -> subprocess.Popen:
         [sys.executable, "-m", "pypto_offline", tiny_model(tmp_path), "--target", "kirin9050",
          "--no-tile-search", "-o", tmp_path / "tiny.ptom", "--cache-dir", "cache"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env or environment(),
-        cwd=tmp_path)
+        cwd=tmp_path, preexec_fn=_sigint_as_from_a_terminal)
+
+
+def _sigint_as_from_a_terminal() -> None:
+    """A runner that starts the suite in the background (CI) may hand it SIGINT ignored, which
+    every child inherits: the build would then never see the Ctrl-C this test sends."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def live_processes() -> dict[int, tuple[str, int]]:
