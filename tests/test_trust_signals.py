@@ -17,6 +17,8 @@ from pathlib import Path
 import onnx
 import pytest
 
+import pypto_offline
+
 from tests.onnx_builders import GraphBuilder
 
 REPO = Path(__file__).resolve().parents[1]
@@ -137,6 +139,30 @@ def test_a_signal_ends_the_build_and_every_worker_within_5_s(signum, code, when,
     assert not remaining_after(1, tmp_path, sessions)
     assert not (tmp_path / "tiny.ptom").exists() and not (tmp_path / "tiny.report.html").exists()
     assert not list((tmp_path / "cache" / "tmp").glob("*")), "a staging folder is left behind"
+
+
+def finished_build(folder: Path) -> bytes:
+    """The tiny model built to the end in ``folder`` (its cache there): the blob's bytes."""
+    build = start_build(folder)
+    _, err = build.communicate(timeout=STARTUP_S * 2)
+    assert build.returncode == 0, err
+    return (folder / "tiny.ptom").read_bytes()
+
+
+def test_a_build_interrupted_mid_compile_then_rebuilt_on_its_cache_ships_the_clean_blob(
+        tmp_path):
+    """Ctrl-C while PyPTO compiles, then the same build again on the same cache: the blob is the
+    one a build on a clean cache ships (on main the interrupted compile was cached as a crashed
+    kernel, and every later build shipped the region unfused with exit 0)."""
+    interrupted, clean = tmp_path / "interrupted", tmp_path / "clean"
+    interrupted.mkdir(), clean.mkdir()
+    build = start_build(interrupted)
+    wait_for_a_worker(build, interrupted)
+    wait_until_compiling(build, interrupted)
+    build.send_signal(signal.SIGINT)
+    assert build.wait(timeout=5) == 130
+    assert finished_build(interrupted) == finished_build(clean)
+    assert pypto_offline.load(clean / "tiny.ptom").message.kernels[0].compiled
 
 
 def hanging_kernel_build(tmp_path: Path, timeout: float) -> str:
