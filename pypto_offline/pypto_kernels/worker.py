@@ -236,6 +236,12 @@ def _load_kernel(candidate: dict, name: str):
     docs/kernel-cache.md."""
     filename, text = candidate["module"], candidate["source"]
     linecache.cache[filename] = (len(text), None, text.splitlines(keepends=True), filename)
+    # A copy the worker reads nothing from, for PyPTO's parser errors: they quote the offending
+    # line by opening the file (a missing one turns the reason into a FileNotFoundError). The
+    # name is relative, so the copy lands in this job's own private folder (the worker's cwd).
+    copy = Path(filename)
+    copy.parent.mkdir(parents=True, exist_ok=True)
+    copy.write_text(text)
     module = types.ModuleType(f"pypto_offline_kernel_{name}")
     module.__file__ = filename
     # dont_inherit: this file's ``from __future__ import annotations`` would turn the kernel's
