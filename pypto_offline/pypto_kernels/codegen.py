@@ -2,7 +2,7 @@
 
 One ``@pypto.frontend.jit`` kernel per region: region inputs then outputs as typed
 ``pypto.Tensor`` arguments, one statement per op, ``out[:] = value`` for each output. It keeps within
-PyPTO 0.2.0's limits (``shared/pypto-cpu.md`` §1):
+PyPTO 0.2.0's limits (docs/pypto-ops.md):
 - pads on any side and with any value as ``concat`` with ``full`` blocks;
 - transposes as chains of axis swaps;
 - broadcasts as ``expand_clone`` one axis at a time;

@@ -7,11 +7,11 @@ reference arrays, and a folder; the result is ``result.json`` in that folder. Al
 worker says so (``STARTED_MARKER``); it dies with its build, and so do PyPTO's own child processes
 (``guard_process_group``; docs/workers.md).
 
-Recipes from ``shared/pypto-cpu.md``:
-- §4: a quiet simulator config through ``TILEFWK_CONFIG_PATH``;
-- §2: the pass-verify input hand-over fix, with the calculator built once into a shared cache;
-- §3: the AICore end-to-end time from ``_simulate.swim.json``;
-- §6: the A5 cost tables for ascend950.
+Recipes (docs/pypto-recipes.md):
+- a quiet simulator config through ``TILEFWK_CONFIG_PATH``;
+- the pass-verify input hand-over fix, with the calculator built once into a shared cache;
+- the AICore end-to-end time from ``_simulate.swim.json``;
+- the A5 cost tables for ascend950.
 """
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """Immutable chip descriptors. Every figure carries its source; estimates say so.
 
-Sources are the keys of ``shared/targets.md`` §0 (RT = hicann/runtime platform inis, WHEEL = the
+Sources are the keys of docs/target-sources.md (RT = hicann/runtime platform inis, WHEEL = the
 pypto 0.2.0 wheel, PY = hicann/pypto, RM = Huawei's roadmap, GZ = a rumour page) and
-``shared/pypto-cpu.md`` for what PyPTO 0.2.0 can express.
+docs/pypto-ops.md for what PyPTO 0.2.0 can express.
 """
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ class Target:
     dtypes: Figure  # element types a kernel may read or write (numpy names)
     kernels: KernelSupport
     notes: str = ""
-    # The rest of shared/targets.md §6: described, not yet used by a cost figure.
+    # The rest of each chip's description: described, not yet used by a cost figure.
     cce_arch: Figure | None = None
     aiv_cores: Figure | None = None
     coupled: Figure | None = None

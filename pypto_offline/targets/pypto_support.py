@@ -1,4 +1,4 @@
-"""What PyPTO 0.2.0 compiles and verifies in Tensor mode (``shared/pypto-cpu.md`` §1).
+"""What PyPTO 0.2.0 compiles and verifies in Tensor mode (docs/pypto-ops.md).
 
 Ops not listed failed to compile or were not probed (no ``pypto.tanh``, no erf, no pow; only
 constant padding). Elementwise tensors are limited to rank 4 and transposes to rank 5; the kernel
@@ -16,5 +16,5 @@ PYPTO_0_2_0 = KernelSupport(
     }),
     max_rank=6,
     pad_modes=frozenset({"constant"}),
-    source="shared/pypto-cpu.md §1 (op probe, 99 runs, fp32 and fp16)",
+    source="docs/pypto-ops.md (op probe, 99 runs, fp32 and fp16)",
 )

@@ -1,7 +1,7 @@
 """Kirin phone NPUs (HarmonyOS CANN Kit): one coupled AI Core sharing LPDDR with the CPU.
 
 Neither the NPU clock, the DRAM bandwidth the NPU sees, nor a launch cost is public
-(``shared/targets.md`` §7): those figures are estimates, marked as such.
+(docs/target-sources.md): those figures are estimates, marked as such.
 """
 from pypto_offline.targets.descriptor import Figure, Target
 from pypto_offline.targets.pypto_support import PYPTO_0_2_0
