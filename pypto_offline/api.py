@@ -117,16 +117,19 @@ def compile(model, target: str = "kirin9050",  # noqa: A001 - the API's verb
             input_shapes: Mapping[str, Sequence[int]] | None = None, *,
             cache_dir=None, jobs: int = 2, tile_search: bool = True,
             kernel_timeout: float | None = None, progress=lambda _: None,
-            inputs: Mapping[str, np.ndarray] | None = None, verify: bool = False
-            ) -> CompiledModel:
+            inputs: Mapping[str, np.ndarray] | None = None, verify: bool = False,
+            measure_baseline: bool = False) -> CompiledModel:
     """Compile ``model`` for ``target``. ``inputs``: real values of some inputs, checked against
     the model and used to find the shapes that depend on them. ``verify``: also run the
-    onnxruntime check (with ``inputs``), and refuse up front a model it could not run."""
+    onnxruntime check (with ``inputs``), and refuse up front a model it could not run.
+    ``measure_baseline``: compile each fused op alone for the unfused cost figure instead of
+    estimating it (docs/baseline.md)."""
     check_limits(jobs, kernel_timeout)
     get_target(target)
     options = BuildOptions(input_shapes=dict(input_shapes or {}),
                            cache_dir=Path(cache_dir) if cache_dir else None, jobs=jobs,
                            tile_search=tile_search, inputs=dict(inputs or {}), verify=verify,
+                           measure_baseline=measure_baseline,
                            **({"kernel_timeout_s": kernel_timeout} if kernel_timeout else {}))
     result = build(model, get_target(target), options, progress)
     hits = sum(k.from_cache for k in result.kernels)

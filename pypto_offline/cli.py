@@ -60,6 +60,9 @@ def compile_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-tile-search", action="store_true",
                         help="compile the default tile only")
     parser.add_argument("--no-verify", action="store_true", help="skip the onnxruntime check")
+    parser.add_argument("--measure-baseline", action="store_true",
+                        help="compile every fused op alone with PyPTO for the unfused cost "
+                             "figure (cached per op), instead of estimating it")
     _common(parser)
     return parser
 
@@ -121,7 +124,8 @@ def run_compile(argv: list[str]) -> int:
                            cache_dir=args.cache_dir, jobs=args.jobs,
                            tile_search=not args.no_tile_search,
                            kernel_timeout=args.kernel_timeout, progress=_progress(args.quiet),
-                           inputs=inputs, verify=not args.no_verify)
+                           inputs=inputs, verify=not args.no_verify,
+                           measure_baseline=args.measure_baseline)
     compiled.save(output, report=report)
     summary = {**compiled.summary(), "model": args.model, "blob": str(output),
                "report": str(report) if report else None, "kernel_cache": compiled.kernel_cache,
@@ -171,7 +175,7 @@ def _cost_model(pypto: dict) -> str:
     over = f" over {compared} of {pypto['compiled']} kernels" \
         if 0 < compared < pypto["compiled"] else ""
     return (f"cost model {pypto['cost_us_fused']:.1f} µs fused against "
-            f"{pypto['cost_us_unfused']:.1f} µs unfused{over}")
+            f"{pypto['cost_us_unfused']:.1f} µs unfused ({pypto['cost_us_unfused_basis']}){over}")
 
 
 def _print(summary: dict, args, human) -> None:

@@ -21,6 +21,8 @@ from pypto_offline.fusion.records import CANNOT_EXPRESS, FAILED_CHECK, RegionOp
 from pypto_offline.importer import ImportedGraph, import_model
 from pypto_offline.offline_compiler import ptom_pb2
 from pypto_offline.pypto_kernels import Kernel, compile_kernels
+from pypto_offline.pypto_kernels.baseline import (ESTIMATED, MEASURED,
+                                                  estimated_unfused_costs)
 from pypto_offline.pypto_kernels.compiler import (DEFAULT_TIMEOUT_S, PYPTO_VERSION,
                                                   unfused_costs)
 from pypto_offline.targets import Target
@@ -39,11 +41,15 @@ class BuildOptions:
     # model will be verified, so that one onnxruntime cannot run is refused before compiling.
     inputs: Mapping[str, np.ndarray] = field(default_factory=dict)
     verify: bool = False
+    # Compile every op of the shipped regions alone for the unfused baseline (cached per op),
+    # instead of the shipped estimate: docs/baseline.md.
+    measure_baseline: bool = False
 
     def provenance(self) -> dict[str, str]:
         """The options that change the output (not jobs, cache folder or time limit)."""
         shapes = ";".join(f"{k}={','.join(map(str, v))}" for k, v in sorted(self.input_shapes.items()))
-        options = {"input_shapes": shapes, "tile_search": str(self.tile_search).lower()}
+        options = {"input_shapes": shapes, "tile_search": str(self.tile_search).lower(),
+                   "baseline": MEASURED if self.measure_baseline else ESTIMATED}
         if self.inputs:  # their values may fix shapes the model leaves to them
             options["inputs"] = ";".join(
                 f"{name}={hashlib.sha256(np.ascontiguousarray(value).tobytes()).hexdigest()[:16]}"
@@ -90,9 +96,7 @@ def build(source, target: Target, options: BuildOptions, progress: Progress = la
                                     timeout=options.kernel_timeout_s))
     failed = {k.region_id: (_category(k), k.fallback_reason) for k in kernels if not k.compiled}
     shipped = without_regions(plan, graph, target, failed) if failed else plan
-    progress("measuring the unfused baseline")
-    unfused_us = unfused_costs(graph, shipped.regions, target, cache_dir=options.cache_dir,
-                               jobs=options.jobs, timeout=options.kernel_timeout_s)
+    baseline = unfused_baseline(graph, shipped.regions, target, options, progress)
     message = ptom_pb2.CompiledModel(
         target=_target_descriptor(target),
         provenance=_provenance(__version__, raw, name, options),
@@ -100,12 +104,34 @@ def build(source, target: Target, options: BuildOptions, progress: Progress = la
         source_onnx_model=graph.model.SerializeToString(),
         input_names=list(graph.inputs))
     regions = {r.id: r for r in plan.regions}
-    message.kernels.extend(_kernel_message(regions[k.region_id], k) for k in kernels)
+    message.kernels.extend(_kernel_message(regions[k.region_id], k, baseline) for k in kernels)
     message.unfused.extend(ptom_pb2.Unfused(node=u.node, op_type=u.op_type, category=u.category,
                                             reason=u.reason) for u in shipped.unfused)
-    message.totals.CopyFrom(_totals(shipped, kernels, unfused_us, target))
+    message.totals.CopyFrom(_totals(shipped, kernels, baseline, target))
     message.verification.status = "skipped"
     return BuildResult(message, graph, shipped, kernels)
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """The unfused figure of each shipped region (None: not measurable), and how it was had."""
+
+    costs_us: Mapping[str, float | None]
+    basis: str  # MEASURED or ESTIMATED
+
+    def of(self, region_id: str) -> float | None:
+        return self.costs_us.get(region_id)
+
+
+def unfused_baseline(graph: ImportedGraph, regions: Sequence[Region], target: Target,
+                     options: BuildOptions, progress: Progress) -> Baseline:
+    """Measured with PyPTO under --measure-baseline; otherwise the shipped estimate, which costs
+    no compile and does not depend on what a cache holds (docs/baseline.md)."""
+    if not options.measure_baseline:
+        return Baseline(estimated_unfused_costs(graph, regions, target), ESTIMATED)
+    progress("measuring the unfused baseline")
+    return Baseline(unfused_costs(graph, regions, target, cache_dir=options.cache_dir,
+                                  jobs=options.jobs, timeout=options.kernel_timeout_s), MEASURED)
 
 
 def _require_static_inputs(graph: ImportedGraph, name: str) -> None:
@@ -167,7 +193,7 @@ def _present(**figures) -> dict:
     return {name: value for name, value in figures.items() if value is not None}
 
 
-def _kernel_message(region: Region, kernel: Kernel) -> ptom_pb2.Kernel:
+def _kernel_message(region: Region, kernel: Kernel, baseline: Baseline) -> ptom_pb2.Kernel:
     message = ptom_pb2.Kernel(
         id=region.id, region_signature=region_signature(region), nodes=list(region.nodes),
         inputs=list(region.inputs), outputs=list(region.outputs),
@@ -180,6 +206,7 @@ def _kernel_message(region: Region, kernel: Kernel) -> ptom_pb2.Kernel:
         kernels_unfused=region.unfused.kernels, est_time_us_unfused=region.unfused.time_us,
         est_time_us_fused=region.fused.time_us, functional_ok=kernel.functional_ok,
         platform=kernel.platform, **_present(max_abs_diff=kernel.max_abs_diff),
+        **_unfused_figure(baseline.of(region.id) if kernel.compiled else None, baseline.basis),
         verdicts=[ptom_pb2.PassVerdict(pass_name=p, result=r) for p, r in kernel.verdicts],
         artifacts=[ptom_pb2.Artifact(name=n, data=d, sha256=hashlib.sha256(d).hexdigest())
                    for n, d in sorted(kernel.artifacts.items())])
@@ -191,7 +218,13 @@ def _kernel_message(region: Region, kernel: Kernel) -> ptom_pb2.Kernel:
     return message
 
 
-def _totals(plan: FusionPlan, kernels: Sequence[Kernel], unfused_us: dict, target: Target
+def _unfused_figure(cost_us: float | None, basis: str) -> dict:
+    """A shipped kernel's unfused baseline and its basis, both absent when not measurable."""
+    return {} if cost_us is None else {"cost_us_unfused": round(cost_us, 3),
+                                       "cost_us_unfused_basis": basis}
+
+
+def _totals(plan: FusionPlan, kernels: Sequence[Kernel], baseline: Baseline, target: Target
             ) -> ptom_pb2.Totals:
     from pypto_offline.fusion.cost import time_us
 
@@ -203,10 +236,11 @@ def _totals(plan: FusionPlan, kernels: Sequence[Kernel], unfused_us: dict, targe
                                             for k in compiled)
     # fused against unfused over the same kernels: those whose baseline compiled too; with none,
     # both figures stay absent (not measured), never a sum of nothing shown as 0
-    pairs = [(k.tuned_tile.aicore_us, unfused_us[k.region_id]) for k in compiled
-             if unfused_us.get(k.region_id) is not None and k.tuned_tile.aicore_us is not None]
+    pairs = [(k.tuned_tile.aicore_us, baseline.of(k.region_id)) for k in compiled
+             if baseline.of(k.region_id) is not None and k.tuned_tile.aicore_us is not None]
     costs = {"cost_us_fused": round(sum(f for f, _ in pairs), 3),
-             "cost_us_unfused": round(sum(u for _, u in pairs), 3)} if pairs else {}
+             "cost_us_unfused": round(sum(u for _, u in pairs), 3),
+             "cost_us_unfused_basis": baseline.basis} if pairs else {}
     return ptom_pb2.Totals(
         nodes_before=t.nodes_before, nodes_after=t.nodes_after, kernels_before=t.kernels_before,
         kernels_after=t.kernels_after, fused_kernels=t.fused_kernels, ops_fused=t.ops_fused,

@@ -59,6 +59,7 @@ def summarise(message: ptom_pb2.CompiledModel) -> dict:
         "pypto": {"compiled": t.pypto_compiled, "fell_back": t.pypto_fell_back,
                   "cost_us_fused": measured(t, "cost_us_fused"),
                   "cost_us_unfused": measured(t, "cost_us_unfused"),
+                  "cost_us_unfused_basis": t.cost_us_unfused_basis or None,
                   "kernels_cost_compared": t.kernels_cost_compared},
         "verification": {
             "status": v.status or "skipped",

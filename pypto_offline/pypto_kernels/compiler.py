@@ -42,8 +42,8 @@ from pypto_offline.pypto_kernels.cache import (DamagedEntry, KernelCache, cache_
 from pypto_offline.pypto_kernels.codegen import (KERNEL_FUNCTION, CannotExpress,
                                                  is_scalar_constant, itemsize_of, kernel_source)
 from pypto_offline.pypto_kernels.records import Kernel, TileResult
-from pypto_offline.pypto_kernels.tiling import (TilePolicy, candidate_policies, default_policy,
-                                                fits_ub)
+from pypto_offline.pypto_kernels.tiling import (SEARCHED_BUDGETS, TilePolicy, candidate_policies,
+                                                default_policy, fits_ub, search_rounds)
 from pypto_offline.runtime import TOLERANCE, run_model
 from pypto_offline.targets import Target
 
@@ -223,7 +223,8 @@ def compile_region(region: Region, graph: ImportedGraph, target: Target, cache: 
     key = cache_key(sources={p.name: text for p, text in sources.items()},
                     interface=kernel_interface(region, constants),
                     target=target.name, pypto=PYPTO_VERSION, format=KERNEL_FORMAT,
-                    default=default.budget_bytes, cost_model=COST_MODEL.get(target.name))
+                    default=default.budget_bytes, cost_model=COST_MODEL.get(target.name),
+                    searched_budgets=SEARCHED_BUDGETS)
     with cache.holding([key]):
         hit = cache.read(key, lambda files: _cached_kernel(files, region.id, key, sources))
         if hit is not None:
@@ -305,14 +306,22 @@ def _build(region, graph, target, constants, sources, untuned, key, staged, time
     """The region's kernel (or why not), and whether that outcome is transient: a worker that
     died or ran out of time, which is not cached."""
     arrays, reference = _region_data(region, graph, constants)
-    searched = _run_worker(staged / "search", region, target, sources, key, arrays, reference,
-                           False, timeout)
-    compiled = [c for c in searched.get("candidates", []) if c.get("compiled") and c["aicore_us"]]
+    ub = target.ub_plan_bytes.value
+    compiled, fitting, searched = [], [], {}
+    for round_index, policies in enumerate(search_rounds(list(sources), untuned)):
+        if fitting or not policies:
+            break
+        searched = _run_worker(staged / f"search{round_index or ''}", region, target,
+                               {p: sources[p] for p in policies}, key, arrays, reference, False,
+                               timeout)
+        if searched.get("transient"):
+            break
+        compiled += [c for c in searched.get("candidates", [])
+                     if c.get("compiled") and c["aicore_us"]]
+        fitting = [c for c in compiled if fits_ub(c.get("ub_bytes"), ub)]
     if not compiled:
         return (Kernel(region.id, False, _failure(searched), source=sources[untuned],
                        cache_key=key), bool(searched.get("transient")))
-    ub = target.ub_plan_bytes.value
-    fitting = [c for c in compiled if fits_ub(c.get("ub_bytes"), ub)]
     if not fitting:
         least = min((c.get("ub_bytes") or 0 for c in compiled), default=0)
         return (Kernel(region.id, False, f"no tile fits {target.name}'s planned UB of {ub} "
@@ -500,7 +509,7 @@ def region_model(region: Region, graph: ImportedGraph) -> onnx.ModelProto:
 
 
 def _save(kernel: Kernel, staged: Path) -> None:
-    for name in ("search", "final"):  # keep the artifacts, drop the simulator's bulky output
+    for name in ("search", "search1", "final"):  # keep the artifacts, drop the simulator's bulky output
         for bulky in ("run", "verify", "pypto_home", "ascend_log"):
             shutil.rmtree(staged / name / bulky, ignore_errors=True)
         for data in ("inputs.npz", "reference.npz"):  # re-derived by any build; every stored
@@ -529,42 +538,55 @@ def _load(files: dict[str, bytes], region_id: str, from_cache: bool) -> Kernel:
                   from_cache=from_cache)
 
 
-__all__ = ["compile_kernels", "compile_region", "region_model", "single_op_regions",
-           "unfused_cost_us", "unfused_costs"]
+__all__ = ["compile_kernels", "compile_region", "region_model", "single_op_costs",
+           "single_op_regions", "unfused_cost_us", "unfused_costs"]
 
 
 def unfused_cost_us(region: Region, graph: ImportedGraph, target: Target, cache: KernelCache,
                     constants: dict, timeout: float = DEFAULT_TIMEOUT_S) -> float | None:
     """PyPTO cost-model time of the region's ops as one kernel each (reshape-likes are free),
-    each at its best tile: the baseline fused kernels are measured against. Cost only, no check.
-    Each op's time is cached on its own, so an op that recurs (the same op on the same shapes in
-    another region or model) is compiled once; the region's other ops share one worker process."""
+    each at its best tile: the measured baseline fused kernels are compared with (a default
+    build estimates it instead: pypto_kernels/baseline.py). None when an op did not compile."""
+    costs = [us for _, us in single_op_costs(region, graph, target, cache, constants, timeout)]
+    return None if None in costs else sum(costs)
+
+
+def single_op_costs(region: Region, graph: ImportedGraph, target: Target, cache: KernelCache,
+                    constants: dict, timeout: float = DEFAULT_TIMEOUT_S
+                    ) -> list[tuple[Region, float | None]]:
+    """Each device op of the region as a kernel of its own, with its cost-model time at its best
+    tile (None: no tile compiled, or the op cannot be written). Cost only, no check. Each op's
+    time is cached on its own, so an op that recurs (the same op on the same shapes in another
+    region or model) is compiled once; the region's other ops share one worker process."""
     singles = single_op_regions(region, graph)
     if not singles:
-        return 0.0
+        return []
     ub = target.ub_plan_bytes.value
-    try:
-        sources = {s.id: distinct_sources(s, candidate_policies(ub, largest_tensor_bytes(s)),
-                                          constants) for s in singles}
-    except CannotExpress:
-        return None
-    keys = {s.id: cache_key(unfused_op=sorted(f"{p.name}:{t}" for p, t in sources[s.id].items()),
-                            interface=kernel_interface(s, constants), target=target.name,
-                            pypto=PYPTO_VERSION, format=KERNEL_FORMAT,
-                            cost_model=COST_MODEL.get(target.name)) for s in singles}
+    sources, keys = {}, {}
+    for single in singles:
+        try:
+            sources[single.id] = distinct_sources(
+                single, candidate_policies(ub, largest_tensor_bytes(single)), constants)
+        except CannotExpress:
+            continue
+        keys[single.id] = cache_key(
+            unfused_op=sorted(f"{p.name}:{t}" for p, t in sources[single.id].items()),
+            interface=kernel_interface(single, constants), target=target.name,
+            pypto=PYPTO_VERSION, format=KERNEL_FORMAT, cost_model=COST_MODEL.get(target.name))
     with cache.holding(keys.values()):
         known = {}
         for single in singles:
+            if single.id not in keys:
+                continue
             record = cache.read(keys[single.id], lambda files, texts=sources[single.id]:
                                 _cached_op_cost(files, texts))
             if record is not None:
                 known[keys[single.id]] = record["unfused_us"]
-        missing = {keys[s.id]: s for s in singles if keys[s.id] not in known}
+        missing = {keys[s.id]: s for s in singles if s.id in keys and keys[s.id] not in known}
         if missing:
             known.update(_measure_single_ops(missing, sources, graph, target, cache, constants,
                                              timeout))
-    costs = [known[keys[s.id]] for s in singles]
-    return None if None in costs else sum(costs)
+    return [(s, known[keys[s.id]] if s.id in keys else None) for s in singles]
 
 
 def _op_cost_record(us: float | None, sources: dict[TilePolicy, str]) -> dict:

@@ -8,7 +8,9 @@ from dataclasses import dataclass
 import onnx
 
 from pypto_offline.offline_compiler import ptom_pb2
-from pypto_offline.offline_compiler.summary import measured, provenance, shown, summarise, tile_us
+from pypto_offline.pypto_kernels.baseline import ESTIMATED
+from pypto_offline.offline_compiler.summary import (NOT_MEASURED, measured, provenance, shown,
+                                                  summarise, tile_us)
 from pypto_offline.report.graph_view import Drawing, layout
 from pypto_offline.report.plots import Series, bar_chart
 
@@ -51,6 +53,8 @@ def summary_figures(summary: dict) -> list[Figure]:
         ("pypto.cost_us_fused", "PyPTO cost model, fused", us(pypto["cost_us_fused"])),
         ("pypto.cost_us_unfused", "PyPTO cost model, one kernel per op",
          us(pypto["cost_us_unfused"])),
+        ("pypto.cost_us_unfused_basis", "One kernel per op: measured or estimated",
+         pypto["cost_us_unfused_basis"] or NOT_MEASURED),
         ("verification.status", "Verification (onnxruntime)", None),
         ("verification.max_abs_diff", "Max abs diff", shown(check["max_abs_diff"], ".3e")),
         ("verification.kernels_checked", "Kernels checked (PyPTO pass-verify)", None),
@@ -60,7 +64,9 @@ def summary_figures(summary: dict) -> list[Figure]:
     for key, label, text in rows:
         value = _lookup(summary, key)
         figures.append(Figure(key, label, str(value) if text is None else text,
-                              json.dumps(value), key.startswith("est_time")))
+                              json.dumps(value), key.startswith("est_time")
+                              or (key == "pypto.cost_us_unfused"
+                                  and pypto["cost_us_unfused_basis"] == ESTIMATED)))
     return figures
 
 
@@ -86,6 +92,7 @@ def kernel_cards(message: ptom_pb2.CompiledModel) -> list[dict]:
                   "measured": k.gm_bytes_read + k.gm_bytes_written},
         "kernels_unfused": k.kernels_unfused,
         "est_us": {"unfused": k.est_time_us_unfused, "fused": k.est_time_us_fused},
+        "cost_us_unfused": measured(k, "cost_us_unfused"), "cost_basis": k.cost_us_unfused_basis,
         "functional_ok": k.functional_ok, "max_abs_diff": measured(k, "max_abs_diff"),
         "verdicts": [(v.pass_name, v.result) for v in k.verdicts],
         "artifacts": [(a.name, len(a.data), a.sha256) for a in k.artifacts],

@@ -1,0 +1,138 @@
+"""Fit the unfused baseline's estimate (pypto_kernels/baseline.py) from measured ops.
+
+    python -m bench.baseline_fit [--models a,b] [--targets kirin9050,ascend950] [--write]
+
+For each model and target: plan the fusion, measure every region's ops one kernel each with PyPTO
+(through the shared per-op cache: an op measured before costs nothing), then fit, per cost-model
+family, time = intercept + slope × KiB moved per op class, weighted for relative error. Prints the
+fit and its error per op and per region; ``--write`` stores it as the estimate a default build
+ships (``pypto_offline/pypto_kernels/baseline_fit.json``) and the table in
+bench/results/baseline_fit/. Not part of the test run: a cold fit compiles hundreds of kernels.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from bench import corpus
+from pypto_offline.fusion import plan_fusion
+from pypto_offline.importer import import_model
+from pypto_offline.offline_compiler.blob import write_atomically
+from pypto_offline.pypto_kernels import baseline
+from pypto_offline.pypto_kernels.cache import KernelCache
+from pypto_offline.pypto_kernels.compiler import COST_MODEL, single_op_costs, unfused_costs
+from pypto_offline.targets import TARGETS
+
+EXAMPLE = ("example", Path(__file__).resolve().parents[1] / "examples" / "example.onnx",
+           {"x": [1, 3, 64, 64]})
+RESULTS = Path(__file__).with_name("results") / "baseline_fit"
+
+
+def model_sources(names: list[str]) -> list[tuple[str, Path, dict]]:
+    return [EXAMPLE if name == "example" else
+            (name, corpus.model_path(name), corpus.MODELS[name].input_shapes) for name in names]
+
+
+def measure(name: str, path: Path, shapes: dict, target_name: str, cache_dir: Path | None,
+            jobs: int) -> list[dict]:
+    """One row per region: its ops' samples and measured times (None: an op did not compile)."""
+    target = TARGETS[target_name]
+    graph = import_model(path, shapes)
+    plan = plan_fusion(graph, target)
+    unfused_costs(graph, plan.regions, target, cache_dir=cache_dir, jobs=jobs)  # fills the cache
+    cache, constants = KernelCache(cache_dir), graph.constant_values()
+    rows = []
+    for region in plan.regions:
+        ops = single_op_costs(region, graph, target, cache, constants)  # all hits now
+        rows.append({"model": name, "target": target_name, "region": region.id,
+                     "ops": [{"op": s.original[0].op_type,
+                              "sample": list(baseline.op_sample(s, constants)), "us": us}
+                             for s, us in ops]})
+    return rows
+
+
+def fit(rows: list[dict]) -> tuple[dict, dict]:
+    """The fit per family, and its error statistics."""
+    by_family: dict[str, dict[tuple, float]] = {}
+    for row in rows:
+        family = baseline.cost_model_family(COST_MODEL.get(row["target"]))
+        for op in row["ops"]:
+            if op["us"]:  # one entry per distinct op (class, size): recurring ops count once
+                by_family.setdefault(family, {})[(op["op"], *op["sample"])] = op["us"]
+    families, errors = {}, {}
+    for family, measured in sorted(by_family.items()):
+        samples = [(cls, kib) for (_, cls, kib) in measured]
+        times = list(measured.values())
+        families[family] = baseline.fit_family(samples, times)
+        op_errors = baseline.relative_errors(samples, times, families[family])
+        errors[family] = {"ops": len(times), "median_rel_error": _q(op_errors, 50),
+                          "p90_rel_error": _q(op_errors, 90),
+                          "regions": _region_errors(rows, family, families[family])}
+    return families, errors
+
+
+def _region_errors(rows: list[dict], family: str, family_fit: dict) -> dict:
+    errors = []
+    for row in rows:
+        if baseline.cost_model_family(COST_MODEL.get(row["target"])) != family:
+            continue
+        times = [op["us"] for op in row["ops"]]
+        if not times or None in times:
+            continue
+        samples = [tuple(op["sample"]) for op in row["ops"]]
+        estimate = sum(baseline.estimate_op_us(s, "any", {"families": {"any": family_fit}})
+                       for s in samples)
+        errors.append(abs(estimate - sum(times)) / sum(times))
+    return {"count": len(errors), "median_rel_error": _q(errors, 50),
+            "p90_rel_error": _q(errors, 90)}
+
+
+def _q(values: list[float], percentile: int) -> float | None:
+    return round(float(np.percentile(values, percentile)), 3) if values else None
+
+
+def _commit() -> str:
+    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                          cwd=Path(__file__).parent).stdout.strip()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default="example,asr_frontend_kaldi,magika_v3_3,"
+                                            "tf_gpt2_decoder_kv,tf_bert_encoder,tf_vit")
+    parser.add_argument("--targets", default="kirin9050,ascend950")
+    parser.add_argument("--cache-dir", type=Path, default=None)
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--write", action="store_true")
+    args = parser.parse_args(argv)
+    rows = []
+    for name, path, shapes in model_sources(args.models.split(",")):
+        for target in args.targets.split(","):
+            rows += measure(name, path, shapes, target, args.cache_dir, args.jobs)
+            print(f"measured {name} for {target}: {len(rows)} regions so far", file=sys.stderr,
+                  flush=True)
+    families, errors = fit(rows)
+    provenance = {"commit": _commit(), "date": datetime.date.today().isoformat(),
+                  "models": args.models.split(","), "targets": args.targets.split(","),
+                  "command": "python -m bench.baseline_fit " + " ".join(argv or sys.argv[1:]),
+                  "machine_cores": os.cpu_count()}
+    result = {"families": families, "errors": errors, "provenance": provenance}
+    print(json.dumps(result, indent=1))
+    if args.write:
+        write_atomically(baseline.FIT_FILE, (json.dumps(result, indent=1, sort_keys=True)
+                                             + "\n").encode())
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        write_atomically(RESULTS / "measured_ops.json",
+                         (json.dumps(rows, indent=1, sort_keys=True) + "\n").encode())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,124 @@
+"""The unfused baseline's estimate: what a region's ops would cost as one PyPTO kernel each,
+without compiling them (docs/baseline.md).
+
+A default build compiles only what it ships. The baseline it reports beside each fused kernel is
+estimated per op from a linear fit of PyPTO cost-model times measured on the corpus
+(``bench.baseline_fit`` writes ``baseline_fit.json`` from the per-op cache):
+
+    time_us(op) = intercept[family][class] + per_kib[family][class] × KiB moved
+
+``family`` is the cost model the target compiles for (910B tables, or A5 for ascend950), ``class``
+the kind of op (elementwise, data movement, transpose), "KiB moved" the op's own kernel reading
+its inputs whole (one-element constants are immediates) and writing its outputs. The fit ships
+with the code, not from the user's cache, so the same model and options give the same blob
+whatever the cache holds. ``--measure-baseline`` compiles every op instead
+(``compiler.unfused_costs``).
+"""
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from pypto_offline.fusion.cost import POINTWISE
+from pypto_offline.fusion.records import Region
+from pypto_offline.importer import ImportedGraph
+from pypto_offline.pypto_kernels.codegen import is_scalar_constant, itemsize_of
+from pypto_offline.pypto_kernels.compiler import COST_MODEL, single_op_regions
+from pypto_offline.targets import Target
+
+FIT_FILE = Path(__file__).with_name("baseline_fit.json")
+MEASURED, ESTIMATED = "measured", "estimated"
+# Ops whose kernel walks the output in another axis order than the input: PyPTO moves them
+# through TRANSPOSE_MOVEOUT, slower per byte than a straight copy.
+REORDERING = frozenset({"Transpose", "DepthToSpace", "SpaceToDepth"})
+OP_CLASSES = ("elementwise", "data", "transpose")
+
+
+def op_class(op_type: str) -> str:
+    if op_type in REORDERING:
+        return "transpose"
+    return "elementwise" if op_type in POINTWISE else "data"
+
+
+def cost_model_family(cost_model: tuple[str, str] | None) -> str:
+    """The cost tables a target compiles against (compiler.COST_MODEL): A5, or the 910B default."""
+    return cost_model[0] if cost_model else "910B"
+
+
+def kib_moved(single: Region, constants: dict) -> float:
+    """KiB the op's own kernel moves: its inputs read whole (but one-element constants, which
+    the kernel holds as immediates) and its outputs written."""
+    def kib(name: str) -> float:
+        shape, dtype = single.tensor_types[name]
+        return int(np.prod(shape, dtype=np.int64)) * itemsize_of(dtype) / 1024
+    read = [name for name in single.inputs if not is_scalar_constant(name, constants)]
+    return sum(kib(name) for name in read) + sum(kib(name) for name in single.outputs)
+
+
+def op_sample(single: Region, constants: dict) -> tuple[str, float]:
+    """What the estimate knows of one op: its class and the KiB it moves."""
+    (op,) = single.original
+    return op_class(op.op_type), kib_moved(single, constants)
+
+
+@lru_cache(maxsize=1)
+def shipped_fit() -> dict:
+    return json.loads(FIT_FILE.read_text())
+
+
+def estimate_op_us(sample: tuple[str, float], family: str, fit: dict | None = None) -> float:
+    fit = fit or shipped_fit()
+    coefficients = fit["families"][family]
+    intercept, per_kib = coefficients[sample[0]]
+    return intercept + per_kib * sample[1]
+
+
+def estimate_region_us(samples: Iterable[tuple[str, float]], family: str) -> float:
+    return round(sum(estimate_op_us(s, family) for s in samples), 3)
+
+
+def fit_family(samples: Sequence[tuple[str, float]], times: Sequence[float]) -> dict:
+    """Per op class, the intercept and slope minimising the *relative* error over the measured
+    ops (rows weighted by 1/time: a 2 µs op matters as much as a 200 µs one), both kept ≥ 0.
+    A class without two distinct sizes measured takes the pooled fit of all classes."""
+    pooled = _fit_line([s[1] for s in samples], times)
+    fitted = {}
+    for name in OP_CLASSES:
+        rows = [(s[1], t) for s, t in zip(samples, times) if s[0] == name]
+        sizes = {kib for kib, _ in rows}
+        fitted[name] = (_fit_line(*zip(*rows)) if len(sizes) >= 2 else pooled)
+    return fitted
+
+
+def _fit_line(kib: Sequence[float], times: Sequence[float]) -> list[float]:
+    x = np.asarray(kib, dtype=np.float64)
+    y = np.asarray(times, dtype=np.float64)
+    weight = 1.0 / y
+    design = np.stack([np.ones_like(x), x], axis=1) * weight[:, None]
+    (intercept, slope), *_ = np.linalg.lstsq(design, y * weight, rcond=None)
+    if slope < 0:  # more bytes never cost less: a flat line at the weighted mean instead
+        intercept, slope = float(np.sum(y * weight ** 2) / np.sum(weight ** 2)), 0.0
+    if intercept < 0:
+        intercept, slope = 0.0, float(np.sum(x * y * weight ** 2) / np.sum((x * weight) ** 2))
+    return [round(float(intercept), 4), round(float(slope), 6)]
+
+
+def relative_errors(samples: Sequence[tuple[str, float]], times: Sequence[float],
+                    family_fit: dict) -> list[float]:
+    """|estimate - measured| / measured of each op, under ``family_fit`` (one family's lines)."""
+    fit = {"families": {"any": family_fit}}
+    return [abs(estimate_op_us(s, "any", fit) - t) / t for s, t in zip(samples, times)]
+
+
+def estimated_unfused_costs(graph: ImportedGraph, regions: Sequence[Region], target: Target
+                            ) -> dict[str, float]:
+    """The estimated baseline of each region, by region id: no compile, no cache."""
+    family = cost_model_family(COST_MODEL.get(target.name))
+    constants = graph.constant_values()
+    return {region.id: estimate_region_us(
+        (op_sample(single, constants) for single in single_op_regions(region, graph)), family)
+        for region in regions}

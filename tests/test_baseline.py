@@ -1,0 +1,103 @@
+"""The unfused baseline (docs/baseline.md): a default build estimates it from the shipped fit and
+compiles nothing for it; --measure-baseline compiles each op alone, cached per op; the blob, the
+JSON and the report say which figure they hold."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from pypto_offline import api
+from pypto_offline.pypto_kernels import baseline
+from pypto_offline.pypto_kernels.compiler import COST_MODEL
+from pypto_offline.report.content import summary_figures
+from pypto_offline.targets import TARGETS
+from tests.onnx_builders import GraphBuilder
+
+
+def scaled_sum():
+    """One region of two elementwise ops on a small tensor (few tile candidates per op)."""
+    b = GraphBuilder()
+    x = b.input("x", [1, 2, 16, 16])
+    total = b.op("Add", [x, b.const(np.linspace(-1, 1, 512, dtype=np.float32).reshape(
+        1, 2, 16, 16))])
+    return b.model(b.op("Mul", [total, b.const(np.float32(0.5))]))
+
+
+def _entries(cache) -> list[dict]:
+    return [json.loads(path.read_text()) for path in sorted(cache.glob("*/*/kernel.json"))]
+
+
+@pytest.fixture(scope="module")
+def both(tmp_path_factory):
+    """The model built twice on one cache: by default, then with --measure-baseline; the cache's
+    records after each."""
+    cache = tmp_path_factory.mktemp("baseline") / "cache"
+    estimated = api.compile(scaled_sum(), "kirin9050", cache_dir=cache)
+    after_default = _entries(cache)
+    measured = api.compile(scaled_sum(), "kirin9050", cache_dir=cache, measure_baseline=True)
+    return estimated, after_default, measured, _entries(cache)
+
+
+def test_a_default_build_compiles_nothing_for_the_baseline(both):
+    estimated, after_default, _, _ = both
+    assert estimated.summary()["pypto"]["compiled"] == 1
+    assert [e for e in after_default if "unfused_us" in e] == []  # no op was compiled alone
+    assert estimated.summary()["pypto"]["cost_us_unfused_basis"] == baseline.ESTIMATED
+    assert estimated.message.provenance.options["baseline"] == baseline.ESTIMATED
+
+
+def test_the_estimate_is_the_shipped_fit_of_the_regions_ops(both):
+    estimated = both[0]
+    (kernel,) = estimated.message.kernels
+    fit = baseline.shipped_fit()["families"]["910B"]["elementwise"]
+    read_kib = 2 * 512 * 4 / 1024  # Add: x and the 512-float constant; Mul: its input
+    moved = [read_kib + 2, 2 + 2]  # (the scalar is an immediate), each writing 2 KiB
+    expected = sum(fit[0] + fit[1] * kib for kib in moved)
+    assert kernel.cost_us_unfused == pytest.approx(expected, abs=1e-3)
+    assert kernel.cost_us_unfused_basis == baseline.ESTIMATED
+    assert estimated.message.totals.cost_us_unfused == pytest.approx(expected, abs=1e-3)
+
+
+def test_measure_baseline_compiles_each_op_once_into_the_shared_cache(both):
+    _, _, measured, after_measured = both
+    ops = [e for e in after_measured if "unfused_us" in e]
+    assert len(ops) == 2 and all(e["unfused_us"] > 0 for e in ops)  # Add and Mul, each alone
+    pypto = measured.summary()["pypto"]
+    assert pypto["cost_us_unfused_basis"] == baseline.MEASURED
+    assert pypto["cost_us_unfused"] == pytest.approx(sum(e["unfused_us"] for e in ops), abs=1e-3)
+    assert measured.message.provenance.options["baseline"] == baseline.MEASURED
+
+
+def test_the_baseline_choice_does_not_change_the_kernel_shipped(both):
+    estimated, _, measured, _ = both
+    (a,), (b,) = estimated.message.kernels, measured.message.kernels
+    assert a.source == b.source and list(a.artifacts) == list(b.artifacts)
+
+
+def test_the_report_marks_an_estimated_baseline_as_an_estimate(both):
+    estimated, _, measured, _ = both
+    for compiled, is_estimate in ((estimated, True), (measured, False)):
+        figures = {f.key: f for f in summary_figures(compiled.summary())}
+        assert figures["pypto.cost_us_unfused"].estimate is is_estimate
+        assert figures["pypto.cost_us_unfused_basis"].text == \
+            compiled.summary()["pypto"]["cost_us_unfused_basis"]
+
+
+def test_the_shipped_fit_covers_every_target_and_op_class():
+    fit = baseline.shipped_fit()
+    for target in TARGETS:
+        family = baseline.cost_model_family(COST_MODEL.get(target))
+        for name in baseline.OP_CLASSES:
+            intercept, per_kib = fit["families"][family][name]
+            assert intercept >= 0 and per_kib >= 0 and intercept + per_kib > 0
+    assert fit["errors"] and len(fit["provenance"]["models"]) >= 3  # measured, on real models
+
+
+def test_the_fit_recovers_a_line_and_never_lets_more_bytes_cost_less():
+    samples = [("data", kib) for kib in (1.0, 4.0, 16.0, 64.0)]
+    line = baseline.fit_family(samples, [2.0 + 0.5 * kib for _, kib in samples])
+    assert line["data"] == pytest.approx([2.0, 0.5], abs=1e-6)
+    falling = baseline.fit_family(samples, [9.0, 8.0, 7.0, 6.0])
+    assert falling["data"][1] == 0.0 and falling["data"][0] > 0
