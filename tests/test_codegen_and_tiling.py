@@ -10,7 +10,8 @@ import pytest
 from pypto_offline.pypto_kernels.codegen import float_literal, flat_row, kernel_source, swaps_for
 from pypto_offline.pypto_kernels.compiler import default_candidate
 from pypto_offline.pypto_kernels.tiling import (MAX_TILES, TilePolicy, candidate_policies,
-                                                default_policy, fits_ub)
+                                                default_policy, fits_ub, search_rounds)
+from pypto_offline.targets import TARGETS
 from pypto_offline.pypto_kernels.worker import ub_peak
 from tests.fusion_helpers import fuse
 from tests.onnx_builders import GraphBuilder
@@ -178,3 +179,39 @@ def test_a_region_that_broadcasts_or_has_no_aligned_row_keeps_its_own_layout(sha
     assert flat_row(region, constants) is None
     assert kernel_source(region, TilePolicy(8192, flat_rows=True), constants) == \
         kernel_source(region, TilePolicy(8192), constants)  # compiled once (distinct_sources)
+
+
+def test_the_search_compiles_the_largest_budgets_and_the_default_first():
+    for ub, top in ((122880, {32768, 16384, 8192}), (188416, {65536, 32768, 16384})):
+        policies = candidate_policies(ub, 1 << 22)
+        first, rest = search_rounds(policies, default_policy(ub))
+        assert {p.budget_bytes for p in first} == top | {8192}  # the default always, for the report
+        assert rest and max(p.budget_bytes for p in rest) < 8192
+        assert sorted(first + rest, key=policies.index) == policies  # nothing lost, nothing twice
+
+
+def test_the_smaller_budgets_are_compiled_only_when_no_large_tile_fits_ub(monkeypatch, tmp_path):
+    """The worker's answers are made up here (no kernel is claimed compiled): every first-round
+    tile overflows UB, so the search goes on with the rest and the kernel takes a small tile."""
+    from pypto_offline.pypto_kernels import compiler
+    from pypto_offline.pypto_kernels.cache import KernelCache
+
+    b = GraphBuilder()
+    graph, plan = fuse(b.model(b.op("Neg", [b.op("Relu", [b.input("x", [1, 64, 64, 64])])])))
+    target = TARGETS["kirin9050"]
+    searched = []
+
+    def worker(folder, region, target, sources, key, arrays, reference, verify, timeout):
+        searched.append(sorted(p.budget_bytes for p in sources))
+        return {"candidates": [{**compiler._job_candidate(p, key, text), "compiled": True,
+                                "aicore_us": 1.0, "total_us": 2.0, "tasks": 4,
+                                "ub_bytes": 16 * p.budget_bytes, "verdicts": [],
+                                "max_abs_diff": 0.0, "gm_bytes": {"read": 1, "written": 1}}
+                               for p, text in sources.items()]}
+    monkeypatch.setattr(compiler, "_run_worker", worker)
+    (region,) = plan.regions
+    kernel = compiler.compile_region(region, graph, target, KernelCache(tmp_path),
+                                     graph.constant_values())
+    first, rest = searched[0], searched[1]
+    assert min(first) == 8192 and max(rest) < 8192  # the large tiles first, then the rest
+    assert kernel.tuned_tile.budget_bytes * 16 <= target.ub_plan_bytes.value

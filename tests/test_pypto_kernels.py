@@ -281,3 +281,27 @@ def test_regions_checked_with_other_constant_values_do_not_share_a_kernel():
     interfaces = [kernel_interface(r, graph.constant_values()) for r in plan.regions]
     assert len(interfaces) == 3
     assert interfaces[0] == interfaces[2] != interfaces[1]
+
+
+def test_targets_of_one_cost_model_share_their_compiles(monkeypatch, tmp_path):
+    """kirin9050 and ascend910b compile for the same 910B tables: once the kernel is compiled for
+    one, the other finds every compile (search and checked final) in the cache and runs no
+    worker, and ships the same kernel with the same artifacts; ascend950 (A5) compiles anew."""
+    from pypto_offline.pypto_kernels import compiler
+
+    graph, plan = fuse(rotary())
+    jobs = []
+    run_worker = compiler._run_worker
+    monkeypatch.setattr(compiler, "_run_worker", lambda folder, *rest: (
+        jobs.append(folder.name), run_worker(folder, *rest))[1])
+    kernels = {}
+    for target in ("kirin9050", "ascend910b", "ascend950"):
+        before = len(jobs)
+        (kernels[target],) = compile_kernels(graph, plan, TARGETS[target], cache_dir=tmp_path,
+                                             search=False)
+        kernels[target] = (kernels[target], jobs[before:])
+    (kirin, kirin_jobs), (ascend, ascend_jobs), (a5, a5_jobs) = kernels.values()
+    assert kirin_jobs == ["search", "final"] and ascend_jobs == [] and a5_jobs == kirin_jobs
+    assert kirin.compiled and ascend.compiled and not ascend.from_cache
+    assert ascend.artifacts == kirin.artifacts and ascend.tuned_tile == kirin.tuned_tile
+    assert ascend.max_abs_diff == kirin.max_abs_diff and ascend.verdicts == kirin.verdicts

@@ -231,8 +231,8 @@ def compile_region(region: Region, graph: ImportedGraph, target: Target, cache: 
             return hit
         staged = cache.staging()
         try:
-            kernel, transient = _build(region, graph, target, constants, sources, default, key,
-                                       staged, timeout)
+            kernel, transient = _build(region, graph, target, cache, constants, sources,
+                                       default, key, staged, timeout)
         except BaseException:
             shutil.rmtree(staged, ignore_errors=True)
             raise
@@ -301,19 +301,21 @@ def _policy(candidate: dict) -> TilePolicy:
     return TilePolicy(candidate["budget"], candidate["swapped"], candidate.get("flat", False))
 
 
-def _build(region, graph, target, constants, sources, untuned, key, staged, timeout
+def _build(region, graph, target, cache, constants, sources, untuned, key, staged, timeout
            ) -> tuple[Kernel, bool]:
     """The region's kernel (or why not), and whether that outcome is transient: a worker that
     died or ran out of time, which is not cached."""
     arrays, reference = _region_data(region, graph, constants)
+    compile_ = partial(_compiled, region=region, target=target, cache=cache,
+                       interface=kernel_interface(region, constants), key=key, arrays=arrays,
+                       reference=reference, timeout=timeout)
     ub = target.ub_plan_bytes.value
     compiled, fitting, searched = [], [], {}
     for round_index, policies in enumerate(search_rounds(list(sources), untuned)):
         if fitting or not policies:
             break
-        searched = _run_worker(staged / f"search{round_index or ''}", region, target,
-                               {p: sources[p] for p in policies}, key, arrays, reference, False,
-                               timeout)
+        searched = compile_(staged / f"search{round_index or ''}",
+                            {p: sources[p] for p in policies}, verify=False)
         if searched.get("transient"):
             break
         compiled += [c for c in searched.get("candidates", [])
@@ -331,13 +333,81 @@ def _build(region, graph, target, constants, sources, untuned, key, staged, time
                                        astuple(_policy(c))))
     default = default_candidate(fitting, untuned.budget_bytes)
     chosen = _policy(best)
-    final = _run_worker(staged / "final", region, target, {chosen: sources[chosen]}, key,
-                        arrays, reference, True, timeout)
+    final = compile_(staged / "final", {chosen: sources[chosen]}, verify=True)
     result = (final.get("candidates") or [{}])[0]
     if not result.get("compiled"):
         return (Kernel(region.id, False, _failure(final), source=sources[chosen], cache_key=key),
                 bool(final.get("transient")))
     return _kernel_record(region, sources[chosen], key, best, default, result, staged), False
+
+
+# What a compile of one candidate says about it, whatever the target it was compiled for: the
+# fields a compile cache entry keeps (not the worker's timing or its run folder).
+COMPILE_FIELDS = ("compiled", "error", "aicore_us", "total_us", "tasks", "ub_bytes", "gm_bytes",
+                  "verdicts", "max_abs_diff")
+COMPILE_RESULT = "result.json"
+
+
+def _compiled(folder: Path, sources: dict[TilePolicy, str], *, verify: bool, region, target,
+              cache: KernelCache, interface: list, key: str, arrays, reference,
+              timeout: float) -> dict:
+    """The worker's answer for each candidate, as ``_run_worker`` gives it, from the compile
+    cache where it can: the same source with the same interface on the same cost model compiles
+    to the same program whichever region, model or target asks (kirin90, kirin9030, kirin9050
+    and ascend910b all compile for the 910B tables). Misses go to one worker; their outcomes are
+    stored unless the worker died or ran out of time. With ``verify``, the entry also holds the
+    artifacts, put back into ``folder`` on a hit (docs/kernel-cache.md)."""
+    keys = {policy: cache_key(compile_source=text, interface=interface, verify=verify,
+                              pypto=PYPTO_VERSION, format=KERNEL_FORMAT,
+                              cost_model=COST_MODEL.get(target.name))
+            for policy, text in sources.items()}
+    with cache.holding(keys.values()):
+        known = {policy: cache.read(keys[policy], _cached_compile) for policy in sources}
+        missing = {policy: text for policy, text in sources.items() if known[policy] is None}
+        result = {"candidates": []}
+        if missing:
+            result = _run_worker(folder, region, target, missing, key, arrays, reference, verify,
+                                 timeout)
+            if not result.get("transient"):
+                for answer in result.get("candidates", []):
+                    known[_policy(answer)] = _store_compile(cache, keys[_policy(answer)], answer,
+                                                            folder if verify else None)
+    hits = [{**_policy_fields(policy), **known[policy]["result"]} for policy in sources
+            if policy not in missing]
+    for policy in sources:
+        if policy not in missing and known[policy]["artifacts"]:
+            _restore_artifacts(known[policy]["artifacts"], folder)
+    return {**result, "candidates": hits + result.get("candidates", [])}
+
+
+def _policy_fields(policy: TilePolicy) -> dict:
+    return {k: v for k, v in _job_candidate(policy, "", "").items() if k not in ("module",
+                                                                                "source")}
+
+
+def _store_compile(cache: KernelCache, key: str, answer: dict, folder: Path | None) -> dict:
+    entry = cache.staging()
+    record = {name: answer[name] for name in COMPILE_FIELDS if name in answer}
+    (entry / COMPILE_RESULT).write_text(json.dumps(record, indent=1, sort_keys=True))
+    if folder is not None and answer.get("compiled") and (folder / "artifacts").is_dir():
+        shutil.copytree(folder / "artifacts", entry / "artifacts")
+    return _cached_compile(cache.put(key, entry))
+
+
+def _cached_compile(files: dict[str, bytes]) -> dict:
+    result = json.loads(files[COMPILE_RESULT])
+    if not isinstance(result, dict) or set(result) - set(COMPILE_FIELDS):
+        raise DamagedEntry("its compile result holds unknown fields")
+    return {"result": result, "artifacts": {name[len("artifacts/"):]: data
+                                            for name, data in files.items()
+                                            if name.startswith("artifacts/")}}
+
+
+def _restore_artifacts(artifacts: dict[str, bytes], folder: Path) -> None:
+    for name, data in artifacts.items():
+        path = folder / "artifacts" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
 
 
 def default_candidate(fitting: list[dict], default_budget: int) -> dict | None:
