@@ -26,6 +26,7 @@ from pypto_offline.pypto_kernels.compiler import (DEFAULT_TIMEOUT_S, PYPTO_VERSI
                                                   unfused_costs)
 from pypto_offline.targets import Target
 
+
 @dataclass(frozen=True)
 class BuildOptions:
     input_shapes: Mapping[str, Sequence[int]] = field(default_factory=dict)
