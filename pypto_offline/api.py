@@ -12,6 +12,7 @@ This module and ``cli.py`` are the only places that call every stage.
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -22,6 +23,7 @@ from pypto_offline.errors import UsageError
 from pypto_offline.importer.input_shapes import check_given_inputs
 from pypto_offline.offline_compiler import BuildOptions, blob, build, ptom_pb2
 from pypto_offline.offline_compiler.summary import summarise
+from pypto_offline.progress import SILENT, Progress, Timings
 from pypto_offline.targets import TARGETS, Target
 
 
@@ -34,13 +36,17 @@ def get_target(name: str) -> Target:
 class CompiledModel:
     """A compiled model: the blob's content, with the operations a user runs on it."""
 
-    def __init__(self, message: ptom_pb2.CompiledModel, kernel_cache: dict | None = None):
+    def __init__(self, message: ptom_pb2.CompiledModel, kernel_cache: dict | None = None,
+                 timings: Timings | None = None):
         self.message = message
         self._reference: onnx.ModelProto | None = None
         # How this build got its kernels ({"hits": n, "compiled": m}, where compiled counts
         # PyPTO compiles: a region the generator refused is in neither); not in the blob,
         # which must not depend on the state of a cache.
         self.kernel_cache = kernel_cache
+        # Where this build's time went (None for a loaded blob); not in the blob nor the
+        # report, which must not depend on the clock (docs/outputs.md).
+        self.timings = timings
 
     def use_reference(self, original_model) -> None:
         """Check against the original model file instead of the imported graph in the blob;
@@ -65,14 +71,19 @@ class CompiledModel:
         """Write the blob, and with ``report`` its HTML report, as a pair: both are rendered and
         staged first, so a report that cannot be made or written leaves no blob either."""
         files = {}
-        if report is not None:
-            from pypto_offline.report import render_report
+        with self._timed("write_s"):  # rendering the report included
+            if report is not None:
+                from pypto_offline.report import render_report
 
-            blob.check_outputs({"the report": Path(report)}, {"the blob": Path(path)})
-            files[Path(report)] = render_report(self.message).encode()
-        files[Path(path)] = self.to_bytes()  # last: a blob appears only once its report is there
-        blob.write_together(files)
+                blob.check_outputs({"the report": Path(report)}, {"the blob": Path(path)})
+                files[Path(report)] = render_report(self.message).encode()
+            files[Path(path)] = self.to_bytes()  # last: no blob appears before its report
+            blob.write_together(files)
         return Path(path)
+
+    def _timed(self, stage: str):
+        """A block counted in this build's timings; a loaded blob's work is no build's."""
+        return self.timings.stage(stage) if self.timings else nullcontext()
 
     def to_bytes(self) -> bytes:
         return blob.to_bytes(self.message)
@@ -88,7 +99,8 @@ class CompiledModel:
         compiled = onnx.load_from_string(self.message.onnx_model)
         given = dict(inputs or {})
         check_given_inputs(imported, given, self.message.provenance.model_name or "the blob")
-        result = compare(reference, compiled, generate_inputs(imported, seed, given))
+        with self._timed("verify_s"):
+            result = compare(reference, compiled, generate_inputs(imported, seed, given))
         record = self.message.verification
         record.Clear()
         record.status, record.seed, record.inputs_given = result.status, seed, bool(given)
@@ -116,14 +128,15 @@ def _finite(value: float) -> float:
 def compile(model, target: str = "kirin9050",  # noqa: A001 - the API's verb
             input_shapes: Mapping[str, Sequence[int]] | None = None, *,
             cache_dir=None, jobs: int = 2, tile_search: bool = True,
-            kernel_timeout: float | None = None, progress=lambda _: None,
+            kernel_timeout: float | None = None, progress: Progress = SILENT,
             inputs: Mapping[str, np.ndarray] | None = None, verify: bool = False,
             measure_baseline: bool = False) -> CompiledModel:
     """Compile ``model`` for ``target``. ``inputs``: real values of some inputs, checked against
     the model and used to find the shapes that depend on them. ``verify``: also run the
     onnxruntime check (with ``inputs``), and refuse up front a model it could not run.
-    ``measure_baseline``: compile each fused op alone for the unfused cost figure instead of
-    estimating it (docs/baseline.md)."""
+    ``progress``: told of each stage and finished kernel (``pypto_offline.progress``; by
+    default nothing is printed). ``measure_baseline``: compile each fused op alone for the
+    unfused cost figure instead of estimating it (docs/baseline.md)."""
     check_limits(jobs, kernel_timeout)
     get_target(target)
     options = BuildOptions(input_shapes=dict(input_shapes or {}),
@@ -131,11 +144,13 @@ def compile(model, target: str = "kirin9050",  # noqa: A001 - the API's verb
                            tile_search=tile_search, inputs=dict(inputs or {}), verify=verify,
                            measure_baseline=measure_baseline,
                            **({"kernel_timeout_s": kernel_timeout} if kernel_timeout else {}))
-    result = build(model, get_target(target), options, progress)
+    timings = Timings()
+    result = build(model, get_target(target), options, progress, timings)
     hits = sum(k.from_cache for k in result.kernels)
     compiled = sum(k.reached_pypto and not k.from_cache for k in result.kernels)
-    compiled_model = CompiledModel(result.message, {"hits": hits, "compiled": compiled})
+    compiled_model = CompiledModel(result.message, {"hits": hits, "compiled": compiled}, timings)
     if verify:
+        progress.stage("verifying against onnxruntime")
         compiled_model.verify(inputs)
     return compiled_model
 

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from pypto_offline import __version__
 from pypto_offline.errors import BuildInterrupted, PyptoOfflineError, UsageError
+from pypto_offline.progress import SILENT, Progress
 from pypto_offline.targets import TARGETS
 
 EXIT_OK, EXIT_VERIFY_FAILED, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
@@ -94,13 +95,83 @@ def _load_inputs(path: str | None) -> dict:
     return load_inputs(path)
 
 
+class _StderrProgress(Progress):
+    """Progress as plain lines on stderr, a terminal's or a CI log's: stage lines with the time
+    since the start, one line per finished kernel. On a terminal, a running count of finished
+    kernels stays on the last line, redrawn in place (never in a log, where it would be noise).
+    Every string from the model goes through ``printable`` (docs/outputs.md)."""
+
+    def __init__(self, stream):
+        self._stream = stream
+        self._terminal = stream.isatty()
+        self._started = time.perf_counter()
+        self._status = ""  # the running count on the terminal's last line, if drawn
+
+    def stage(self, name: str) -> None:
+        self._line(f"[{time.perf_counter() - self._started:6.1f} s] {printable(name)}")
+
+    def kernel(self, done: int, total: int, region, kernel) -> None:
+        self._line(kernel_line(done, total, region, kernel),
+                   status=f"[{done}/{total}] kernels finished" if done < total else "")
+
+    def close(self) -> None:
+        self._line(None)
+
+    def _line(self, text: str | None, status: str = "") -> None:
+        if self._status:  # wipe the count before the line takes its place
+            self._stream.write("\r\x1b[K")
+        if text is not None:
+            self._stream.write(text + "\n")
+        self._status = status if self._terminal else ""
+        self._stream.write(self._status)
+        self._stream.flush()
+
+
+# A fallback reason may quote a whole PyPTO error; the report and inspect keep it whole.
+REASON_CHARS = 240
+
+
+def kernel_line(done: int, total: int, region, kernel) -> str:
+    """``[12/40] region_7 Slice+Pad+Tile: compiled 1.9 s (tile 1x8x64x128; budget 65536 B)``,
+    ``... cache hit`` or ``... fell back: REASON``, with the model's strings made printable."""
+    ops = "+".join(op.op_type for op in region.original)
+    if not kernel.compiled:
+        reason = printable(kernel.fallback_reason or "no reason recorded")
+        reason = reason if len(reason) <= REASON_CHARS else reason[:REASON_CHARS - 1] + "…"
+        outcome = f"fell back{' (cached)' if kernel.from_cache else ''}: {reason}"
+    elif kernel.from_cache:
+        outcome = "cache hit"
+    else:
+        outcome = f"compiled {kernel.compile_seconds:.1f} s ({_tile_text(kernel)})"
+    return f"[{done}/{total}] {printable(region.id)} {printable(ops)}: {outcome}"
+
+
+def _tile_text(kernel) -> str:
+    """The tuned tile as the kernel record has it: its budget, and the tile shapes its source
+    sets (the record keeps no shape; the source is the one the blob ships)."""
+    from pypto_offline.report.content import tile_shapes
+
+    shapes = list(dict.fromkeys("x".join(part.strip() for part in shape.strip("()").split(","))
+                                for _, shape in tile_shapes(kernel.source)))
+    budget = f"budget {kernel.tuned_tile.budget_bytes} B" if kernel.tuned_tile else ""
+    if not shapes:
+        return f"tile {budget}" if budget else "tile not recorded"
+    named = ", ".join(shapes[:3]) + (", …" if len(shapes) > 3 else "")
+    return f"tile{'s' if len(shapes) > 1 else ''} {named}" + (f"; {budget}" if budget else "")
+
+
+@contextmanager
 def _progress(quiet: bool):
-    """Progress lines on stderr, only when stderr is a terminal."""
-    if quiet or not sys.stderr.isatty():
-        return lambda _: None
-    started = time.perf_counter()
-    return lambda step: print(f"[{time.perf_counter() - started:6.1f} s] {step}",
-                              file=sys.stderr, flush=True)
+    """The build's progress on stderr (nothing with --quiet; stdout stays the summary's, so
+    --json output is clean); the terminal's running count is wiped however the build ends."""
+    if quiet:
+        yield SILENT
+        return
+    progress = _StderrProgress(sys.stderr)
+    try:
+        yield progress
+    finally:
+        progress.close()
 
 
 def run_compile(argv: list[str]) -> int:
@@ -120,16 +191,19 @@ def run_compile(argv: list[str]) -> int:
                    **({"--inputs file": Path(args.inputs)} if args.inputs else {})})
     inputs = _load_inputs(args.inputs)
     started = time.perf_counter()
-    compiled = api.compile(args.model, target.name, _input_shapes(args.input_shape),
-                           cache_dir=args.cache_dir, jobs=args.jobs,
-                           tile_search=not args.no_tile_search,
-                           kernel_timeout=args.kernel_timeout, progress=_progress(args.quiet),
-                           inputs=inputs, verify=not args.no_verify,
-                           measure_baseline=args.measure_baseline)
-    compiled.save(output, report=report)
+    with _progress(args.quiet) as progress:
+        compiled = api.compile(args.model, target.name, _input_shapes(args.input_shape),
+                               cache_dir=args.cache_dir, jobs=args.jobs,
+                               tile_search=not args.no_tile_search,
+                               kernel_timeout=args.kernel_timeout, progress=progress,
+                               inputs=inputs, verify=not args.no_verify,
+                               measure_baseline=args.measure_baseline)
+        progress.stage("writing the blob" + (" and the report" if report else ""))
+        compiled.save(output, report=report)
     summary = {**compiled.summary(), "model": args.model, "blob": str(output),
                "report": str(report) if report else None, "kernel_cache": compiled.kernel_cache,
-               "compile_seconds": round(time.perf_counter() - started, 2)}
+               "compile_seconds": round(time.perf_counter() - started, 2),
+               "timings": compiled.timings.as_dict()}
     _print(summary, args, _human_summary)
     return EXIT_VERIFY_FAILED if summary["verification"]["status"] == "failed" else EXIT_OK
 
@@ -160,10 +234,23 @@ def _human_summary(s: dict) -> str:
            if check["status"] != "skipped" else ""),
     ]
     if "compile_seconds" in s:
-        lines.append(f"  compiled in {s['compile_seconds']:.1f} s")
+        lines.append(f"  compiled in {s['compile_seconds']:.1f} s" + _timings(s))
     if s.get("report"):
         lines.append(f"  report: {s['report']}")
     return "\n".join(lines)
+
+
+def _timings(s: dict) -> str:
+    """``: import 0.4, plan 0.1, ... s; kernels 1 compiled by PyPTO, 2 cache hits``: the JSON
+    summary's ``timings`` and ``kernel_cache``, on the line of the total."""
+    if "timings" not in s:
+        return ""
+    stages = ", ".join(f"{name.removesuffix('_s')} {seconds:.1f}"
+                       for name, seconds in s["timings"].items())
+    cache = s.get("kernel_cache")
+    counts = f"; kernels {cache['compiled']} compiled by PyPTO, {cache['hits']} cache hits" \
+        if cache else ""
+    return f": {stages} s{counts}"
 
 
 def _cost_model(pypto: dict) -> str:

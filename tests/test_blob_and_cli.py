@@ -86,7 +86,8 @@ def test_cli_inspect_and_verify_agree(builds):
     verified = run_cli("verify", path, "--onnx", EXAMPLE, "--json")
     assert verified.returncode == 0, verified.stderr
     verified = json.loads(verified.stdout)
-    shared = set(compiled) - {"blob", "report", "kernel_cache", "compile_seconds", "model"}
+    shared = set(compiled) - {"blob", "report", "kernel_cache", "compile_seconds", "timings",
+                              "model"}
     for key in shared:
         assert inspected[key] == compiled[key] == verified[key], key
     assert [k["id"] for k in inspected["kernels"]] == ["region_0"]

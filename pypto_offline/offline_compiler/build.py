@@ -10,7 +10,7 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -20,14 +20,13 @@ from pypto_offline.fusion import FusionPlan, Region, plan_fusion, without_region
 from pypto_offline.fusion.records import CANNOT_EXPRESS, FAILED_CHECK, RegionOp
 from pypto_offline.importer import ImportedGraph, import_model
 from pypto_offline.offline_compiler import ptom_pb2
+from pypto_offline.progress import SILENT, Progress, Timings
 from pypto_offline.pypto_kernels import Kernel, compile_kernels
 from pypto_offline.pypto_kernels.baseline import (ESTIMATED, MEASURED,
                                                   estimated_unfused_costs)
 from pypto_offline.pypto_kernels.compiler import (DEFAULT_TIMEOUT_S, PYPTO_VERSION,
                                                   unfused_costs)
 from pypto_offline.targets import Target
-
-Progress = Callable[[str], None]
 
 
 @dataclass(frozen=True)
@@ -79,24 +78,32 @@ def model_bytes(source) -> tuple[bytes, str]:
                          fix="check the model path") from None
 
 
-def build(source, target: Target, options: BuildOptions, progress: Progress = lambda _: None
-          ) -> BuildResult:
+def build(source, target: Target, options: BuildOptions, progress: Progress = SILENT,
+          timings: Timings | None = None) -> BuildResult:
+    """``progress`` hears of each stage and finished kernel; ``timings`` gets the seconds of the
+    stages run here (import, plan, kernels, baseline). Neither changes the result."""
     from pypto_offline import __version__
 
+    timings = timings or Timings()
     raw, name = model_bytes(source)
-    progress("importing")
-    graph = import_model(source, options.input_shapes, inputs=options.inputs,
-                         must_run=options.verify)
-    _require_static_inputs(graph, name)
-    progress("planning fusion")
-    plan = plan_fusion(graph, target)
-    progress(f"compiling {len(plan.regions)} kernels with PyPTO")
-    kernels = tuple(compile_kernels(graph, plan, target, cache_dir=options.cache_dir,
-                                    jobs=options.jobs, search=options.tile_search,
-                                    timeout=options.kernel_timeout_s))
+    progress.stage("importing")
+    with timings.stage("import_s"):
+        graph = import_model(source, options.input_shapes, inputs=options.inputs,
+                             must_run=options.verify)
+        _require_static_inputs(graph, name)
+    progress.stage("planning fusion")
+    with timings.stage("plan_s"):
+        plan = plan_fusion(graph, target)
+    progress.stage(f"compiling {len(plan.regions)} kernels with PyPTO")
+    with timings.stage("kernels_s"):
+        kernels = tuple(compile_kernels(graph, plan, target, cache_dir=options.cache_dir,
+                                        jobs=options.jobs, search=options.tile_search,
+                                        timeout=options.kernel_timeout_s, progress=progress))
     failed = {k.region_id: (_category(k), k.fallback_reason) for k in kernels if not k.compiled}
-    shipped = without_regions(plan, graph, target, failed) if failed else plan
-    baseline = unfused_baseline(graph, shipped.regions, target, options, progress)
+    with timings.stage("plan_s"):  # re-lowering without the fallen-back regions is planning
+        shipped = without_regions(plan, graph, target, failed) if failed else plan
+    with timings.stage("baseline_s"):
+        baseline = unfused_baseline(graph, shipped.regions, target, options, progress)
     message = ptom_pb2.CompiledModel(
         target=_target_descriptor(target),
         provenance=_provenance(__version__, raw, name, options),
@@ -128,8 +135,9 @@ def unfused_baseline(graph: ImportedGraph, regions: Sequence[Region], target: Ta
     """Measured with PyPTO under --measure-baseline; otherwise the shipped estimate, which costs
     no compile and does not depend on what a cache holds (docs/baseline.md)."""
     if not options.measure_baseline:
+        progress.stage("estimating the unfused baseline")
         return Baseline(estimated_unfused_costs(graph, regions, target), ESTIMATED)
-    progress("measuring the unfused baseline")
+    progress.stage("measuring the unfused baseline")
     return Baseline(unfused_costs(graph, regions, target, cache_dir=options.cache_dir,
                                   jobs=options.jobs, timeout=options.kernel_timeout_s), MEASURED)
 

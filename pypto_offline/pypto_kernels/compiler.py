@@ -37,6 +37,7 @@ from onnx import helper
 from pypto_offline.errors import WorkerCannotStart
 from pypto_offline.fusion.records import CANNOT_EXPRESS, FusionPlan, Region
 from pypto_offline.importer import ImportedGraph
+from pypto_offline.progress import SILENT, Progress
 from pypto_offline.pypto_kernels.cache import (DamagedEntry, KernelCache, cache_key,
                                                user_cache_base)
 from pypto_offline.pypto_kernels.codegen import (KERNEL_FUNCTION, CannotExpress,
@@ -164,11 +165,28 @@ def calculator_cache() -> Path:
 
 def compile_kernels(graph: ImportedGraph, plan: FusionPlan, target: Target, *,
                     cache_dir: Path | None = None, jobs: int = 2, search: bool = True,
-                    timeout: float = DEFAULT_TIMEOUT_S) -> list[Kernel]:
+                    timeout: float = DEFAULT_TIMEOUT_S, progress: Progress = SILENT
+                    ) -> list[Kernel]:
     cache = KernelCache(cache_dir)
     constants = graph.constant_values()
-    return _each_region(plan.regions, jobs, lambda region: compile_region(
-        region, graph, target, cache, constants, search=search, timeout=timeout))
+    reported = _reporting(progress, len(plan.regions))
+    return _each_region(plan.regions, jobs, lambda region: reported(region, compile_region(
+        region, graph, target, cache, constants, search=search, timeout=timeout)))
+
+
+def _reporting(progress: Progress, total: int):
+    """A pool thread's hand-over of a finished kernel to ``progress``: counted and reported
+    under one lock, so the numbers follow completion order and no two lines interleave."""
+    lock = threading.Lock()
+    done = 0
+
+    def report(region: Region, kernel: Kernel) -> Kernel:
+        nonlocal done
+        with lock:
+            done += 1
+            progress.kernel(done, total, region, kernel)
+        return kernel
+    return report
 
 
 def unfused_costs(graph: ImportedGraph, regions: Sequence[Region], target: Target, *,

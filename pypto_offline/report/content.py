@@ -16,7 +16,7 @@ from pypto_offline.report.plots import Series, bar_chart
 
 # Shown instead of a wall-clock figure: reports, like blobs, are byte-identical between builds.
 COMPILE_TIME_NOTE = ("not in the report: a wall-clock figure would make two identical builds "
-                     "differ; the build prints it and --json gives compile_seconds")
+                     "differ; the build prints it and --json gives compile_seconds and timings")
 
 
 TILE_CALL = re.compile(r"pypto\.set_vec_tile_shapes\(([^)]*)\)")
