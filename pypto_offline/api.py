@@ -148,7 +148,9 @@ def compile(model, target: str = "kirin9050",  # noqa: A001 - the API's verb
     result = build(model, get_target(target), options, progress, timings)
     hits = sum(k.from_cache for k in result.kernels)
     compiled = sum(k.reached_pypto and not k.from_cache for k in result.kernels)
-    compiled_model = CompiledModel(result.message, {"hits": hits, "compiled": compiled}, timings)
+    pypto_compiles = sum(k.pypto_compiles for k in result.kernels)
+    compiled_model = CompiledModel(result.message, {"hits": hits, "compiled": compiled,
+                                                    "pypto_compiles": pypto_compiles}, timings)
     if verify:
         progress.stage("verifying against onnxruntime")
         compiled_model.verify(inputs)

@@ -248,8 +248,8 @@ def _timings(s: dict) -> str:
     stages = ", ".join(f"{name.removesuffix('_s')} {seconds:.1f}"
                        for name, seconds in s["timings"].items())
     cache = s.get("kernel_cache")
-    counts = f"; kernels {cache['compiled']} compiled by PyPTO, {cache['hits']} cache hits" \
-        if cache else ""
+    counts = (f"; kernels {cache['compiled']} compiled by PyPTO, {cache['hits']} cache hits; "
+              f"{cache['pypto_compiles']} PyPTO compiles") if cache else ""
     return f": {stages} s{counts}"
 
 

@@ -45,21 +45,26 @@ def build(model: Path, blob: Path, cache: str | Path, *, cwd: Path, env: dict | 
         filter(None, [(env or {}).get("PYTHONPATH"), str(REPO), os.environ.get("PYTHONPATH")]))
     done = subprocess.run([sys.executable, "-m", "pypto_offline", str(model), "--target",
                            "kirin9050", "-o", str(blob), "--no-tile-search", "--no-report",
-                           "--json", "--quiet", "--cache-dir", str(cache)],
+                           "--json", "--quiet", "--cache-dir", str(cache),
+                           "--measure-baseline"],  # the baseline's per-op entries too
                           cwd=cwd, env=environment, capture_output=True, text=True, timeout=900)
     assert done.returncode == expect_exit, done.stderr
     return (json.loads(done.stdout) if expect_exit == 0 else {}), done.stderr
 
 
 def entries(cache: Path) -> dict[str, Path]:
-    """The cache's entries by kind: the kernel's, and each baseline op's."""
-    found, ops = {}, 0
+    """The cache's entries by kind: the kernel's, each baseline op's, and each PyPTO compile's
+    (the search's candidate, and the checked final compile: docs/compile-time.md)."""
+    found, counts = {}, {"op": 0, "compile": 0}
     for entry in sorted(p for p in cache.glob("*/*") if p.parent.name != "tmp"):
-        if "cache_key" in json.loads((entry / "kernel.json").read_text()):
-            found["kernel"] = entry
+        if (entry / "result.json").exists():
+            kind = "final" if (entry / "artifacts").is_dir() else "search"
+        elif "cache_key" in json.loads((entry / "kernel.json").read_text()):
+            kind = "kernel"
         else:
-            ops += 1
-            found[f"op{ops}"] = entry
+            counts["op"] += 1
+            kind = f"op{counts['op']}"
+        found[kind] = entry
     return found
 
 
@@ -82,10 +87,10 @@ def test_a_relative_cache_dir_is_resolved_and_the_region_fuses(clean):
     crashed, and the build shipped the region unfused with exit 0, caching the crash."""
     folder, _, summary, err = clean
     assert fused(summary), summary["pypto"]
-    assert summary["kernel_cache"] == {"hits": 0, "compiled": 1}
+    assert summary["kernel_cache"] == {"hits": 0, "compiled": 1, "pypto_compiles": 2}
     assert WARNING not in err
     found = entries(folder / "cache")
-    assert set(found) == {"kernel", "op1", "op2", "op3"}, found
+    assert set(found) == {"kernel", "op1", "op2", "op3", "search", "final"}, found
     record = json.loads((found["kernel"] / "kernel.json").read_text())
     assert record["compiled"] and (found["kernel"] / "manifest.json").is_file()
     assert not list((folder / "cache" / "tmp").iterdir())  # no staging left behind
@@ -124,7 +129,7 @@ def test_a_worker_killed_mid_compile_leaves_no_entry_and_the_next_build_fuses(si
     assert not list((cache / "tmp").iterdir())
     again, _ = build(model, tmp_path / "b.ptom", cache, cwd=tmp_path)
     assert fused(again), again["pypto"]
-    assert again["kernel_cache"] == {"hits": 0, "compiled": 1}
+    assert again["kernel_cache"] == {"hits": 0, "compiled": 1, "pypto_compiles": 2}
 
 
 def rewrite_json(path: Path, change) -> None:
@@ -171,7 +176,16 @@ def edit_baseline(found):
     return found["op1"], "kernel.json differs from its manifest"
 
 
-@pytest.mark.parametrize("tamper", [edit_cost, edit_source, add_file, break_json, edit_baseline])
+def edit_final_compile(found):
+    """A new target of the same cost tables asks (no kernel entry yet) and finds the checked
+    compile it would share edited: a faster time forged."""
+    shutil.rmtree(found["kernel"])
+    rewrite_json(found["final"] / "result.json", lambda r: r.update(aicore_us=r["aicore_us"] / 10))
+    return found["final"], "result.json differs from its manifest"
+
+
+@pytest.mark.parametrize("tamper", [edit_cost, edit_source, add_file, break_json, edit_baseline,
+                                    edit_final_compile])
 def test_a_damaged_entry_is_compiled_again_with_one_warning_and_the_same_blob(
         clean, tamper, tmp_path):
     """On main these entries were used as they were: an edited cost, source or baseline went
@@ -185,15 +199,17 @@ def test_a_damaged_entry_is_compiled_again_with_one_warning_and_the_same_blob(
         f"{WARNING}{damaged} is damaged ({why}); compiling it again"]
     assert fused(summary)
     recompiled_kernel = tamper is not edit_baseline
+    recompiled_final = tamper is edit_final_compile
     assert summary["kernel_cache"] == {"hits": int(not recompiled_kernel),
-                                       "compiled": int(recompiled_kernel)}
+                                       "compiled": int(recompiled_kernel),
+                                       "pypto_compiles": int(recompiled_final)}
     assert (tmp_path / "rebuilt.ptom").read_bytes() == (folder / "tiny.ptom").read_bytes()
     # the bad entry was replaced by a whole, verifiable one with the clean build's artifacts
     key = damaged.name
 
     def artifacts(entry: Path) -> dict:
         return {name: data for name, data in kernel_cache.verified_files(entry, key).items()
-                if name.startswith("final/artifacts/")}
+                if name.startswith(("final/artifacts/", "artifacts/"))}
     assert artifacts(damaged) == artifacts(folder / "cache" / key[:2] / key)
 
 
@@ -215,7 +231,8 @@ def test_a_file_planted_where_kernel_sources_went_is_never_run(clean, tmp_path):
     summary, _ = build(model, tmp_path / "cold.ptom", tmp_path / "cache", cwd=tmp_path,
                        env={"PYPTO_OFFLINE_KERNEL_SRC": str(shared)})
     assert not marker.exists(), "a planted kernel source was run"
-    assert fused(summary) and summary["kernel_cache"] == {"hits": 0, "compiled": 1}
+    assert fused(summary) and summary["kernel_cache"] == {"hits": 0, "compiled": 1,
+                                                          "pypto_compiles": 2}
 
 
 # Cheap checks of the cache's parts, no PyPTO needed.

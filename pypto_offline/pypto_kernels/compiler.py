@@ -249,17 +249,20 @@ def compile_region(region: Region, graph: ImportedGraph, target: Target, cache: 
             return hit
         staged = cache.staging()
         try:
+            compiles = [0]
             kernel, transient = _build(region, graph, target, cache, constants, sources,
-                                       default, key, staged, timeout)
+                                       default, key, staged, timeout, compiles)
         except BaseException:
             shutil.rmtree(staged, ignore_errors=True)
             raise
-        kernel = replace(kernel, compile_seconds=round(time.perf_counter() - started, 3))
+        kernel = replace(kernel, compile_seconds=round(time.perf_counter() - started, 3),
+                         pypto_compiles=compiles[0])
         if transient:  # this build falls back; the next one tries again
             shutil.rmtree(staged, ignore_errors=True)
             return kernel
         _save(kernel, staged)
-        return _load(cache.put(key, staged), region.id, from_cache=False)
+        return replace(_load(cache.put(key, staged), region.id, from_cache=False),
+                       pypto_compiles=compiles[0])
 
 
 def _cached_kernel(files: dict[str, bytes], region_id: str, key: str,
@@ -319,14 +322,14 @@ def _policy(candidate: dict) -> TilePolicy:
     return TilePolicy(candidate["budget"], candidate["swapped"], candidate.get("flat", False))
 
 
-def _build(region, graph, target, cache, constants, sources, untuned, key, staged, timeout
-           ) -> tuple[Kernel, bool]:
+def _build(region, graph, target, cache, constants, sources, untuned, key, staged, timeout,
+           compiles: list[int]) -> tuple[Kernel, bool]:
     """The region's kernel (or why not), and whether that outcome is transient: a worker that
-    died or ran out of time, which is not cached."""
+    died or ran out of time, which is not cached. ``compiles[0]`` counts the PyPTO compiles run."""
     arrays, reference = _region_data(region, graph, constants)
     compile_ = partial(_compiled, region=region, target=target, cache=cache,
                        interface=kernel_interface(region, constants), key=key, arrays=arrays,
-                       reference=reference, timeout=timeout)
+                       reference=reference, timeout=timeout, compiles=compiles)
     ub = target.ub_plan_bytes.value
     compiled, fitting, searched = [], [], {}
     for round_index, policies in enumerate(search_rounds(list(sources), untuned)):
@@ -368,7 +371,7 @@ COMPILE_RESULT = "result.json"
 
 def _compiled(folder: Path, sources: dict[TilePolicy, str], *, verify: bool, region, target,
               cache: KernelCache, interface: list, key: str, arrays, reference,
-              timeout: float) -> dict:
+              timeout: float, compiles: list[int]) -> dict:
     """The worker's answer for each candidate, as ``_run_worker`` gives it, from the compile
     cache where it can: the same source with the same interface on the same cost model compiles
     to the same program whichever region, model or target asks (kirin90, kirin9030, kirin9050
@@ -384,6 +387,7 @@ def _compiled(folder: Path, sources: dict[TilePolicy, str], *, verify: bool, reg
         missing = {policy: text for policy, text in sources.items() if known[policy] is None}
         result = {"candidates": []}
         if missing:
+            compiles[0] += len(missing)
             result = _run_worker(folder, region, target, missing, key, arrays, reference, verify,
                                  timeout)
             if not result.get("transient"):
@@ -602,7 +606,8 @@ def _save(kernel: Kernel, staged: Path) -> None:
             shutil.rmtree(staged / name / bulky, ignore_errors=True)
         for data in ("inputs.npz", "reference.npz"):  # re-derived by any build; every stored
             (staged / name / data).unlink(missing_ok=True)  # byte is hashed on each read
-    record = {k: v for k, v in kernel.__dict__.items() if k not in ("artifacts", "from_cache")}
+    record = {k: v for k, v in kernel.__dict__.items()
+              if k not in ("artifacts", "from_cache", "pypto_compiles")}
     for tile in ("default_tile", "tuned_tile"):
         if record[tile] is not None:
             record[tile] = record[tile].__dict__

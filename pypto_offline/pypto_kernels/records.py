@@ -36,6 +36,9 @@ class Kernel:
     artifacts: dict = field(default_factory=dict, compare=False)  # name → bytes
     compile_seconds: float = 0.0
     from_cache: bool = False
+    # PyPTO compiles this build ran for the kernel (tile candidates and the checked final): 0
+    # when the kernel or each of its compiles came from the cache. Not stored in the cache.
+    pypto_compiles: int = 0
 
     @property
     def reached_pypto(self) -> bool:
