@@ -87,7 +87,7 @@ def host_compile(job: Path, source: Path, compiler: str | None = None):
 
 
 def entries(cache: Path) -> list[Path]:
-    return [e for e in cache.glob("??/*") if e.is_dir()]
+    return [e for e in (cache / host.SUBFOLDER).glob("??/*") if e.is_dir()]
 
 
 def test_a_hit_writes_what_the_compiler_writes_in_that_job(tmp_path):

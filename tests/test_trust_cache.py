@@ -21,6 +21,7 @@ import pytest
 from pypto_offline.errors import UsageError
 from pypto_offline.pypto_kernels import cache as kernel_cache
 from pypto_offline.pypto_kernels.cache import KernelCache
+from pypto_offline.pypto_kernels.host_compiler_cache import SUBFOLDER as HOST_COMPILER_ENTRIES
 from pypto_offline.pypto_kernels.tiling import TilePolicy
 from tests.onnx_builders import GraphBuilder
 
@@ -54,7 +55,8 @@ def build(model: Path, blob: Path, cache: str | Path, *, cwd: Path, env: dict | 
 def entries(cache: Path) -> dict[str, Path]:
     """The cache's entries by kind: the kernel's, and each baseline op's."""
     found, ops = {}, 0
-    for entry in sorted(p for p in cache.glob("*/*") if p.parent.name != "tmp"):
+    for entry in sorted(p for p in cache.glob("*/*")
+                        if p.parent.name not in ("tmp", HOST_COMPILER_ENTRIES)):
         if "cache_key" in json.loads((entry / "kernel.json").read_text()):
             found["kernel"] = entry
         else:

@@ -27,6 +27,9 @@ import sys
 import time
 from pathlib import Path
 
+# In the kernel cache, a cache of its own: its entries are no kernels (no kernel.json), and
+# this keeps them apart from those, easy to measure or delete.
+SUBFOLDER = "host-compiler"
 WRAPPER_FOLDER = "host_compiler"  # in the job folder: the g++ wrapper and its configuration
 LOG = "host_compiler_cache.log"  # in the job folder: one line per cached compile, hit or miss
 RECORD = "host_compiler.json"
@@ -80,7 +83,7 @@ def write_wrapper(folder: Path, cache_root: Path, path: str | None = None) -> Pa
     wrapper = tools / "g++"
     wrapper.write_text(
         "#!/bin/sh\n"
-        "# PyPTO's host g++, cached by content: pypto_offline/pypto_kernels/host_compiler_cache.py\n"
+        "# PyPTO's host g++, cached by content (pypto_kernels/host_compiler_cache.py)\n"
         f'case " $* " in *" -S "*) exec {runner} "$@" ;; esac\n'
         f'exec {shlex.quote(real)} "$@"\n')
     wrapper.chmod(0o755)
@@ -113,7 +116,7 @@ def main(argv: list[str]) -> int:
         args=[portable(a, folders) for a in args], cwd=portable(os.getcwd(), folders),
         environment={name: os.environ.get(name) for name in ENVIRONMENT},
         inputs=[[portable(path, folders), sha256(data)] for path, data in inputs.items()])
-    cache = KernelCache(Path(config["cache"]))
+    cache = KernelCache(Path(config["cache"]) / SUBFOLDER)
     stored = cache.read(key, lambda files: _replay(files, key))
     if stored is not None:
         write_output(output, restore(stored["output"], folders))
