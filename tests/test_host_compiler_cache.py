@@ -169,3 +169,16 @@ def test_a_job_staged_in_a_kernel_cache_knows_that_cache(tmp_path):
     cache = KernelCache(tmp_path / "kernels")
     assert cache_root_of(cache.staging() / "final") == cache.root
     assert cache_root_of(tmp_path / "elsewhere") is None
+
+
+def test_a_cache_that_cannot_be_used_leaves_the_compile_to_the_real_compiler(tmp_path):
+    """A failure of the cache must not fail PyPTO's compile: that would be stored in the kernel
+    cache as the kernel's compile error."""
+    job, source = wrapper_job(tmp_path, "job")
+    shutil.rmtree(tmp_path / "cache", ignore_errors=True)
+    (tmp_path / "cache").write_text("a file where the cache should be")
+    done = host_compile(job, source)
+    assert done.returncode == 0 and b"host compiler cache is not used" in done.stderr
+    replaced = Path(f"{source}.s").read_bytes()
+    assert host_compile(job, source, shutil.which("g++")).returncode == 0
+    assert replaced == Path(f"{source}.s").read_bytes()

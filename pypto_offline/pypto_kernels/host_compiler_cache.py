@@ -100,38 +100,66 @@ def compiler_identity(real: str) -> str:
 
 def main(argv: list[str]) -> int:
     config = json.loads(Path(argv[0]).read_text())
-    args = argv[1:]
+    compiler, args = config["compiler"], argv[1:]
     request = cacheable(args)
     if request is None:
-        os.execv(config["compiler"], [config["compiler"], *args])
+        os.execv(compiler, [compiler, *args])
     source, output = request
     folders = {str(source.parent): SOURCE_DIR, config["job"]: JOB_DIR}  # innermost first
-    inputs = files_read(config["compiler"], args, output)
-    if inputs is None or any(m in data for data in inputs.values() for m in CLOCK_MACROS):
-        return subprocess.run([config["compiler"], *args], check=False).returncode
+    # The cache only saves time: whatever goes wrong in it (a full disk, a cache folder that is
+    # not one), the real compiler decides the outcome, never the cache. A failure here would
+    # otherwise fail PyPTO's compile, and a compile error is stored in the kernel cache.
+    try:
+        cache, key = _cache_and_key(config, args, output, folders)
+        if key is not None and _replayed(cache, key, output, folders):
+            _log(config, "hit", output, key)
+            return 0
+    except Exception as error:  # noqa: BLE001 - see above
+        _warn(error)
+        key = None
+    started = time.perf_counter()
+    done = subprocess.run([compiler, *args], capture_output=True, check=False)
+    sys.stdout.buffer.write(done.stdout)
+    sys.stderr.buffer.write(done.stderr)
+    if key is not None and done.returncode == 0 and output.is_file():  # a failure: never stored
+        try:
+            _store(cache, key, output.read_bytes(), done, folders)
+            _log(config, f"miss {time.perf_counter() - started:.3f}s", output, key)
+        except Exception as error:  # noqa: BLE001 - the compile succeeded; only storing failed
+            _warn(error)
+    return done.returncode if done.returncode >= 0 else 128 - done.returncode  # as a shell says
+
+
+def _cache_and_key(config: dict, args: list[str], output: Path, folders: dict[str, str]):
+    """The cache and this compile's key; no key when the compile cannot be cached (its files
+    cannot be listed, or it reads the clock)."""
     from pypto_offline.pypto_kernels.cache import KernelCache, cache_key, sha256
 
+    inputs = files_read(config["compiler"], args, output)
+    if inputs is None or any(m in data for data in inputs.values() for m in CLOCK_MACROS):
+        return None, None
     key = cache_key(
         tool="host-compiler", format=FORMAT, compiler=config["identity"],
         args=[portable(a, folders) for a in args], cwd=portable(os.getcwd(), folders),
         environment={name: os.environ.get(name) for name in ENVIRONMENT},
         inputs=[[portable(path, folders), sha256(data)] for path, data in inputs.items()])
-    cache = KernelCache(Path(config["cache"]) / SUBFOLDER)
+    return KernelCache(Path(config["cache"]) / SUBFOLDER), key
+
+
+def _replayed(cache, key: str, output: Path, folders: dict[str, str]) -> bool:
+    """Write a stored compile's output and messages, as the compiler would have here."""
     stored = cache.read(key, lambda files: _replay(files, key))
-    if stored is not None:
-        write_output(output, restore(stored["output"], folders))
-        sys.stdout.buffer.write(restore(stored["stdout"], folders))
-        sys.stderr.buffer.write(restore(stored["stderr"], folders))
-        _log(config, "hit", output, key)
-        return 0
-    started = time.perf_counter()
-    done = subprocess.run([config["compiler"], *args], capture_output=True, check=False)
-    sys.stdout.buffer.write(done.stdout)
-    sys.stderr.buffer.write(done.stderr)
-    if done.returncode == 0 and output.is_file():  # a failure is never stored
-        _store(cache, key, output.read_bytes(), done, folders)
-        _log(config, f"miss {time.perf_counter() - started:.3f}s", output, key)
-    return done.returncode
+    if stored is None:
+        return False
+    write_output(output, restore(stored["output"], folders))
+    sys.stdout.buffer.write(restore(stored["stdout"], folders))
+    sys.stderr.buffer.write(restore(stored["stderr"], folders))
+    return True
+
+
+def _warn(error: Exception) -> None:
+    print(f"pypto-offline: warning: the host compiler cache is not used for this compile "
+          f"({type(error).__name__}: {error})", file=sys.stderr)
 
 
 def cacheable(args: list[str]) -> tuple[Path, Path] | None:
