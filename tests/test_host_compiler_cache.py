@@ -156,13 +156,16 @@ def test_only_plain_source_compiles_are_cached(tmp_path):
     assert len(entries(tmp_path / "cache")) == 1
 
 
-def test_the_wrapper_forwards_to_the_real_compiler_not_to_itself(tmp_path):
+def test_the_wrapper_forwards_to_the_real_compiler_not_to_a_wrapper(tmp_path):
+    """Neither its own folder nor another job's wrapper (inherited on PATH) is the compiler."""
+    other, _ = wrapper_job(tmp_path, "other")
     job = tmp_path / "job"
     job.mkdir()
-    tools = host.write_wrapper(job, tmp_path / "cache",
-                               path=f"{job / host.WRAPPER_FOLDER}{os.pathsep}{os.environ['PATH']}")
+    path = os.pathsep.join([str(job / host.WRAPPER_FOLDER), str(other / host.WRAPPER_FOLDER),
+                            os.environ["PATH"]])
+    tools = host.write_wrapper(job, tmp_path / "cache", path=path)
     text = (tools / "g++").read_text()
-    assert f"exec {shutil.which('g++')} " in text and str(tools) + "/g++ " not in text
+    assert f"exec {shutil.which('g++')} " in text and host.WRAPPER_FOLDER + "/g++" not in text
 
 
 def test_a_job_staged_in_a_kernel_cache_knows_that_cache(tmp_path):

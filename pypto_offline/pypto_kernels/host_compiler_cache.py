@@ -65,10 +65,12 @@ def install(folder: Path, cache_root: str | None) -> None:
 
 def write_wrapper(folder: Path, cache_root: Path, path: str | None = None) -> Path | None:
     """Write ``<folder>/host_compiler/g++`` for the real ``g++`` found on ``path`` (PATH by
-    default, less the wrapper's own folder) and return its folder; None without a g++."""
+    default) and return its folder; None without a g++. No wrapper's folder is searched, this
+    job's or another's (a process forked from a worker inherits its PATH): a wrapper must call
+    the compiler, not a wrapper."""
     tools = folder / WRAPPER_FOLDER
     search = [p for p in (path or os.environ.get("PATH", "")).split(os.pathsep)
-              if p and Path(p).resolve() != tools.resolve()]
+              if p and Path(p).name != WRAPPER_FOLDER]
     real = shutil.which("g++", path=os.pathsep.join(search))
     if real is None:
         return None
