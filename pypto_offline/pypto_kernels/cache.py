@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import socket
 import stat
@@ -32,6 +33,7 @@ MANIFEST = "manifest.json"
 # A staging folder whose build cannot be asked whether it still runs (another host sharing the
 # cache) is removed only when it is this old: no build takes a day.
 STALE_STAGING_S = 24 * 3600
+STAGING = "tmp"  # the folder of a cache where builds stage entries and worker jobs
 Parsed = TypeVar("Parsed")
 
 
@@ -63,7 +65,7 @@ class KernelCache:
         self.root.mkdir(parents=True, exist_ok=True)
         self._locks: dict[str, threading.Lock] = {}
         self._locks_guard = threading.Lock()
-        self._staging_root = private_folder(self.root / "tmp")
+        self._staging_root = private_folder(self.root / STAGING)
         remove_dead_staging(self._staging_root)
 
     @contextmanager
@@ -228,3 +230,13 @@ def process_alive(pid: int) -> bool:
     except PermissionError:  # another user's process
         return True
     return True
+
+
+def cache_root_of(folder: Path) -> Path | None:
+    """The kernel cache a folder staged by ``KernelCache.staging`` (or a folder inside one)
+    belongs to: staging folders are ``<cache>/tmp/<host>-<pid>-<random>``. None elsewhere."""
+    folder = absolute(folder)
+    for staging, staging_root in zip((folder, *folder.parents), folder.parents):
+        if staging_root.name == STAGING and re.fullmatch(r".+-\d+-[a-z0-9_]{8}", staging.name):
+            return staging_root.parent
+    return None

@@ -39,7 +39,7 @@ from pypto_offline.fusion.records import CANNOT_EXPRESS, FusionPlan, Region
 from pypto_offline.importer import ImportedGraph
 from pypto_offline.progress import SILENT, Progress
 from pypto_offline.pypto_kernels.cache import (DamagedEntry, KernelCache, cache_key,
-                                               user_cache_base)
+                                               cache_root_of, user_cache_base)
 from pypto_offline.pypto_kernels.codegen import (KERNEL_FUNCTION, CannotExpress,
                                                  is_scalar_constant, itemsize_of, kernel_source)
 from pypto_offline.pypto_kernels.records import Kernel, TileResult
@@ -494,7 +494,9 @@ def _run_job(folder: Path, job: dict, target: Target, timeout: float) -> dict:
     region falls back for this build only."""
     folder = folder.absolute()  # the worker runs in it: a relative --cache-dir would not resolve
     arch, platform = COST_MODEL.get(target.name, (None, None))
+    host_compiler_cache = cache_root_of(folder)  # the kernel cache this job is staged in
     job = {**job, "folder": str(folder), "calculator_cache": str(calculator_cache()),
+           "host_compiler_cache": host_compiler_cache and str(host_compiler_cache),
            "cost_model_arch": arch, "device_platform": platform}
     (folder / "job.json").write_text(json.dumps(job, indent=1))
     workers = _current_workers()

@@ -33,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pypto_offline.pypto_kernels import host_compiler_cache
 from pypto_offline.pypto_kernels.compiler import STARTED_MARKER
 
 TILE_GRAPH, LEAF_GRAPH = 1, 3  # program.json graphtypes: the tile graph, a leaf (AICore) function
@@ -308,6 +309,7 @@ def run_job(job: dict) -> dict:
     import torch
 
     importlib.import_module("pypto")  # loads the framework with the environment above
+    host_compiler_cache.install(folder, job.get("host_compiler_cache"))
 
     enable_functional_check(Path(job["calculator_cache"]))
     (folder / STARTED_MARKER).touch()  # the environment works: from here a death is the kernel's
