@@ -45,13 +45,15 @@ def host_log(cache: Path, key: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def miss_then_hit(tmp_path_factory):
-    """A kernel compiled with no g++ entry, then compiled again (its kernel entry removed, the
-    g++ entries kept): the second build replays every host compile."""
+    """A kernel compiled with no g++ entry, then compiled again (its kernel entry and its PyPTO
+    compile entries removed, the g++ entries kept): the second build replays every host compile."""
     cache = tmp_path_factory.mktemp("host-cxx") / "cache"
     graph, plan = relu_neg_sigmoid()
     (missed,) = compile_kernels(graph, plan, TARGETS["kirin9050"], cache_dir=cache, search=False)
     first_log = host_log(cache, missed.cache_key)
-    shutil.rmtree(KernelCache(cache).entry(missed.cache_key))
+    for entry in cache.glob("*/*"):
+        if entry.parent.name not in ("tmp", host.SUBFOLDER):
+            shutil.rmtree(entry)
     (hit,) = compile_kernels(graph, plan, TARGETS["kirin9050"], cache_dir=cache, search=False)
     return missed, first_log, hit, host_log(cache, hit.cache_key)
 
