@@ -331,12 +331,17 @@ def _build(region, graph, target, cache, constants, sources, untuned, key, stage
                        interface=kernel_interface(region, constants), key=key, arrays=arrays,
                        reference=reference, timeout=timeout, compiles=compiles)
     ub = target.ub_plan_bytes.value
+    rounds = search_rounds(list(sources), untuned)
+    # One candidate and none behind it: its checked compile is its search too (the cost model
+    # times the same program: the same figures), one PyPTO compile instead of two.
+    checked_search = len(rounds[0]) == 1 and not rounds[1]
     compiled, fitting, searched = [], [], {}
-    for round_index, policies in enumerate(search_rounds(list(sources), untuned)):
+    for round_index, policies in enumerate(rounds):
         if fitting or not policies:
             break
-        searched = compile_(staged / f"search{round_index or ''}",
-                            {p: sources[p] for p in policies}, verify=False)
+        folder = "final" if checked_search else f"search{round_index or ''}"
+        searched = compile_(staged / folder, {p: sources[p] for p in policies},
+                            verify=checked_search)
         if searched.get("transient"):
             break
         compiled += [c for c in searched.get("candidates", [])
@@ -354,7 +359,8 @@ def _build(region, graph, target, cache, constants, sources, untuned, key, stage
                                        astuple(_policy(c))))
     default = default_candidate(fitting, untuned.budget_bytes)
     chosen = _policy(best)
-    final = compile_(staged / "final", {chosen: sources[chosen]}, verify=True)
+    final = searched if checked_search else compile_(staged / "final", {chosen: sources[chosen]},
+                                                     verify=True)
     result = (final.get("candidates") or [{}])[0]
     if not result.get("compiled"):
         return (Kernel(region.id, False, _failure(final), source=sources[chosen], cache_key=key),
