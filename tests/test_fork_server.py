@@ -18,9 +18,10 @@ from tests.fusion_helpers import fuse
 from tests.onnx_builders import GraphBuilder
 
 TARGET = TARGETS["kirin9050"]
-# Fails inside PyPTO's compile (an elementwise op on mismatched shapes), after the frontend has
-# entered the function: the process that ran it cannot compile another kernel.
-BROKEN = ("    t2 = pypto.neg(t1)\n", "    t2 = pypto.add(t1, pypto.view(t1, [1, 8, 8, 16], [0, 0, 0, 0]))\n")
+# Fails inside PyPTO's frontend (RenderedParserError F21004 on 0.2.0) once it has entered the
+# kernel function: the process that ran it cannot compile another kernel.
+BROKEN = ("    t2 = pypto.neg(t1)\n",
+          "    t2 = pypto.add(t1, pypto.view(t1, [1, 8, 8, 16], [0, 0, 0, 0]))\n")
 # Appended to the kernel's module, run as the job loads it: starts a process (the job's own
 # child, as PyPTO's g++ would be) that writes its pid, then hangs, as a compile that never ends.
 HANGING = """
@@ -55,24 +56,27 @@ SECONDS: list[float] = []
 
 def run_jobs(cache_dir: Path, jobs: list[tuple[dict, list]], timeout: float = 300,
              target=TARGET) -> list[tuple[dict, Path, int]]:
-    """Each job through ``_run_job``, in order, in one pool thread of one build: its result, its
-    folder, and the pid of the fork server that ran it. ``_run_job``'s wall time of each is in
-    ``SECONDS`` (bench.worker_overhead)."""
-    cache = KernelCache(cache_dir)
+    """``run_jobs_here`` in one pool thread of one build."""
+    (done,) = compiler._each_region([None], 1, lambda _: run_jobs_here(cache_dir, jobs, timeout,
+                                                                       target))
+    return done
 
-    def each(_):
-        done = []
-        for job, arrays in jobs:
-            folder = cache.staging() / "job"
-            folder.mkdir()
-            np.savez(folder / "inputs.npz", **{f"in{i}": a for i, a in enumerate(arrays)})
-            started = time.perf_counter()
-            result = compiler._run_job(folder, job, target, timeout)
-            SECONDS.append(time.perf_counter() - started)
-            (server,) = compiler._pool_thread.workers._servers.values()
-            done.append((result, folder, server.process.pid))
-        return done
-    (done,) = compiler._each_region([None], 1, each)
+
+def run_jobs_here(cache_dir: Path, jobs: list[tuple[dict, list]], timeout: float = 300,
+                  target=TARGET) -> list[tuple[dict, Path, int]]:
+    """Each job through ``_run_job``, in order, in this pool thread: its result, its folder, and
+    the pid of the fork server that ran it. ``_run_job``'s wall time of each is in ``SECONDS``
+    (bench.worker_overhead)."""
+    cache, done = KernelCache(cache_dir), []
+    for job, arrays in jobs:
+        folder = cache.staging() / "job"
+        folder.mkdir()
+        np.savez(folder / "inputs.npz", **{f"in{i}": a for i, a in enumerate(arrays)})
+        started = time.perf_counter()
+        result = compiler._run_job(folder, job, target, timeout)
+        SECONDS.append(time.perf_counter() - started)
+        (server,) = compiler._pool_thread.workers._servers.values()
+        done.append((result, folder, server.process.pid))
     return done
 
 
@@ -118,7 +122,7 @@ def test_the_servers_are_gone_when_the_build_is(tmp_path):
     """After ``_each_region``: no server process, no server folder in the staging area."""
     ((result, folder, server),) = run_jobs(tmp_path, [tiny_job()])
     assert compiled(result), result
-    assert not live(server), "a fork server outlived its build"
+    assert not live(server) and not servers_running(tmp_path), "a fork server outlived its build"
     assert [p.name for p in (tmp_path / "tmp").iterdir()] == [folder.parent.name]
 
 
@@ -137,3 +141,51 @@ def test_every_child_writes_its_pypto_side_files_into_its_job_folder(tmp_path):
         assert ("Model.deviceArch=A5" in config) == (target == "ascend950")
         times[target] = result["candidates"][0]["aicore_us"]
     assert times["kirin9050"] != times["ascend950"], times  # the A5 tables were used
+
+
+def test_a_kernel_compiled_after_other_jobs_of_its_server_has_the_same_artifacts(tmp_path):
+    """Each child starts from the server's state as it was after import, whatever jobs (a failed
+    one among them) the server ran before: the same kernel, the same bytes."""
+    b = GraphBuilder()
+    graph, plan = fuse(b.model(b.op("Neg", [b.op("Relu", [b.input("x", [1, 8, 16, 16])])])))
+    (region,) = plan.regions
+
+    def kernel(cache: str):
+        return compiler.compile_region(region, graph, TARGET, KernelCache(tmp_path / cache),
+                                       graph.constant_values(), search=False)
+
+    def work(_):
+        first = kernel("first")
+        ((failed, _, server),) = run_jobs_here(tmp_path / "broken", [tiny_job(BROKEN)])
+        later = kernel("later")
+        (serving,) = compiler._pool_thread.workers._servers.values()
+        return first, failed, later, serving.process.pid == server
+    (first, failed, later, one_server) = compiler._each_region([None], 1, work)[0]
+    assert first.compiled and not failed["candidates"][0]["compiled"]
+    assert one_server, "the jobs did not share one server"
+    assert later.artifacts == first.artifacts and not later.from_cache
+
+
+def servers_running(folder: Path) -> list[int]:
+    """Live fork servers (and their children) whose folder is under ``folder``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            cmdline = (entry / "cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        if "--serve" in cmdline and str(folder) in cmdline and live(int(entry.name)):
+            found.append(int(entry.name))
+    return found
+
+
+def test_a_region_compiled_on_its_own_starts_a_server_and_stops_it(tmp_path):
+    """``compile_region`` outside a build's pool: a server of its own for the job, gone after."""
+    b = GraphBuilder()
+    graph, plan = fuse(b.model(b.op("Neg", [b.op("Relu", [b.input("x", [1, 8, 16, 16])])])))
+    (region,) = plan.regions
+    kernel = compiler.compile_region(region, graph, TARGET, KernelCache(tmp_path),
+                                     graph.constant_values(), search=False)
+    assert kernel.compiled and kernel.functional_ok, kernel.fallback_reason
+    assert not servers_running(tmp_path)
+    assert list((tmp_path / "tmp").iterdir()) == [], "a server's folder is left behind"

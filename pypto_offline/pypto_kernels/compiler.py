@@ -300,8 +300,7 @@ def _current_workers() -> Iterator[_Workers]:
     workers = _Workers()
     try:
         yield workers
-    finally:
-        workers.cancel()
+    finally:  # its server dies (a child that ran out of time or was interrupted died already)
         workers.shutdown()
 
 
@@ -562,8 +561,8 @@ def _run_job(folder: Path, job: dict, target: Target, timeout: float) -> dict:
         except _ServerGone:
             workers.drop(server)
             code = server.process.returncode
-    if workers.cancelled:
-        raise _Cancelled
+        if workers.cancelled:
+            raise _Cancelled
     if code is None:
         return _timed_out(timeout)
     result_path = folder / "result.json"
