@@ -207,7 +207,11 @@ class _Replies:
 
 
 class _ServerGone(Exception):
-    """The fork server died (or stopped answering) while it had a job."""
+    """The fork server died, or stopped answering within the job's time (``timed_out``)."""
+
+    def __init__(self, timed_out: bool = False):
+        super().__init__()
+        self.timed_out = timed_out
 
 
 class _Server:
@@ -229,14 +233,17 @@ class _Server:
         self._replies = _Replies(self.process.stdout)
         self.ready = False
 
-    def wait_ready(self, limit: float) -> bool:
+    def wait_ready(self, limit: float, workers: _Workers) -> bool:
         """Until the server has imported torch and pypto; False when it ran out of time. A
-        server that dies first never compiled: its environment is broken, for every region."""
+        server that dies first never compiled: its environment is broken, for every region
+        (unless the build killed it)."""
         reply = self._replies.next(time.monotonic() + limit)
         if reply is None:
             return False
         if reply != SERVER_READY:
             self.process.wait()
+            if workers.cancelled:
+                raise _Cancelled
             raise WorkerCannotStart(
                 f"a PyPTO worker process could not start (exit code {self.process.returncode}): "
                 f"{_last_line(self.folder / 'server.log')}",
@@ -260,11 +267,12 @@ class _Server:
                 child = int(reply)
                 workers.adopt(child)
                 reply = self._replies.next(deadline)
-            if reply is None and child is not None:  # out of time: the child's group dies,
-                _kill_group(child)  # and the server, which reaps it, is ready for the next job
-                reply = self._replies.next(time.monotonic() + REAP_S)
-                if reply:
-                    return None
+            if reply is None:  # out of time: the child's group dies, and the server, which
+                if child is not None:  # reaps it, serves the next job
+                    _kill_group(child)
+                    if self._replies.next(time.monotonic() + REAP_S):
+                        return None
+                raise _ServerGone(timed_out=True)
             if not reply:
                 raise _ServerGone
             return int(reply.split()[1])
@@ -554,13 +562,14 @@ def _run_job(folder: Path, job: dict, target: Target, timeout: float) -> dict:
         # job folders are <cache>/tmp/<staging>/<job>: the server's goes next to the staging
         server = workers.server(folder.parent.parent, (arch, platform))
         try:
-            if not server.ready and not server.wait_ready(max(timeout, DEFAULT_TIMEOUT_S)):
+            if not server.ready and not server.wait_ready(max(timeout, DEFAULT_TIMEOUT_S),
+                                                          workers):
                 workers.drop(server)
                 return _timed_out(max(timeout, DEFAULT_TIMEOUT_S))
             code = server.run(folder / "job.json", timeout, workers)
-        except _ServerGone:
+        except _ServerGone as gone:
             workers.drop(server)
-            code = server.process.returncode
+            code = None if gone.timed_out else server.process.returncode
         if workers.cancelled:
             raise _Cancelled
     if code is None:

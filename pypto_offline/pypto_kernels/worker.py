@@ -467,8 +467,6 @@ def _job_child(job_path: Path, server: Path, torch, libc, started: int, server_p
             os.waitpid(sentinel, 0)
 
 
-
-
 def serve(folder: Path) -> int:
     """The fork server (docs/workers.md): imports torch and pypto once, says ``ready``, then for
     each job path read on stdin forks one child that runs the job and exits; replies
@@ -515,6 +513,10 @@ def serve(folder: Path) -> int:
 
 def main() -> int:
     """``python -m pypto_offline.pypto_kernels.worker --serve FOLDER``."""
+    if len(sys.argv) != 3 or sys.argv[1] != "--serve":
+        print(f"usage: python -m {__spec__.name} --serve FOLDER (with FOLDER/server.json); "
+              "then one job.json path per line on stdin", file=sys.stderr)
+        return 2
     sentinel = guard_process_group()
     try:
         return serve(Path(sys.argv[2]))
