@@ -384,9 +384,10 @@ def _keep_artifacts(run_dir: Path, target: Path, paths: dict[str, str]) -> None:
 
 
 def guard_process_group() -> int | None:
-    """Fork a sentinel that SIGKILLs this worker's process group as soon as the build or the
-    worker is gone; returns its pid (None when the worker does not lead a group of its own, as
-    when run by hand: its group is then someone else's).
+    """Fork a sentinel that SIGKILLs this process's group as soon as its parent (the build for a
+    fork server, the server for a job's child) or the process itself is gone; returns its pid
+    (None when the process does not lead a group of its own, as when run by hand: its group is
+    then someone else's).
 
     The build's PDEATHSIG kills the worker only: PyPTO's children (host g++, the calculator's
     cmake) do not inherit it and would run on as orphans. A thread cannot do the sweeping, as
