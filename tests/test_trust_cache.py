@@ -100,7 +100,8 @@ def test_a_relative_cache_dir_is_resolved_and_the_region_fuses(clean):
 
 
 # Loaded by every Python process of the build (through PYTHONPATH); acts in workers only: once
-# PyPTO has started compiling the kernel, the worker gets the signal.
+# PyPTO has started compiling the kernel, the job's process gets the signal. Jobs run in children
+# the fork server forks (a thread does not survive a fork), so the watch starts in each child.
 KILL_WORKER_IN_COMPILE = '''
 import glob, os, signal, sys, threading, time
 
@@ -109,9 +110,12 @@ def _signal_when_compiling():
         time.sleep(0.005)
     os.kill(os.getpid(), signal.{signal})
 
+def _watch():
+    threading.Thread(target=_signal_when_compiling, daemon=True).start()
+
 if "pypto_offline.pypto_kernels.worker" in sys.orig_argv:
     signal.signal(signal.SIGINT, signal.default_int_handler)  # as a worker started from a shell
-    threading.Thread(target=_signal_when_compiling, daemon=True).start()
+    os.register_at_fork(after_in_child=_watch)
 '''
 
 

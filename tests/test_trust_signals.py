@@ -225,8 +225,9 @@ def test_a_killed_build_takes_its_workers_and_their_children_with_it(tmp_path):
     build = subprocess.Popen([sys.executable, "-c", hanging_kernel_build(tmp_path, 600)],
                              cwd=REPO, env=environment(), stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
-    sessions = wait_for_a_worker(build, tmp_path)
+    wait_for_a_worker(build, tmp_path)
     child = wait_for_child(build, tmp_path)
+    sessions = wait_for_a_worker(build, tmp_path)  # now with the job's: a job leads its own
     assert child in processes_of(tmp_path, sessions) or not sessions  # in the worker's session
     build.kill()
     build.wait()

@@ -59,6 +59,12 @@ def cache_key(**parts) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 
+def new_staging(root: Path, label: str = "") -> Path:
+    """A fresh private folder in a cache's staging area ``root``, named after this host and
+    process so that a later build can tell whether its owner is gone (``remove_dead_staging``)."""
+    return Path(tempfile.mkdtemp(dir=root, prefix=f"{socket.gethostname()}-{os.getpid()}-{label}"))
+
+
 class KernelCache:
     def __init__(self, root: Path | None = None):
         self.root = absolute(root) if root else default_cache_dir()
@@ -121,8 +127,7 @@ class KernelCache:
     def staging(self) -> Path:
         """A fresh private folder, named after this host and process so that a later build can
         tell whether its owner is gone (``remove_dead_staging``)."""
-        return Path(tempfile.mkdtemp(dir=self._staging_root,
-                                     prefix=f"{socket.gethostname()}-{os.getpid()}-"))
+        return new_staging(self._staging_root)
 
     def _discard(self, path: Path) -> None:
         """Move a damaged entry out of the way in one rename, then delete it: a reader sees it

@@ -14,16 +14,18 @@ processes belong to their build (docs/workers.md).
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import select
 import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import astuple, replace
 from functools import partial
@@ -39,7 +41,7 @@ from pypto_offline.fusion.records import CANNOT_EXPRESS, FusionPlan, Region
 from pypto_offline.importer import ImportedGraph
 from pypto_offline.progress import SILENT, Progress
 from pypto_offline.pypto_kernels.cache import (DamagedEntry, KernelCache, cache_key,
-                                               cache_root_of, user_cache_base)
+                                               cache_root_of, new_staging, user_cache_base)
 from pypto_offline.pypto_kernels.codegen import (KERNEL_FUNCTION, CannotExpress,
                                                  is_scalar_constant, itemsize_of, kernel_source)
 from pypto_offline.pypto_kernels.records import Kernel, TileResult
@@ -54,9 +56,12 @@ DEFAULT_TIMEOUT_S = 300
 TIMED_OUT = "PyPTO compile did not finish within"
 # ascend950: the cost model can use its A5 tables (pypto-cpu.md §6); everything else is 910B.
 COST_MODEL = {"ascend950": ("A5", "ASCEND_950PR_9579")}
-# Written by the worker once torch and pypto imported: a worker that dies without it never ran a
-# compile, so its death says something about the environment, not about the region.
+# Written by a job's child in its folder before it compiles: from there a death is the kernel's.
 STARTED_MARKER = "worker.started"
+# The fork server's first line, once torch and pypto are imported: a server that dies before it
+# never ran a compile, so its death says something about the environment, not about a region.
+SERVER_READY = "ready"
+REAP_S = 10  # a killed child's group is gone at once; the server reports it within this
 
 
 def worker_environment() -> dict[str, str]:
@@ -81,10 +86,10 @@ PR_SET_PDEATHSIG = 1  # <sys/prctl.h>
 
 
 def _worker_preexec(build_pid: int, libc) -> None:
-    """In the worker, before exec (it already leads a session of its own): fixed addresses, and
-    SIGKILL when the build dies. PDEATHSIG fires when the *thread* that forked the worker ends;
-    that thread waits on the worker until it is gone (``_run_job``), so only the build's death
-    fires it. ``libc`` is loaded in the build: no dlopen between fork and exec."""
+    """In a fork server, before exec (it already leads a session of its own): fixed addresses,
+    and SIGKILL when the build dies. PDEATHSIG fires when the *thread* that forked the server
+    ends: a pool thread starts its own servers and lives until the end of ``_each_region``,
+    which then kills them. ``libc`` is loaded in the build: no dlopen between fork and exec."""
     _fixed_addresses(libc)
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != build_pid:  # the build died before the line above: nobody to serve
@@ -97,12 +102,15 @@ class _Cancelled(BaseException):
 
 
 class _Workers:
-    """The PyPTO worker processes of one build. Started and killed under one lock, so that an
-    interrupt either finds a worker (and kills its process group) or keeps it from starting."""
+    """The PyPTO processes of one build: its fork servers (one per pool thread and cost-model
+    config) and the job children they fork. Started, adopted and killed under one lock, so that
+    an interrupt either finds a process (and kills its process group) or keeps it from
+    starting."""
 
     def __init__(self):
         self._lock = threading.Lock()
-        self._running: set[subprocess.Popen] = set()
+        self._groups: set[int] = set()  # process groups (= their leader's pid) to kill on cancel
+        self._servers: dict[tuple, _Server] = {}
         self.cancelled = False
 
     def start(self, command: list[str], **options) -> subprocess.Popen:
@@ -117,38 +125,192 @@ class _Workers:
             process = subprocess.Popen(command, start_new_session=True,
                                        preexec_fn=partial(_worker_preexec, os.getpid(), libc),
                                        **options)
-            self._running.add(process)
+            self._groups.add(process.pid)
         return process
 
-    def finished(self, process: subprocess.Popen) -> None:
+    def adopt(self, group: int) -> None:
+        """A job child that leads its own session: killed with the others on cancel (at once
+        when the build is cancelled already)."""
         with self._lock:
-            self._running.discard(process)
+            if self.cancelled:
+                _kill_group(group)
+                raise _Cancelled
+            self._groups.add(group)
+
+    def finished(self, group: int) -> None:
+        with self._lock:
+            self._groups.discard(group)
 
     def cancel(self) -> None:
-        """No worker starts from now on; the running ones die with their process groups."""
+        """No process starts from now on; the running ones die with their process groups."""
         with self._lock:
             self.cancelled = True
-            for process in self._running:
-                _kill_group(process)
+            for group in self._groups:
+                _kill_group(group)
+
+    def server(self, staging_root: Path, config: tuple) -> _Server:
+        """This thread's fork server for ``config`` (cost-model arch, device platform: PyPTO
+        reads them at import), started on first use. One per thread: a server runs one job at
+        a time, and the thread that forks it stays alive as long as it (PDEATHSIG)."""
+        key = (threading.get_ident(), config)
+        with self._lock:
+            server = self._servers.get(key)
+        if server is None:
+            server = _Server(self, staging_root, config)  # starting takes the lock
+            with self._lock:
+                self._servers[key] = server
+        return server
+
+    def drop(self, server: _Server) -> None:
+        """Kill a server (and its folder) that cannot serve on: the next job starts another."""
+        with self._lock:
+            self._servers = {k: v for k, v in self._servers.items() if v is not server}
+        server.close(self)
+
+    def shutdown(self) -> None:
+        """At the end of the build's regions (or on its way out): every server dies."""
+        with self._lock:
+            servers = list(self._servers.values())
+        for server in servers:
+            self.drop(server)
 
 
-def _kill_group(process: subprocess.Popen) -> None:
-    """SIGKILL the worker's process group (its pid: it leads a session of its own). The number
-    is not reused while the worker is unreaped or any process of its group lives; at worst (a
-    worker reaped but not yet unregistered, its group empty) the kill finds nobody."""
+def _kill_group(group: int) -> None:
+    """SIGKILL a process group (its leader's pid: it leads a session of its own). The number
+    is not reused while the leader is unreaped or any process of its group lives; at worst (a
+    leader reaped but not yet unregistered, its group empty) the kill finds nobody."""
     try:
-        os.killpg(process.pid, signal.SIGKILL)
+        os.killpg(group, signal.SIGKILL)
     except ProcessLookupError:  # already gone, and all of its group with it
         pass
+
+
+class _Replies:
+    """The lines a fork server writes on its stdout, read with a deadline (``select``: a pool
+    thread must notice a time-out, and the server's death as end of file)."""
+
+    def __init__(self, stream):
+        self._fd = stream.fileno()
+        self._buffer = b""
+
+    def next(self, deadline: float) -> str | None:
+        """The next line; "" once the server is gone, None at the deadline."""
+        while b"\n" not in self._buffer:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not select.select([self._fd], [], [], remaining)[0]:
+                return None
+            chunk = os.read(self._fd, 4096)
+            if not chunk:
+                return ""
+            self._buffer += chunk
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        return line.decode()
+
+
+class _ServerGone(Exception):
+    """The fork server died, or stopped answering within the job's time (``timed_out``)."""
+
+    def __init__(self, timed_out: bool = False):
+        super().__init__()
+        self.timed_out = timed_out
+
+
+class _Server:
+    """A fork server (``worker.serve``): imports torch and pypto once, then forks one child per
+    job. Its folder, in the build's staging area, holds the PyPTO config it imported with, its
+    import-time side files and its log (docs/workers.md)."""
+
+    def __init__(self, workers: _Workers, staging_root: Path, config: tuple):
+        arch, platform = config
+        self.folder = new_staging(staging_root, "server")
+        (self.folder / "server.json").write_text(json.dumps(
+            {"cost_model_arch": arch, "device_platform": platform,
+             "calculator_cache": str(calculator_cache())}))
+        with open(self.folder / "server.log", "wb") as log:
+            self.process = workers.start(
+                [sys.executable, "-m", WORKER_MODULE, "--serve", str(self.folder)],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, cwd=self.folder,
+                env=worker_environment())
+        self._replies = _Replies(self.process.stdout)
+        self.ready = False
+
+    def wait_ready(self, limit: float, workers: _Workers) -> bool:
+        """Until the server has imported torch and pypto; False when it ran out of time. A
+        server that dies first never compiled: its environment is broken, for every region
+        (unless the build killed it)."""
+        reply = self._replies.next(time.monotonic() + limit)
+        if reply is None:
+            return False
+        if reply != SERVER_READY:
+            self.process.wait()
+            if workers.cancelled:
+                raise _Cancelled
+            raise WorkerCannotStart(
+                f"a PyPTO worker process could not start (exit code {self.process.returncode}): "
+                f"{_last_line(self.folder / 'server.log')}",
+                fix=f"check that '{sys.executable} -m {WORKER_MODULE}' can import torch and "
+                    f"pypto {PYPTO_VERSION}")
+        self.ready = True
+        return True
+
+    def run(self, job_path: Path, timeout: float, workers: _Workers) -> int | None:
+        """Run one job in a forked child: its exit code (negative: the signal that killed it),
+        or None when it ran out of time (its whole process group is killed then)."""
+        try:
+            self.process.stdin.write(f"{job_path}\n".encode())
+            self.process.stdin.flush()
+        except BrokenPipeError:
+            raise _ServerGone from None
+        child, deadline = None, time.monotonic() + timeout
+        try:
+            reply = self._replies.next(deadline)
+            if reply and " " not in reply:  # "<pid>": the child leads its own session now
+                child = int(reply)
+                workers.adopt(child)
+                reply = self._replies.next(deadline)
+            if reply is None:  # out of time: the child's group dies, and the server, which
+                if child is not None:  # reaps it, serves the next job
+                    _kill_group(child)
+                    if self._replies.next(time.monotonic() + REAP_S):
+                        return None
+                raise _ServerGone(timed_out=True)
+            if not reply:
+                raise _ServerGone
+            return int(reply.split()[1])
+        except BaseException:
+            if child is not None:
+                _kill_group(child)
+            raise
+        finally:
+            if child is not None:
+                workers.finished(child)
+
+    def close(self, workers: _Workers) -> None:
+        _kill_group(self.process.pid)
+        self.process.wait()
+        workers.finished(self.process.pid)
+        for stream in (self.process.stdin, self.process.stdout):
+            with contextlib.suppress(OSError):
+                stream.close()
+        shutil.rmtree(self.folder, ignore_errors=True)
 
 
 _pool_thread = threading.local()  # the _Workers of the build a pool thread works for
 
 
-def _current_workers() -> _Workers:
+@contextlib.contextmanager
+def _current_workers() -> Iterator[_Workers]:
     """The build's workers in one of its pool threads; elsewhere (``compile_region`` called on
-    its own) a set of one's own, which nobody cancels."""
-    return getattr(_pool_thread, "workers", None) or _Workers()
+    its own) a set of one's own for this job, shut down after it (on an interrupt too)."""
+    workers = getattr(_pool_thread, "workers", None)
+    if workers is not None:
+        yield workers
+        return
+    workers = _Workers()
+    try:
+        yield workers
+    finally:  # its server dies (a child that ran out of time or was interrupted died already)
+        workers.shutdown()
 
 
 def _working_for(workers: _Workers, work, region):
@@ -220,6 +382,7 @@ def _each_region(regions, jobs: int, work) -> list:
         raise
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
+        workers.shutdown()
 
 
 def largest_tensor_bytes(region: Region) -> int:
@@ -495,54 +658,39 @@ WORKER_MODULE = "pypto_offline.pypto_kernels.worker"
 
 
 def _run_job(folder: Path, job: dict, target: Target, timeout: float) -> dict:
-    """Write the job, run one worker process on it, read its result (or say why there is none).
-    A failure that says nothing about the kernel (time-out, crash, kill) is ``transient``: the
-    region falls back for this build only."""
+    """Write the job, run it in a child of this thread's fork server, read its result (or say
+    why there is none). A failure that says nothing about the kernel (time-out, crash, kill) is
+    ``transient``: the region falls back for this build only."""
     folder = folder.absolute()  # the worker runs in it: a relative --cache-dir would not resolve
     arch, platform = COST_MODEL.get(target.name, (None, None))
     host_compiler_cache = cache_root_of(folder)  # the kernel cache this job is staged in
-    job = {**job, "folder": str(folder), "calculator_cache": str(calculator_cache()),
-           "host_compiler_cache": host_compiler_cache and str(host_compiler_cache),
-           "cost_model_arch": arch, "device_platform": platform}
+    job = {**job, "folder": str(folder),
+           "host_compiler_cache": host_compiler_cache and str(host_compiler_cache)}
     (folder / "job.json").write_text(json.dumps(job, indent=1))
-    workers = _current_workers()
-    with open(folder / "worker.log", "wb") as log:
-        process = workers.start([sys.executable, "-m", WORKER_MODULE, str(folder / "job.json")],
-                                stdout=log, stderr=log, stdin=subprocess.DEVNULL, cwd=folder,
-                                env=worker_environment())
+    with _current_workers() as workers:
+        # job folders are <cache>/tmp/<staging>/<job>: the server's goes next to the staging
+        server = workers.server(folder.parent.parent, (arch, platform))
         try:
-            timed_out = not _waited(process, timeout)
-        finally:
-            workers.finished(process)
-    if workers.cancelled:
-        raise _Cancelled
-    if timed_out:
-        return {"error": f"{TIMED_OUT} {timeout:.0f} s", "transient": True}
+            if not server.ready and not server.wait_ready(max(timeout, DEFAULT_TIMEOUT_S),
+                                                          workers):
+                workers.drop(server)
+                return _timed_out(max(timeout, DEFAULT_TIMEOUT_S))
+            code = server.run(folder / "job.json", timeout, workers)
+        except _ServerGone as gone:
+            workers.drop(server)
+            code = None if gone.timed_out else server.process.returncode
+        if workers.cancelled:
+            raise _Cancelled
+    if code is None:
+        return _timed_out(timeout)
     result_path = folder / "result.json"
     if result_path.exists():
         return json.loads(result_path.read_text())
-    if not (folder / STARTED_MARKER).exists():
-        raise WorkerCannotStart(
-            f"a PyPTO worker process could not start (exit code {process.returncode}): "
-            f"{_last_line(folder / 'worker.log')}",
-            fix=f"check that '{sys.executable} -m {WORKER_MODULE}' can import torch and "
-                f"pypto {PYPTO_VERSION}")
-    return {"error": f"PyPTO worker crashed (exit code {process.returncode})", "transient": True}
+    return {"error": f"PyPTO worker crashed (exit code {code})", "transient": True}
 
 
-def _waited(process: subprocess.Popen, timeout: float) -> bool:
-    """Wait for the worker; False when it ran out of time. Whatever ends the wait early (a time
-    limit, an interrupt in the main thread) kills the worker's whole process group first."""
-    try:
-        process.wait(timeout=timeout)
-        return True
-    except subprocess.TimeoutExpired:
-        _kill_group(process)
-        process.wait()
-        return False
-    except BaseException:
-        _kill_group(process)
-        raise
+def _timed_out(limit: float) -> dict:
+    return {"error": f"{TIMED_OUT} {limit:.0f} s", "transient": True}
 
 
 def _last_line(log: Path) -> str:

@@ -1,11 +1,14 @@
-"""One PyPTO compile in a fresh process: ``python -m pypto_offline.pypto_kernels.worker JOB.json``.
+"""PyPTO compiles in forked children of a fork server:
+``python -m pypto_offline.pypto_kernels.worker --serve FOLDER``.
 
-PyPTO segfaults under threads and its artifacts drift within a process, so every kernel compile
-runs here, alone. The job holds generated modules (one or several tile candidates), input and
-reference arrays, and a folder; the result is ``result.json`` in that folder. All of PyPTO's output
-(its simulator, logs, side files) stays inside the folder. Once torch and pypto are imported the
-worker says so (``STARTED_MARKER``); it dies with its build, and so do PyPTO's own child processes
-(``guard_process_group``; docs/workers.md).
+PyPTO segfaults under threads, its artifacts drift within a process, and a failed compile leaves
+its process unusable, so every job runs in a fresh child, alone. The server imports torch and
+pypto once (``start_pypto``) and forks one child per job (``serve``). A job holds generated
+modules (one or several tile candidates), input and reference arrays, and a folder; the result
+is ``result.json`` in that folder. All of PyPTO's output (its simulator, logs, side files) stays
+inside the folder. The server says ``ready`` once torch and pypto are imported; servers and
+children die with their build, and so do PyPTO's own child processes (``guard_process_group``;
+docs/workers.md).
 
 Recipes (docs/pypto-recipes.md):
 - a quiet simulator config through ``TILEFWK_CONFIG_PATH``;
@@ -28,13 +31,14 @@ import select
 import signal
 import sys
 import time
+import traceback
 import types
 from pathlib import Path
 
 import numpy as np
 
 from pypto_offline.pypto_kernels import host_compiler_cache
-from pypto_offline.pypto_kernels.compiler import STARTED_MARKER
+from pypto_offline.pypto_kernels.compiler import PR_SET_PDEATHSIG, SERVER_READY, STARTED_MARKER
 
 TILE_GRAPH, LEAF_GRAPH = 1, 3  # program.json graphtypes: the tile graph, a leaf (AICore) function
 CYCLES_PER_US = 1800.0  # the simulator's swim-lane time base (1.8 GHz)
@@ -301,19 +305,27 @@ def _first_line(error: BaseException) -> str:
 KERNEL_FIELDS = ("source", "module", "function", "inputs", "outputs")
 
 
-def run_job(job: dict) -> dict:
-    folder = Path(job["folder"])
-    prepare_environment(folder, job.get("cost_model_arch"), job.get("device_platform"))
-    if job.get("verify"):
-        os.environ["PYPTO_OFFLINE_VERIFY_DIR"] = str(folder / "verify")
+def start_pypto(folder: Path, cost_model_arch: str | None, device_platform: str | None,
+                calculator_cache: Path):
+    """Environment, ``import torch`` and ``import pypto``, the functional-check fix and its
+    calculator: what every job needs, done once by the fork server. Returns the torch module."""
+    prepare_environment(folder, cost_model_arch, device_platform)
     import torch
 
     importlib.import_module("pypto")  # loads the framework with the environment above
-    host_compiler_cache.install(folder, job.get("host_compiler_cache"))
 
-    enable_functional_check(Path(job["calculator_cache"]))
-    (folder / STARTED_MARKER).touch()  # the environment works: from here a death is the kernel's
+    enable_functional_check(calculator_cache)
+    load_calculator(calculator_cache)  # once, here: a forked job then only uses it
+    return torch
+
+
+def run_job(job: dict, torch) -> dict:
+    """Compile (and check) every candidate of a job, in a process where ``start_pypto`` ran."""
+    folder = Path(job["folder"])
+    # per job: the g++ wrapper's settings name this job's folder (docs/kernel-cache.md)
+    host_compiler_cache.install(folder, job.get("host_compiler_cache"))
     if job.get("verify"):
+        os.environ["PYPTO_OFFLINE_VERIFY_DIR"] = str(folder / "verify")
         keep_aicore_sources(folder)
     data = np.load(folder / "inputs.npz")
     shared = [f"in{i}" for i in range(len(data.files))]  # one kernel's inputs, in order
@@ -375,9 +387,10 @@ def _keep_artifacts(run_dir: Path, target: Path, paths: dict[str, str]) -> None:
 
 
 def guard_process_group() -> int | None:
-    """Fork a sentinel that SIGKILLs this worker's process group as soon as the build or the
-    worker is gone; returns its pid (None when the worker does not lead a group of its own, as
-    when run by hand: its group is then someone else's).
+    """Fork a sentinel that SIGKILLs this process's group as soon as its parent (the build for a
+    fork server, the server for a job's child) or the process itself is gone; returns its pid
+    (None when the process does not lead a group of its own, as when run by hand: its group is
+    then someone else's).
 
     The build's PDEATHSIG kills the worker only: PyPTO's children (host g++, the calculator's
     cmake) do not inherit it and would run on as orphans. A thread cannot do the sweeping, as
@@ -409,17 +422,109 @@ def guard_process_group() -> int | None:
         os._exit(0)
 
 
+def enter_job(folder: Path, server: Path) -> None:
+    """In a job's child: PyPTO's per-compile output and side files go into the job's folder.
+    ``PYPTO_HOME`` is read at each compile; the log folder was fixed at import, so its name
+    (a symbolic link in the server's folder) is pointed at the job's own. A copy of the config
+    the server imported with stays with the job (docs/workers.md)."""
+    os.environ["PYPTO_HOME"] = str(folder / "pypto_home")
+    (folder / "ascend_log").mkdir(exist_ok=True)
+    link = server / "ascend_log"
+    staged = server / "ascend_log.tmp"
+    staged.unlink(missing_ok=True)
+    os.symlink(folder / "ascend_log", staged)
+    os.replace(staged, link)  # the server runs one job at a time: nobody else writes through it
+    (folder / "tile_fwk_config.json").write_bytes((server / "tile_fwk_config.json").read_bytes())
+
+
+def _write_result(result: dict, job_path: Path) -> None:
+    staged = job_path.with_name("result.json.tmp")
+    staged.write_text(json.dumps(result, indent=1, sort_keys=True))
+    os.replace(staged, job_path.with_name("result.json"))
+
+
+def _job_child(job_path: Path, server: Path, torch, libc, started: int, server_pid: int) -> None:
+    """A forked job: a session of its own (the build kills its process group on a time-out),
+    dead when the server dies (PDEATHSIG, and a sentinel for PyPTO's children), output in the
+    job folder. Tells the server through ``started`` once its group exists."""
+    os.setsid()
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != server_pid:  # the server died before the line above
+        os._exit(1)
+    sentinel = guard_process_group()
+    os.write(started, b"\n")
+    os.close(started)
+    try:
+        job = json.loads(job_path.read_text())
+        folder = Path(job["folder"])
+        os.chdir(folder)
+        log = os.open(folder / "worker.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        os.close(log)
+        enter_job(folder, server)
+        (folder / STARTED_MARKER).touch()  # the environment works: a death is the kernel's
+        _write_result(run_job(job, torch), job_path)
+    finally:
+        if sentinel:
+            os.kill(sentinel, signal.SIGKILL)
+            os.waitpid(sentinel, 0)
+
+
+def serve(folder: Path) -> int:
+    """The fork server (docs/workers.md): imports torch and pypto once, says ``ready``, then for
+    each job path read on stdin forks one child that runs the job and exits; replies
+    ``<pid>`` once the child leads its own session and ``<pid> <exit code>`` once it is reaped
+    (a negative code: killed by that signal). The server itself compiles nothing and runs no
+    torch op: a failed compile leaves PyPTO unusable, and torch's thread pools do not survive
+    a fork."""
+    settings = json.loads((folder / "server.json").read_text())
+    replies = os.fdopen(os.dup(1), "w", buffering=1)  # stdout stays for what PyPTO prints
+    os.dup2(2, 1)
+    os.makedirs(folder / "import_log", exist_ok=True)
+    os.symlink(folder / "import_log", folder / "ascend_log")
+    torch = start_pypto(folder, settings["cost_model_arch"], settings["device_platform"],
+                        Path(settings["calculator_cache"]))
+    libc = ctypes.CDLL(None, use_errno=True)  # loaded here: no dlopen in a forked child
+    server_pid = os.getpid()
+    replies.write(f"{SERVER_READY}\n")
+    for line in sys.stdin:
+        sys.stdout.flush()
+        sys.stderr.flush()  # nothing buffered is written twice, by the server and the child
+        started, told = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(started)
+            os.close(replies.fileno())  # the build sees the server's death, not its children's
+            code = 1
+            try:
+                _job_child(Path(line.strip()), folder, torch, libc, told, server_pid)
+                code = 0
+            except BaseException:  # noqa: BLE001 - the child's end, told in its log
+                traceback.print_exc()
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        os.close(told)
+        os.read(started, 1)  # empty when the child died first
+        os.close(started)
+        replies.write(f"{pid}\n")
+        _, status = os.waitpid(pid, 0)
+        replies.write(f"{pid} {os.waitstatus_to_exitcode(status)}\n")
+    return 0
+
+
 def main() -> int:
+    """``python -m pypto_offline.pypto_kernels.worker --serve FOLDER``."""
+    if len(sys.argv) != 3 or sys.argv[1] != "--serve":
+        print(f"usage: python -m {__spec__.name} --serve FOLDER (with FOLDER/server.json); "
+              "then one job.json path per line on stdin", file=sys.stderr)
+        return 2
     sentinel = guard_process_group()
     try:
-        job_path = Path(sys.argv[1])
-        job = json.loads(job_path.read_text())
-        result = run_job(job)
-        staged = job_path.with_name("result.json.tmp")
-        staged.write_text(json.dumps(result, indent=1, sort_keys=True))
-        os.replace(staged, job_path.with_name("result.json"))
-        return 0
-    finally:  # a finished worker leaves no sentinel (nor a zombie) behind
+        return serve(Path(sys.argv[2]))
+    finally:  # a finished server leaves no sentinel (nor a zombie) behind
         if sentinel:
             os.kill(sentinel, signal.SIGKILL)
             os.waitpid(sentinel, 0)

@@ -1,0 +1,191 @@
+"""The fork server (docs/workers.md): one process imports torch and pypto once and forks a child
+per job. A failed compile leaves a PyPTO process unusable, so it must die with its child; a job
+that runs out of time loses its whole process group, and the server serves on.
+
+Real PyPTO throughout, on the tiny Relu→Neg kernel (1x8x16x16 fp32), all jobs of a test in one
+pool thread of one build, so that they share one server."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+from pypto_offline.pypto_kernels import compiler, tiling
+from pypto_offline.pypto_kernels.cache import KernelCache
+from pypto_offline.targets import TARGETS
+
+from tests.fusion_helpers import fuse
+from tests.onnx_builders import GraphBuilder
+
+TARGET = TARGETS["kirin9050"]
+# Fails inside PyPTO's frontend (RenderedParserError F21004 on 0.2.0) once it has entered the
+# kernel function: the process that ran it cannot compile another kernel.
+BROKEN = ("    t2 = pypto.neg(t1)\n",
+          "    t2 = pypto.add(t1, pypto.view(t1, [1, 8, 8, 16], [0, 0, 0, 0]))\n")
+# Appended to the kernel's module, run as the job loads it: starts a process (the job's own
+# child, as PyPTO's g++ would be) that writes its pid, then hangs, as a compile that never ends.
+HANGING = """
+import subprocess, sys, time
+subprocess.Popen([sys.executable, "-c", "import os, time; "
+                  "open('grandchild.tmp', 'w').write(str(os.getpid())); "
+                  "os.rename('grandchild.tmp', 'grandchild.pid'); time.sleep(300)"])
+time.sleep(300)
+"""
+
+
+def tiny_job(edit: tuple[str, str] | None = None, append: str = "") -> tuple[dict, list]:
+    """A search job (no check) of the Relu→Neg region at its default tile, its kernel text
+    edited by ``edit`` (old, new) and ``append``, and the job's input arrays."""
+    b = GraphBuilder()
+    graph, plan = fuse(b.model(b.op("Neg", [b.op("Relu", [b.input("x", [1, 8, 16, 16])])])))
+    (region,) = plan.regions
+    policy = tiling.default_policy(TARGET.ub_plan_bytes.value)
+    source = compiler.kernel_source(region, policy, graph.constant_values())
+    if edit:
+        assert edit[0] in source, "the generator's kernel text changed: update the edit"
+        source = source.replace(*edit)
+    source += append
+    arrays, _ = compiler._region_data(region, graph, graph.constant_values())
+    return ({"function": compiler.KERNEL_FUNCTION, "verify": False,
+             "candidates": [compiler._job_candidate(policy, "0" * 64, source)],
+             "outputs": compiler._output_specs(region)}, arrays)
+
+
+SECONDS: list[float] = []
+
+
+def run_jobs(cache_dir: Path, jobs: list[tuple[dict, list]], timeout: float = 300,
+             target=TARGET) -> list[tuple[dict, Path, int]]:
+    """``run_jobs_here`` in one pool thread of one build."""
+    (done,) = compiler._each_region([None], 1, lambda _: run_jobs_here(cache_dir, jobs, timeout,
+                                                                       target))
+    return done
+
+
+def run_jobs_here(cache_dir: Path, jobs: list[tuple[dict, list]], timeout: float = 300,
+                  target=TARGET) -> list[tuple[dict, Path, int]]:
+    """Each job through ``_run_job``, in order, in this pool thread: its result, its folder, and
+    the pid of the fork server that ran it. ``_run_job``'s wall time of each is in ``SECONDS``
+    (bench.worker_overhead)."""
+    cache, done = KernelCache(cache_dir), []
+    for job, arrays in jobs:
+        folder = cache.staging() / "job"
+        folder.mkdir()
+        np.savez(folder / "inputs.npz", **{f"in{i}": a for i, a in enumerate(arrays)})
+        started = time.perf_counter()
+        result = compiler._run_job(folder, job, target, timeout)
+        SECONDS.append(time.perf_counter() - started)
+        (server,) = compiler._pool_thread.workers._servers.values()
+        done.append((result, folder, server.process.pid))
+    return done
+
+
+def compiled(result: dict) -> bool:
+    return "error" not in result and all(c["compiled"] for c in result["candidates"])
+
+
+def test_a_failed_compile_does_not_poison_the_next_job_in_the_same_server(tmp_path):
+    broken, good = tiny_job(BROKEN), tiny_job()
+    # the hazard: the same two kernels in one process, the good one after the failed one
+    both = {**good[0], "candidates": broken[0]["candidates"] + good[0]["candidates"]}
+    ((poisoned, _, _),) = run_jobs(tmp_path / "one-process", [(both, good[1])])
+    assert [c["compiled"] for c in poisoned["candidates"]] == [False, False], poisoned
+    # the fork server: each job in a child of its own, so the failure dies with its child
+    (failed, _, first), (then, _, second) = run_jobs(tmp_path / "server", [broken, good])
+    assert not failed["candidates"][0]["compiled"] and "transient" not in failed, failed
+    assert compiled(then), then
+    assert first == second, "the two jobs did not run in the same server"
+
+
+def live(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, dead but not yet reaped by its new parent, does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_a_timed_out_job_loses_its_process_group_and_the_server_serves_the_next(tmp_path):
+    started = time.monotonic()
+    (hung, folder, first), (then, _, second) = run_jobs(
+        tmp_path, [tiny_job(append=HANGING), tiny_job()], timeout=20)
+    assert hung == {"error": f"{compiler.TIMED_OUT} 20 s", "transient": True}
+    assert (folder / compiler.STARTED_MARKER).exists(), "the job never reached its kernel"
+    grandchild = int((folder / "grandchild.pid").read_text())
+    assert not live(grandchild), "the timed-out job's own child runs on"
+    assert compiled(then), then
+    assert first == second, "the server did not survive the time-out"
+    assert time.monotonic() - started < 200
+
+
+def test_the_servers_are_gone_when_the_build_is(tmp_path):
+    """After ``_each_region``: no server process, no server folder in the staging area."""
+    ((result, folder, server),) = run_jobs(tmp_path, [tiny_job()])
+    assert compiled(result), result
+    assert not live(server) and not servers_running(tmp_path), "a fork server outlived its build"
+    assert [p.name for p in (tmp_path / "tmp").iterdir()] == [folder.parent.name]
+
+
+def test_every_child_writes_its_pypto_side_files_into_its_job_folder(tmp_path):
+    """PyPTO reads its config and log folder at import: one server per cost-model config, whose
+    log folder the child points at its job's folder; the run data folder (read per compile)
+    goes there too. A 910B build and an ascend950 one (A5 cost tables) in turn."""
+    times = {}
+    for target in ("kirin9050", "ascend950"):
+        ((result, folder, _),) = run_jobs(tmp_path / target, [tiny_job()],
+                                          target=TARGETS[target])
+        assert compiled(result), result
+        assert list((folder / "pypto_home").glob("run/rundata_*/rundata.json"))
+        assert (folder / "ascend_log").is_dir() and not (folder / "ascend_log").is_symlink()
+        config = (folder / "tile_fwk_config.json").read_text()
+        assert ("Model.deviceArch=A5" in config) == (target == "ascend950")
+        times[target] = result["candidates"][0]["aicore_us"]
+    assert times["kirin9050"] != times["ascend950"], times  # the A5 tables were used
+
+
+def test_a_kernel_compiled_after_other_jobs_of_its_server_has_the_same_artifacts(tmp_path):
+    """Each child starts from the server's state as it was after import, whatever jobs (a failed
+    one among them) the server ran before: the same kernel, the same bytes."""
+    b = GraphBuilder()
+    graph, plan = fuse(b.model(b.op("Neg", [b.op("Relu", [b.input("x", [1, 8, 16, 16])])])))
+    (region,) = plan.regions
+
+    def kernel(cache: str):
+        return compiler.compile_region(region, graph, TARGET, KernelCache(tmp_path / cache),
+                                       graph.constant_values(), search=False)
+
+    def work(_):
+        first = kernel("first")
+        ((failed, _, server),) = run_jobs_here(tmp_path / "broken", [tiny_job(BROKEN)])
+        later = kernel("later")
+        (serving,) = compiler._pool_thread.workers._servers.values()
+        return first, failed, later, serving.process.pid == server
+    (first, failed, later, one_server) = compiler._each_region([None], 1, work)[0]
+    assert first.compiled and not failed["candidates"][0]["compiled"]
+    assert one_server, "the jobs did not share one server"
+    assert later.artifacts == first.artifacts and not later.from_cache
+
+
+def servers_running(folder: Path) -> list[int]:
+    """Live fork servers (and their children) whose folder is under ``folder``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            cmdline = (entry / "cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        if "--serve" in cmdline and str(folder) in cmdline and live(int(entry.name)):
+            found.append(int(entry.name))
+    return found
+
+
+def test_a_region_compiled_on_its_own_starts_a_server_and_stops_it(tmp_path):
+    """``compile_region`` outside a build's pool: a server of its own for the job, gone after."""
+    b = GraphBuilder()
+    graph, plan = fuse(b.model(b.op("Neg", [b.op("Relu", [b.input("x", [1, 8, 16, 16])])])))
+    (region,) = plan.regions
+    kernel = compiler.compile_region(region, graph, TARGET, KernelCache(tmp_path),
+                                     graph.constant_values(), search=False)
+    assert kernel.compiled and kernel.functional_ok, kernel.fallback_reason
+    assert not servers_running(tmp_path)
+    assert list((tmp_path / "tmp").iterdir()) == [], "a server's folder is left behind"
