@@ -19,7 +19,8 @@ input shapes and seeded inputs):
 The build's ``timings`` and PyPTO compile counts are read from its ``--json`` summary when it has
 them ("n/a" otherwise). The per-job overhead is the wall time of ``compiler._run_job`` on a job with
 no candidate and on a one-candidate job of a tiny region, median of ``--overhead-runs``.
-Writes OUT/compile_time_TARGET.{md,json} after every model.
+Writes OUT/compile_time_TARGET.{md,json} after every model. How to read the figures:
+docs/compile-time-bench.md.
 """
 from __future__ import annotations
 
@@ -189,6 +190,12 @@ def seconds_cell(run: dict | None) -> str:
     return f"{run['seconds']:.1f}" + ("" if inside is None else f" ({inside:.1f})")
 
 
+def iree_cell(iree: dict | None) -> str:
+    if iree is None:
+        return "—"
+    return f"{iree['seconds']:.1f}" if "seconds" in iree else f"✗ {iree['error'][:60]}"
+
+
 def ratio_cell(cold: dict | None, iree: dict | None) -> str:
     """ours ÷ IREE, bold when it misses the goal; why not when either side has no time."""
     if iree is None:
@@ -241,10 +248,8 @@ def markdown(results: dict) -> str:
              "|---" * 9 + "|"]
     for row in results["models"]:
         cold, warm, iree = row.get("cold"), row.get("warm"), row.get("iree")
-        iree_s = "—" if iree is None else f"{iree['seconds']:.1f}" if "seconds" in iree else \
-            f"✗ {iree['error'][:60]}"
         lines.append(" | ".join([f"| {row['model']}", seconds_cell(cold), seconds_cell(warm),
-                                 iree_s, ratio_cell(cold, iree), counts_cell(cold),
+                                 iree_cell(iree), ratio_cell(cold, iree), counts_cell(cold),
                                  timings_cell(cold), shipped_cell(cold),
                                  shipped_cell(warm)]) + " |")
     overhead = results.get("job_overhead")
@@ -309,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
         results["models"].append(bench_model(spec, args))
         row = results["models"][-1]
         print(f"{spec.name}: cold {seconds_cell(row.get('cold'))} s, warm "
-              f"{seconds_cell(row['warm'])} s, IREE {seconds_cell(row.get('iree'))} s, "
+              f"{seconds_cell(row['warm'])} s, IREE {iree_cell(row.get('iree'))}, "
               f"ratio {ratio_cell(row.get('cold'), row.get('iree'))}", file=sys.stderr, flush=True)
         write_results(results, args.out)
     write_results(results, args.out)
