@@ -59,8 +59,11 @@ def measured(command: list[str]) -> dict:
 
 def static_model(name: str) -> onnx.ModelProto:
     """The corpus model with the corpus input shapes written into its graph inputs."""
-    model = onnx.load(corpus.model_path(name))
-    shapes = corpus.MODELS[name].input_shapes
+    return with_input_shapes(onnx.load(corpus.model_path(name)), corpus.MODELS[name].input_shapes)
+
+
+def with_input_shapes(model: onnx.ModelProto, shapes: dict[str, list[int]]) -> onnx.ModelProto:
+    """``model`` with these static shapes written into its graph inputs (in place)."""
     for value in model.graph.input:
         if value.name in shapes:
             dims = value.type.tensor_type.shape.dim
@@ -156,27 +159,40 @@ def baselines(name: str, folder: Path, with_iree: bool) -> dict:
 
 
 def ours(name: str, target: str, cache: Path, folder: Path) -> dict:
-    shapes = corpus.MODELS[name].shape_args
-    inputs = folder / f"{name}.inputs.npz"
-    np.savez(inputs, **corpus.MODELS[name].make_inputs(seed=0))
-    blob = folder / f"{name}.{target}.ptom"
-    run = measured([sys.executable, "-m", "pypto_offline", corpus.model_path(name), "--target",
-                    target, *shapes, "--inputs", inputs, "--cache-dir", cache, "-o", blob,
-                    "--no-report", "--json", "--measure-baseline"])  # its ratio is a claim
-    if run["returncode"] != 0:
-        return {"error": run["stderr"].strip().splitlines()[-1]}
-    summary = json.loads(run["stdout"])
-    from pypto_offline.offline_compiler import blob as blob_format
-
+    summary, message = cli_build(corpus.model_path(name), corpus.MODELS[name], target, cache,
+                                 folder, "--no-report",
+                                 "--measure-baseline")  # its unfused/fused ratio is a claim
+    if message is None:
+        return summary
     from pypto_offline.offline_compiler.summary import kernels_below_lower_bound
 
-    message = blob_format.read(blob)
     kernels = [k for k in message.kernels if k.compiled]
     ratios = [k.tuned_tile.aicore_us / k.default_tile.aicore_us for k in kernels
               if k.default_tile.aicore_us]
-    return {**summary, "seconds": round(run["seconds"], 2), "peak_mb": round(run["peak_mb"]),
-            "tile_ratios": ratios, "gm_below_lower_bound": kernels_below_lower_bound(message),
+    return {**summary, "tile_ratios": ratios,
+            "gm_below_lower_bound": kernels_below_lower_bound(message),
             "tile_better": sum(r <= 1 - TILE_GAIN for r in ratios)}
+
+
+def cli_build(source: Path, spec: corpus.CorpusModel, target: str, cache: Path, folder: Path,
+              *options: str):
+    """``pypto-offline`` on the command line, as a user runs it, on ``spec``'s input shapes and
+    seeded inputs (checked against onnxruntime), timed: its ``--json`` summary with the wall
+    seconds and peak MB of the whole process tree, and the blob's message (None, with
+    ``{"error": ...}``, when the build failed)."""
+    inputs = folder / f"{spec.name}.inputs.npz"
+    np.savez(inputs, **spec.make_inputs(seed=0))
+    blob = folder / f"{spec.name}.{target}.ptom"
+    run = measured([sys.executable, "-m", "pypto_offline", source, "--target", target,
+                    *spec.shape_args, "--inputs", inputs, "--cache-dir", cache, "-o", blob,
+                    "--json", *options])
+    if run["returncode"] not in (0, 1):  # 1: verification failed, the summary says so
+        return {"error": (run["stderr"].strip().splitlines() or ["(no message)"])[-1]}, None
+    from pypto_offline.offline_compiler import blob as blob_format
+
+    summary = {**json.loads(run["stdout"]), "seconds": round(run["seconds"], 2),
+               "peak_mb": round(run["peak_mb"])}
+    return summary, blob_format.read(blob)
 
 
 def bench_model(name: str, targets: list[str], cache: Path, cold: bool, with_iree: bool,
