@@ -76,7 +76,7 @@ def unmeasured_baseline(masked):
         patch.setattr(build_module, "unfused_costs",
                       lambda graph, regions, *a, **k: {r.id: None for r in regions})
         compiled = api.compile(masked_scores(), "kirin9050", cache_dir=folder / "cache",
-                               tile_search=False)
+                               tile_search=False, measure_baseline=True)
     assert compiled.kernel_cache["compiled"] == 0  # the kernel itself came from the cache
     compiled.verify()
     return compiled.save(folder / "unmeasured.ptom")
