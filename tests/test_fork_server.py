@@ -66,7 +66,7 @@ def run_jobs_here(cache_dir: Path, jobs: list[tuple[dict, list]], timeout: float
                   target=TARGET) -> list[tuple[dict, Path, int]]:
     """Each job through ``_run_job``, in order, in this pool thread: its result, its folder, and
     the pid of the fork server that ran it. ``_run_job``'s wall time of each is in ``SECONDS``
-    (bench.worker_overhead)."""
+    (as docs/workers.md measured the per-job overhead)."""
     cache, done = KernelCache(cache_dir), []
     for job, arrays in jobs:
         folder = cache.staging() / "job"
