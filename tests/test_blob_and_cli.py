@@ -174,7 +174,7 @@ def test_targets_lists_every_chip_with_sources(capfd):
             if key != "notes":
                 assert figure["source"], (name, key)
     assert listing["kirin9050"]["soc_version"]["estimate"] is True  # 9050 = KirinDev0000: inferred
-    for name, figures in listing.items():  # the fields of shared/targets.md §6
+    for name, figures in listing.items():  # the fields a descriptor holds (docs/target-sources.md)
         for field in ("soc_version", "npu_arch", "cce_arch", "ai_cores", "aiv_cores", "coupled",
                       "clock_mhz", "ub_bytes", "ub_plan_bytes", "l1_bytes", "l0a_bytes",
                       "l0b_bytes", "l0c_bytes", "l2_bytes", "ub_block_bytes",

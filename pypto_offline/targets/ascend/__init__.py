@@ -6,10 +6,10 @@ ASCEND910B = Target(
     name="ascend910b", soc_version=Figure("Ascend910B1", "WHEEL A2A3.ini"),
     npu_arch=Figure(2201, "WHEEL A2A3.ini"), ai_cores=Figure(24, "WHEEL A2A3.ini ai_core_cnt"),
     ub_bytes=Figure(196608, "WHEEL A2A3.ini ub_size"),
-    ub_plan_bytes=Figure(188416, "targets.md §6: plan with 184 KiB", estimate=True),
-    gm_bandwidth_gbps=Figure(1420.0, "inferred: 32 B/cycle x 1.85 GHz x 24 cores (targets.md §2.1)",
+    ub_plan_bytes=Figure(188416, "EST: plan with 184 KiB of the 192 KiB", estimate=True),
+    gm_bandwidth_gbps=Figure(1420.0, "EST: 32 B/cycle x 1.85 GHz x 24 cores",
                              estimate=True),
-    launch_overhead_us=Figure(3.0, "targets.md §6: 2-5 us with task sink", estimate=True),
+    launch_overhead_us=Figure(3.0, "EST: 2-5 us with task sink", estimate=True),
     dtypes=Figure(("float16", "bfloat16", "float32", "int8", "uint8", "int16", "int32", "bool"),
                   "WHEEL A2A3.ini intrinsic map; PTO arch_capability.hpp"),
     kernels=PYPTO_0_2_0,
@@ -26,7 +26,7 @@ ASCEND910B = Target(
     cube_mkn_fp16=Figure((16, 16, 16), "WHEEL A2A3.ini [DtypeMKN]"),
     gm_bytes_per_cycle_per_core=Figure(32, "WHEEL A2A3.ini [AICoreMemoryRates] ddr_rate"),
     max_block_dim=Figure(48, "24 AIC / 48 AIV (WHEEL A2A3.ini)"),
-    gm_atomics=Figure(True, "targets.md §6"), hw_cross_core_sync=Figure(True, "A2A3.ini"),
+    gm_atomics=Figure(True, "EST; A2A3.ini"), hw_cross_core_sync=Figure(True, "A2A3.ini"),
     packaging=Figure("standard OM (TBE_KERNELS / CUSTOM_OPS), dynamic shape possible",
                      "GE framework_types_internal.h"))
 
@@ -36,7 +36,7 @@ ASCEND950 = Target(
     ub_bytes=Figure(253952, "PY 950PR_958x.ini ub_size"),
     ub_plan_bytes=Figure(245760, "UB less 8 KiB, as on 910B", estimate=True),
     gm_bandwidth_gbps=Figure(1600.0, "RM: HiBL 1.0 1.6 TB/s (950PR)"),
-    launch_overhead_us=Figure(2.0, "targets.md §6: lower than 910B (vendor claims -50%)",
+    launch_overhead_us=Figure(2.0, "EST: lower than 910B (vendor claims -50%)",
                               estimate=True),
     dtypes=Figure(("float16", "bfloat16", "float32", "int8", "uint8", "int16", "int32", "bool"),
                   "PTO arch_capability.hpp (A5)"),
@@ -53,5 +53,5 @@ ASCEND950 = Target(
     cube_mkn_fp16=Figure((16, 16, 16), "RT 950DT_9581.ini [DtypeMKN]"),
     gm_bytes_per_cycle_per_core=Figure(16, "RT ini [VectorCoreMemoryRates] (PR, AIV)"),
     max_block_dim=Figure(64, "32 AIC / 64 AIV (RT ini)"),
-    gm_atomics=Figure(True, "targets.md §6"), hw_cross_core_sync=Figure(True, "targets.md §6"),
+    gm_atomics=Figure(True, "EST; A2A3.ini"), hw_cross_core_sync=Figure(True, "EST; A2A3.ini"),
     packaging=Figure("standard OM + fusion launch (rtFusionLaunch)", "RT fusion.md"))
