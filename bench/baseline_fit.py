@@ -53,7 +53,7 @@ def measure(name: str, path: Path, shapes: dict, target_name: str, cache_dir: Pa
         ops = single_op_costs(region, graph, target, cache, constants)  # all hits now
         rows.append({"model": name, "target": target_name, "region": region.id,
                      "ops": [{"op": s.original[0].op_type,
-                              "sample": list(baseline.op_sample(s, constants)), "us": us}
+                              "sample": list(baseline.op_sample(s, graph, constants)), "us": us}
                              for s, us in ops]})
     return rows
 
@@ -87,8 +87,7 @@ def _region_errors(rows: list[dict], family: str, family_fit: dict) -> dict:
         if not times or None in times:
             continue
         samples = [tuple(op["sample"]) for op in row["ops"]]
-        estimate = sum(baseline.estimate_op_us(s, "any", {"families": {"any": family_fit}})
-                       for s in samples)
+        estimate = sum(baseline.estimate_op_us(s, family_fit) for s in samples)
         errors.append(abs(estimate - sum(times)) / sum(times))
     return {"count": len(errors), "median_rel_error": _q(errors, 50),
             "p90_rel_error": _q(errors, 90)}

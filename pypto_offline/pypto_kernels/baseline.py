@@ -23,10 +23,10 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from pypto_offline.fusion.cost import POINTWISE
+from pypto_offline.fusion.cost import POINTWISE, tensor_bytes
 from pypto_offline.fusion.records import Region
 from pypto_offline.importer import ImportedGraph
-from pypto_offline.pypto_kernels.codegen import is_scalar_constant, itemsize_of
+from pypto_offline.pypto_kernels.codegen import is_scalar_constant
 from pypto_offline.pypto_kernels.compiler import COST_MODEL, single_op_regions
 from pypto_offline.targets import Target
 
@@ -49,20 +49,17 @@ def cost_model_family(cost_model: tuple[str, str] | None) -> str:
     return cost_model[0] if cost_model else "910B"
 
 
-def kib_moved(single: Region, constants: dict) -> float:
+def kib_moved(single: Region, graph: ImportedGraph, constants: dict) -> float:
     """KiB the op's own kernel moves: its inputs read whole (but one-element constants, which
     the kernel holds as immediates) and its outputs written."""
-    def kib(name: str) -> float:
-        shape, dtype = single.tensor_types[name]
-        return int(np.prod(shape, dtype=np.int64)) * itemsize_of(dtype) / 1024
     read = [name for name in single.inputs if not is_scalar_constant(name, constants)]
-    return sum(kib(name) for name in read) + sum(kib(name) for name in single.outputs)
+    return tensor_bytes(graph, [*read, *single.outputs]) / 1024
 
 
-def op_sample(single: Region, constants: dict) -> tuple[str, float]:
+def op_sample(single: Region, graph: ImportedGraph, constants: dict) -> tuple[str, float]:
     """What the estimate knows of one op: its class and the KiB it moves."""
     (op,) = single.original
-    return op_class(op.op_type), kib_moved(single, constants)
+    return op_class(op.op_type), kib_moved(single, graph, constants)
 
 
 @lru_cache(maxsize=1)
@@ -70,15 +67,15 @@ def shipped_fit() -> dict:
     return json.loads(FIT_FILE.read_text())
 
 
-def estimate_op_us(sample: tuple[str, float], family: str, fit: dict | None = None) -> float:
-    fit = fit or shipped_fit()
-    coefficients = fit["families"][family]
-    intercept, per_kib = coefficients[sample[0]]
+def estimate_op_us(sample: tuple[str, float], lines: dict) -> float:
+    """One op's time under ``lines``: one family's (intercept, per-KiB slope) by op class."""
+    intercept, per_kib = lines[sample[0]]
     return intercept + per_kib * sample[1]
 
 
 def estimate_region_us(samples: Iterable[tuple[str, float]], family: str) -> float:
-    return round(sum(estimate_op_us(s, family) for s in samples), 3)
+    lines = shipped_fit()["families"][family]
+    return round(sum(estimate_op_us(s, lines) for s in samples), 3)
 
 
 def fit_family(samples: Sequence[tuple[str, float]], times: Sequence[float]) -> dict:
@@ -108,10 +105,9 @@ def _fit_line(kib: Sequence[float], times: Sequence[float]) -> list[float]:
 
 
 def relative_errors(samples: Sequence[tuple[str, float]], times: Sequence[float],
-                    family_fit: dict) -> list[float]:
-    """|estimate - measured| / measured of each op, under ``family_fit`` (one family's lines)."""
-    fit = {"families": {"any": family_fit}}
-    return [abs(estimate_op_us(s, "any", fit) - t) / t for s, t in zip(samples, times)]
+                    lines: dict) -> list[float]:
+    """|estimate - measured| / measured of each op, under one family's ``lines``."""
+    return [abs(estimate_op_us(s, lines) - t) / t for s, t in zip(samples, times)]
 
 
 def estimated_unfused_costs(graph: ImportedGraph, regions: Sequence[Region], target: Target
@@ -120,5 +116,6 @@ def estimated_unfused_costs(graph: ImportedGraph, regions: Sequence[Region], tar
     family = cost_model_family(COST_MODEL.get(target.name))
     constants = graph.constant_values()
     return {region.id: estimate_region_us(
-        (op_sample(single, constants) for single in single_op_regions(region, graph)), family)
+        (op_sample(single, graph, constants) for single in single_op_regions(region, graph)),
+        family)
         for region in regions}

@@ -28,7 +28,7 @@ import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import astuple, replace
-from functools import partial
+from functools import lru_cache, partial
 from pathlib import Path
 from types import MappingProxyType
 
@@ -401,8 +401,8 @@ def compile_region(region: Region, graph: ImportedGraph, target: Target, cache: 
         sources = distinct_sources(region, policies, constants)
     except CannotExpress as why:
         return Kernel(region.id, False, f"{CANNOT_EXPRESS} in PyPTO 0.2.0: {why}")
-    key = cache_key(sources={p.name: text for p, text in sources.items()},
-                    interface=kernel_interface(region, constants),
+    interface = kernel_interface(region, constants)
+    key = cache_key(sources={p.name: text for p, text in sources.items()}, interface=interface,
                     target=target.name, pypto=PYPTO_VERSION, format=KERNEL_FORMAT,
                     default=default.budget_bytes, cost_model=COST_MODEL.get(target.name),
                     searched_budgets=SEARCHED_BUDGETS)
@@ -413,8 +413,8 @@ def compile_region(region: Region, graph: ImportedGraph, target: Target, cache: 
         staged = cache.staging()
         try:
             compiles = [0]
-            kernel, transient = _build(region, graph, target, cache, constants, sources,
-                                       default, key, staged, timeout, compiles)
+            kernel, transient = _build(region, graph, target, cache, constants, interface,
+                                       sources, default, key, staged, timeout, compiles)
         except BaseException:
             shutil.rmtree(staged, ignore_errors=True)
             raise
@@ -485,14 +485,16 @@ def _policy(candidate: dict) -> TilePolicy:
     return TilePolicy(candidate["budget"], candidate["swapped"], candidate.get("flat", False))
 
 
-def _build(region, graph, target, cache, constants, sources, untuned, key, staged, timeout,
-           compiles: list[int]) -> tuple[Kernel, bool]:
+def _build(region, graph, target, cache, constants, interface, sources, untuned, key, staged,
+           timeout, compiles: list[int]) -> tuple[Kernel, bool]:
     """The region's kernel (or why not), and whether that outcome is transient: a worker that
     died or ran out of time, which is not cached. ``compiles[0]`` counts the PyPTO compiles run."""
-    arrays, reference = _region_data(region, graph, constants)
+    # onnxruntime's reference, made only when a compile misses the cache (another target of
+    # the same cost tables finds every compile there)
+    data = lru_cache(maxsize=1)(lambda: _region_data(region, graph, constants))
     compile_ = partial(_compiled, region=region, target=target, cache=cache,
-                       interface=kernel_interface(region, constants), key=key, arrays=arrays,
-                       reference=reference, timeout=timeout, compiles=compiles)
+                       interface=interface, key=key, data=data, timeout=timeout,
+                       compiles=compiles)
     ub = target.ub_plan_bytes.value
     rounds = search_rounds(list(sources), untuned)
     # One candidate and none behind it: its checked compile is its search too (the cost model
@@ -528,7 +530,7 @@ def _build(region, graph, target, cache, constants, sources, untuned, key, stage
     if not result.get("compiled"):
         return (Kernel(region.id, False, _failure(final), source=sources[chosen], cache_key=key),
                 bool(final.get("transient")))
-    return _kernel_record(region, sources[chosen], key, best, default, result, staged), False
+    return _kernel_record(region, sources[chosen], key, best, default, result), False
 
 
 # What a compile of one candidate says about it, whatever the target it was compiled for: the
@@ -539,8 +541,8 @@ COMPILE_RESULT = "result.json"
 
 
 def _compiled(folder: Path, sources: dict[TilePolicy, str], *, verify: bool, region, target,
-              cache: KernelCache, interface: list, key: str, arrays, reference,
-              timeout: float, compiles: list[int]) -> dict:
+              cache: KernelCache, interface: list, key: str, data, timeout: float,
+              compiles: list[int]) -> dict:
     """The worker's answer for each candidate, as ``_run_worker`` gives it, from the compile
     cache where it can: the same source with the same interface on the same cost model compiles
     to the same program whichever region, model or target asks (kirin90, kirin9030, kirin9050
@@ -557,6 +559,7 @@ def _compiled(folder: Path, sources: dict[TilePolicy, str], *, verify: bool, reg
         result = {"candidates": []}
         if missing:
             compiles[0] += len(missing)
+            arrays, reference = data()
             result = _run_worker(folder, region, target, missing, key, arrays, reference, verify,
                                  timeout)
             if not result.get("transient"):
@@ -609,7 +612,7 @@ def default_candidate(fitting: list[dict], default_budget: int) -> dict | None:
     return max(smaller, key=lambda c: c["budget"], default=None)
 
 
-def _kernel_record(region, source, key, best, default, result, staged) -> Kernel:
+def _kernel_record(region, source, key, best, default, result) -> Kernel:
     verdicts = tuple((v["pass"], v["result"]) for v in result.get("verdicts", []))
     tolerance = max((TOLERANCE.get(str(np.dtype(onnx.helper.tensor_dtype_to_np_dtype(
         region.tensor_types[o][1]))), 0.0) for o in region.outputs), default=0.0)
@@ -757,7 +760,8 @@ def region_model(region: Region, graph: ImportedGraph) -> onnx.ModelProto:
 
 
 def _save(kernel: Kernel, staged: Path) -> None:
-    for name in ("search", "search1", "final"):  # keep the artifacts, drop the simulator's bulky output
+    # keep the artifacts, drop the simulator's bulky output
+    for name in ("search", "search1", "final"):
         for bulky in ("run", "verify", "pypto_home", "ascend_log"):
             shutil.rmtree(staged / name / bulky, ignore_errors=True)
         for data in ("inputs.npz", "reference.npz"):  # re-derived by any build; every stored
