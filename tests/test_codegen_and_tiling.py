@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from pypto_offline.pypto_kernels.codegen import float_literal, flat_row, kernel_source, swaps_for
-from pypto_offline.pypto_kernels.compiler import default_candidate
+from pypto_offline.pypto_kernels.compiler import default_candidate, distinct_sources
 from pypto_offline.pypto_kernels.tiling import (MAX_TILES, TilePolicy, candidate_policies,
                                                 default_policy, fits_ub, search_rounds)
 from pypto_offline.targets import TARGETS
@@ -179,6 +179,26 @@ def test_a_region_that_broadcasts_or_has_no_aligned_row_keeps_its_own_layout(sha
     assert flat_row(region, constants) is None
     assert kernel_source(region, TilePolicy(8192, flat_rows=True), constants) == \
         kernel_source(region, TilePolicy(8192), constants)  # compiled once (distinct_sources)
+
+
+def _flat_budgets(region, constants):
+    policies = candidate_policies(TARGETS["kirin9050"].ub_plan_bytes.value, 1 << 22)
+    return {p.budget_bytes for p in distinct_sources(region, policies, constants) if p.flat_rows}
+
+
+def test_the_flat_layout_is_not_compiled_where_it_tiles_as_the_own_shapes_do():
+    """magika's 1x2048x64 fp32 elementwise region: own tiles of whole 256-byte rows are as many
+    and as full as the flat rows' at every budget (the cost model timed both alike)."""
+    region, constants = _silu_region([1, 2048, 64])
+    assert flat_row(region, constants) == 128
+    assert _flat_budgets(region, constants) == set()
+
+
+def test_the_flat_layout_is_compiled_where_its_rows_are_fewer_or_fuller():
+    region, constants = _silu_region([1, 64, 20, 20])  # own rows of 20 floats pad to 24
+    assert _flat_budgets(region, constants) == {8192, 16384, 32768}
+    region, constants = _silu_region([1, 16, 320, 320])  # ppocrv4_det: 25 of 320 rows vs 64 x 128
+    assert _flat_budgets(region, constants) == {8192, 16384, 32768}
 
 
 def test_the_search_compiles_the_largest_budgets_and_the_default_first():

@@ -45,7 +45,7 @@ def test_anchor_kernels_compile_and_pass_their_functional_check(anchor_kernels, 
     assert kernel.compiled, kernel.fallback_reason
     assert kernel.functional_ok and kernel.max_abs_diff == 0.0
     passes = dict(kernel.verdicts)
-    assert {"tensor_graph", "Pass_04_ExpandFunction", "Pass_36_CodegenPreproc"} <= set(passes)
+    assert set(passes) == {"tensor_graph", "Pass_36_CodegenPreproc"}  # codegen.VERIFIED_PASSES
     assert all(v == "PASS" for v in passes.values())
     assert kernel.tuned_tile.aicore_us <= kernel.default_tile.aicore_us
     assert kernel.tuned_tile.tasks > 0

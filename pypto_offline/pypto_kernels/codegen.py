@@ -45,6 +45,13 @@ FLAT_OPS = frozenset(UNARY) | frozenset(BINARY) | {"Clip", "Cast", "Reciprocal",
 # 1x128x10x10 SiLU); what pays is that no row pads.
 FLAT_ROW_BYTES = 512
 MAX_CONCAT_INPUTS = 128  # PyPTO's documented limit for one concat
+# The passes whose lowered graph pass-verify interprets and compares with the tensor graph, besides
+# the tensor graph itself (compared with onnxruntime's result): the last one before codegen, so
+# the check spans the whole pipeline end to end. PyPTO's default also checks five intermediate
+# passes, which only tell which pass broke and cost most of a checked compile (ppocrv4_det's
+# 1x16x320x320 HardSwish region: 24 s with all passes, 9-14 s with this one, 3 s for the tensor
+# graph alone). docs/compile-time.md.
+VERIFIED_PASSES = ("CodegenPreproc",)
 FLT_MAX = 3.4028234663852886e38
 
 
@@ -180,6 +187,7 @@ def kernel_source(region: Region, policy: TilePolicy, constants: Mapping[str, np
         "import pypto",
         "",
         "VERIFY = {\"enable_pass_verify\": os.environ.get(\"PYPTO_OFFLINE_VERIFY_DIR\") is not None,",
+        f"          \"pass_verify_pass_filter\": {list(VERIFIED_PASSES)!r},",
         "          \"pass_verify_save_tensor_dir\": os.environ.get(\"PYPTO_OFFLINE_VERIFY_DIR\", \"\")}",
         "",
         "",
@@ -207,6 +215,34 @@ def flat_row(region: Region, constants: Mapping[str, np.ndarray]) -> int | None:
     align = max(BLOCK_BYTES // min(itemsizes), 1)
     widest = max(align, FLAT_ROW_BYTES // max(itemsizes) // align * align)
     return next((n for n in range(widest, 0, -align) if count % n == 0), None)
+
+
+def flat_rows_change_the_tiling(region: Region, policy: TilePolicy,
+                                constants: Mapping[str, np.ndarray]) -> bool:
+    """Whether the flat-row layout tiles the region differently from its own shapes (the cheap
+    analytic check the tile search runs before compiling it). Its only gain is fewer or fuller
+    tasks (``flat_row``): where every tensor's own tiles are as many as the rows' tiles and as
+    full (no padded row), both compile to the same work and the cost model times them alike
+    (magika's 1x2048x64 fp32 elementwise region: 13.458 / 7.214 / 5.279 us at 8 / 16 / 32 KiB in
+    either layout), so the flat one is not compiled. docs/compile-time.md."""
+    row = flat_row(region, constants)
+    if row is None:
+        return False  # the same source as the own layout (``kernel_source``): deduplicated
+    for tensor, (shape, dtype) in region.tensor_types.items():
+        if is_scalar_constant(tensor, constants):
+            continue
+        own = tuple(shape) or (1,)
+        rows = (prod(own) // row, row)
+        itemsize = itemsize_of(dtype)
+        if len(own) > MAX_RANK or _tiling(own, policy.tile(own, itemsize)) != \
+                _tiling(rows, policy.tile(rows, itemsize)):
+            return True
+    return False
+
+
+def _tiling(shape: Sequence[int], tile: Sequence[int]) -> tuple[int, int]:
+    """Tasks and elements per task (padding included) of a tensor cut into tiles."""
+    return prod(-(-extent // side) for extent, side in zip(shape, tile)), prod(tile)
 
 
 def _annotation(w: _Writer, tensor: str) -> str:

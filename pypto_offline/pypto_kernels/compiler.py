@@ -43,7 +43,8 @@ from pypto_offline.progress import SILENT, Progress
 from pypto_offline.pypto_kernels.cache import (DamagedEntry, KernelCache, cache_key,
                                                cache_root_of, new_staging, user_cache_base)
 from pypto_offline.pypto_kernels.codegen import (KERNEL_FUNCTION, CannotExpress,
-                                                 is_scalar_constant, itemsize_of, kernel_source)
+                                                 flat_rows_change_the_tiling, is_scalar_constant,
+                                                 itemsize_of, kernel_source)
 from pypto_offline.pypto_kernels.records import Kernel, TileResult
 from pypto_offline.pypto_kernels.tiling import (SEARCHED_BUDGETS, TilePolicy, candidate_policies,
                                                 default_policy, fits_ub, search_rounds)
@@ -462,9 +463,12 @@ def kernel_interface(region: Region, constants: dict) -> list:
 def distinct_sources(region: Region, policies: list[TilePolicy], constants: dict
                      ) -> dict[TilePolicy, str]:
     """Each policy's module, less those another policy already gives (a region without a
-    transpose reads the same in both transpose-tile orientations): one compile each."""
+    transpose reads the same in both transpose-tile orientations) and flat-row layouts that tile
+    the region as its own shapes do (``flat_rows_change_the_tiling``): one compile each."""
     sources: dict[TilePolicy, str] = {}
     for policy in policies:
+        if policy.flat_rows and not flat_rows_change_the_tiling(region, policy, constants):
+            continue
         text = kernel_source(region, policy, constants)
         if text not in sources.values():
             sources[policy] = text
