@@ -10,7 +10,9 @@ PyPTO 0.2.0's limits (docs/pypto-ops.md):
 - strided slices through ``index_select``;
 - constant Gathers as views concatenated in a plain ``for`` loop (no comprehension: the parser
   refuses them);
-- a vector tile set before every op, from the tiling policy.
+- a vector tile set before every op, from the tiling policy;
+- a view (Split, Slice, crop) copied with ``clone`` before it is reshaped: PyPTO's SplitReshape
+  pass takes minutes on a reshaped view (docs/compile-time.md, "Reshaped views").
 A pattern outside these limits raises ``CannotExpress`` and the region falls back to unfused ops.
 """
 from __future__ import annotations
@@ -77,6 +79,9 @@ class _Writer:
     lines: list[str] = field(default_factory=list)
     names: dict[str, tuple[str, tuple[int, ...]]] = field(default_factory=dict)
     _reshaped: dict[tuple[str, tuple[int, ...]], str] = field(default_factory=dict)
+    # Variables that are views of another variable (``view``), and their copies (``_owned``).
+    _views: set[str] = field(default_factory=set)
+    _copies: dict[str, str] = field(default_factory=dict)
     _count: int = 0
     # The row length, in elements, of a purely elementwise region the policy lays out in rows
     # (``flat_row``); None: each op runs on its own (rank-folded) shape. All its tensors have
@@ -106,10 +111,31 @@ class _Writer:
             raise CannotExpress(f"rank {len(wanted)} of {tensor!r} exceeds PyPTO's {MAX_RANK}")
         key = (name, wanted)
         if key not in self._reshaped:
+            source = self._owned(name, held, self.dtype(tensor))
             self.tile(wanted, self.dtype(tensor))
             self._reshaped[key] = self.fresh()
-            self.emit(f"{self._reshaped[key]} = pypto.reshape({name}, {list(wanted)})")
+            self.emit(f"{self._reshaped[key]} = pypto.reshape({source}, {list(wanted)})")
         return self._reshaped[key]
+
+    def _owned(self, name: str, shape: tuple[int, ...], dtype: int) -> str:
+        """``name``, or a copy of it when it is a view. PyPTO 0.2.0's SplitReshape pass moves a
+        reshaped view one element at a time (a COPY_IN and a COPY_OUT each): compile time and
+        program size grow with its elements, and nudenet's YOLO head (a 1x64x2100 Split output
+        reshaped to 1x4x16x2100) never compiled within 300 s; 3 s with the copy, which costs
+        one UB copy per tile. docs/compile-time.md, "Reshaped views"."""
+        if name not in self._views:
+            return name
+        if name not in self._copies:
+            self.tile(shape, dtype)
+            self._copies[name] = self.fresh()
+            self.emit(f"{self._copies[name]} = pypto.clone({name})")
+        return self._copies[name]
+
+    def view(self, tensor: str, expression: str, shape: Sequence[int] | None = None) -> str:
+        """Like ``assign``, for an expression that is a view of another variable."""
+        name = self.assign(tensor, expression, shape)
+        self._views.add(name)
+        return name
 
     def var(self, tensor: str) -> str:
         return self.value(tensor)
@@ -288,7 +314,7 @@ def _view(w: _Writer, op: RegionOp) -> None:  # Slice
     spans = [max(e - s, 0) for s, e in zip(p["starts"], p["ends"])]
     window = [min(span, dim) for span, dim in zip(spans, w.shape(source))]
     w.tile(window, w.dtype(out))
-    current = w.assign(out, f"pypto.view({w.var(source)}, {list(window)}, {list(p['starts'])})")
+    current = w.view(out, f"pypto.view({w.var(source)}, {list(window)}, {list(p['starts'])})")
     for axis, step in enumerate(p["steps"]):
         if step != 1:
             w.tile(shape, w.dtype(out))
@@ -311,7 +337,7 @@ def _pad(w: _Writer, op: RegionOp) -> None:
         starts = [max(-b, 0) for b in begins]
         shape = [d - max(-b, 0) - max(-e, 0) for d, b, e in zip(shape, begins, ends)]
         w.tile(shape, dtype)
-        current = w.assign(out, f"pypto.view({current}, {shape}, {starts})")
+        current = w.view(out, f"pypto.view({current}, {shape}, {starts})")
         begins, ends = [max(b, 0) for b in begins], [max(e, 0) for e in ends]
     if _native_pad(shape, begins, ends, value):
         # pypto.pad: bottom/right of the last two axes, value 0 or ±inf, a 4-entry list
@@ -411,7 +437,7 @@ def _split(w: _Writer, op: RegionOp) -> None:
         shape = w.shape(out)
         offsets = [offset if a == axis else 0 for a in range(len(shape))]
         w.tile(shape, w.dtype(out))
-        w.assign(out, f"pypto.view({w.var(source)}, {list(shape)}, {offsets})")
+        w.view(out, f"pypto.view({w.var(source)}, {list(shape)}, {offsets})")
         offset += size
 
 
@@ -472,8 +498,10 @@ def _gather(w: _Writer, op: RegionOp) -> None:
     w.emit(f"    {parts}.append(pypto.view({w.var(source)}, {part}, [{', '.join(offsets)}]))")
     gathered = part[:axis] + [len(indices)] + part[axis + 1:]
     w.tile(gathered, w.dtype(out), whole_axes=(axis,))
-    w.assign(out, f"pypto.concat({parts}, {axis})" if len(indices) > 1 else f"{parts}[0]",
-             gathered)  # a scalar index drops the axis: the same elements, held as `gathered`
+    if len(indices) > 1:
+        w.assign(out, f"pypto.concat({parts}, {axis})", gathered)
+    else:  # a scalar index drops the axis: the same elements, held as `gathered`
+        w.view(out, f"{parts}[0]", gathered)
 
 
 def _where(w: _Writer, op: RegionOp) -> None:
