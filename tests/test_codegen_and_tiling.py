@@ -235,3 +235,17 @@ def test_the_smaller_budgets_are_compiled_only_when_no_large_tile_fits_ub(monkey
     first, rest = searched[0], searched[1]
     assert min(first) == 8192 and max(rest) < 8192  # the large tiles first, then the rest
     assert kernel.tuned_tile.budget_bytes * 16 <= target.ub_plan_bytes.value
+
+
+def test_a_concat_runs_under_its_own_tile_after_its_inputs_are_reshaped():
+    """nudenet's YOLO head: the inputs' reshapes set tiles of their own; emitted after the
+    concat's tile, the last of them was the one the concat ran under."""
+    b = GraphBuilder()
+    parts = [b.op("Reshape", [b.op("Relu", [b.input(f"x{i}", [1, 16, 10, 10])]),
+                              b.const(np.array([1, 16, 100], dtype=np.int64))]) for i in range(3)]
+    graph, plan = fuse(b.model(b.op("Concat", parts, axis=2)))
+    assert len(plan.regions) == 1
+    source = kernel_source(plan.regions[0], TilePolicy(8192), graph.constant_values())
+    lines = [line.strip() for line in source.splitlines()]
+    at = next(i for i, line in enumerate(lines) if "pypto.concat(" in line)
+    assert lines[at - 1] == "pypto.set_vec_tile_shapes(1, 6, 304)", lines[at - 3:at + 1]

@@ -425,8 +425,10 @@ def _concat(w: _Writer, op: RegionOp) -> None:
     if len(op.inputs) > MAX_CONCAT_INPUTS:
         raise CannotExpress(f"Concat of {len(op.inputs)} inputs")
     axis, out = op.params["axis"], op.outputs[0]
-    w.tile(w.shape(out), w.dtype(out), whole_axes=(axis,))
+    # the inputs first: a reshaped or broadcast input sets its own tile, which must not be the
+    # one the concat runs under (nudenet's YOLO head: the last input's tile, 193,568 B of UB)
     parts = ", ".join(_broadcast_to(w, name, w.shape(name)) for name in op.inputs)
+    w.tile(w.shape(out), w.dtype(out), whole_axes=(axis,))
     w.assign(out, f"pypto.concat([{parts}], {axis})")
 
 
@@ -491,11 +493,12 @@ def _gather(w: _Writer, op: RegionOp) -> None:
     part = list(w.shape(source))
     part[axis] = 1
     offsets = ["i" if a == axis else "0" for a in range(len(part))]
+    held = w.var(source)  # before the loop: a reshape it needs is emitted outside the loop body
     parts = w.fresh()
     w.tile(part, w.dtype(out))
     w.emit(f"{parts} = []")
     w.emit(f"for i in {indices}:")
-    w.emit(f"    {parts}.append(pypto.view({w.var(source)}, {part}, [{', '.join(offsets)}]))")
+    w.emit(f"    {parts}.append(pypto.view({held}, {part}, [{', '.join(offsets)}]))")
     gathered = part[:axis] + [len(indices)] + part[axis + 1:]
     w.tile(gathered, w.dtype(out), whole_axes=(axis,))
     if len(indices) > 1:
@@ -582,9 +585,10 @@ def _roll(w: _Writer, op: RegionOp) -> None:
     tail = shape[:axis] + [shape[axis] - shift] + shape[axis + 1:]
     head = shape[:axis] + [shift] + shape[axis + 1:]
     at = [shift if a == axis else 0 for a in range(len(shape))]
+    held = w.var(source)  # before the tile: a reshape it needs sets a tile of its own
     w.tile(shape, w.dtype(out), whole_axes=(axis,))
-    w.assign(out, f"pypto.concat([pypto.view({w.var(source)}, {tail}, {at}), "
-                  f"pypto.view({w.var(source)}, {head}, {[0] * len(shape)})], {axis})")
+    w.assign(out, f"pypto.concat([pypto.view({held}, {tail}, {at}), "
+                  f"pypto.view({held}, {head}, {[0] * len(shape)})], {axis})")
 
 
 _LOWERINGS: dict[str, Callable[[_Writer, RegionOp], None]] = {
