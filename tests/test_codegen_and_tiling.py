@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from pypto_offline.pypto_kernels.codegen import float_literal, flat_row, kernel_source, swaps_for
-from pypto_offline.pypto_kernels.compiler import default_candidate, distinct_sources
+from pypto_offline.pypto_kernels.compiler import compile_order, default_candidate, distinct_sources
 from pypto_offline.pypto_kernels.tiling import (MAX_TILES, TilePolicy, candidate_policies,
                                                 default_policy, fits_ub, search_rounds)
 from pypto_offline.targets import TARGETS
@@ -249,3 +249,19 @@ def test_a_concat_runs_under_its_own_tile_after_its_inputs_are_reshaped():
     lines = [line.strip() for line in source.splitlines()]
     at = next(i for i, line in enumerate(lines) if "pypto.concat(" in line)
     assert lines[at - 1] == "pypto.set_vec_tile_shapes(1, 6, 304)", lines[at - 3:at + 1]
+
+
+def test_the_biggest_distinct_work_is_compiled_first_and_repeats_last():
+    b = GraphBuilder()
+    weights = lambda cout: b.const(np.ones((cout, 8, 1, 1), dtype=np.float32))  # noqa: E731
+    first = b.op("Neg", [b.op("Relu", [b.input("x", [1, 8, 16, 16])])])
+    same = b.op("Neg", [b.op("Relu", [b.op("Conv", [first, weights(8)])])])  # the same work
+    bigger = b.op("Neg", [b.op("Relu", [b.op("Conv", [same, weights(32)])])])  # 4x the bytes
+    graph, plan = fuse(b.model(bigger))
+    assert [len(r.simplified) for r in plan.regions] == [2, 2, 2]
+    by_id = {r.id: i for i, r in enumerate(plan.regions)}
+    order = compile_order(plan.regions, graph.constant_values())
+    assert sorted(order) == [0, 1, 2]  # every region once
+    biggest = max(plan.regions, key=lambda r: max(s[0][1] for s in r.tensor_types.values()))
+    assert order[0] == by_id[biggest.id]
+    assert order[2] == max(i for i in by_id.values() if i != by_id[biggest.id])  # the repeat
