@@ -46,8 +46,9 @@ from pypto_offline.pypto_kernels.codegen import (KERNEL_FUNCTION, CannotExpress,
                                                  flat_rows_change_the_tiling, is_scalar_constant,
                                                  itemsize_of, kernel_source)
 from pypto_offline.pypto_kernels.records import Kernel, TileResult
-from pypto_offline.pypto_kernels.tiling import (SEARCHED_BUDGETS, TilePolicy, candidate_policies,
-                                                default_policy, fits_ub, search_rounds)
+from pypto_offline.pypto_kernels.tiling import (SEARCH_RULES, TilePolicy, candidate_policies,
+                                                default_policy, defer_flat_rows, fits_ub,
+                                                next_flat_rows, search_rounds)
 from pypto_offline.runtime import TOLERANCE, run_model
 from pypto_offline.targets import Target
 
@@ -429,7 +430,7 @@ def compile_region(region: Region, graph: ImportedGraph, target: Target, cache: 
     key = cache_key(sources={p.name: text for p, text in sources.items()}, interface=interface,
                     target=target.name, pypto=PYPTO_VERSION, format=KERNEL_FORMAT,
                     default=default.budget_bytes, cost_model=COST_MODEL.get(target.name),
-                    searched_budgets=SEARCHED_BUDGETS)
+                    search=SEARCH_RULES)
     with cache.holding([key]):
         hit = cache.read(key, lambda files: _cached_kernel(files, region.id, key, sources))
         if hit is not None:
@@ -523,22 +524,28 @@ def _build(region, graph, target, cache, constants, interface, sources, untuned,
                        interface=interface, key=key, data=data, timeout=timeout,
                        compiles=compiles)
     ub = target.ub_plan_bytes.value
-    rounds = search_rounds(list(sources), untuned)
+    first, rest = search_rounds(list(sources), untuned)
+    first, flat_later = defer_flat_rows(first)
     # One candidate and none behind it: its checked compile is its search too (the cost model
     # times the same program: the same figures), one PyPTO compile instead of two.
-    checked_search = len(rounds[0]) == 1 and not rounds[1]
-    compiled, fitting, searched = [], [], {}
-    for round_index, policies in enumerate(rounds):
-        if fitting or not policies:
-            break
+    checked_search = len(first) == 1 and not flat_later and not rest
+    tried, searched, pending, round_index = [], {}, first, 0
+    while pending:
         folder = "final" if checked_search else f"search{round_index or ''}"
-        searched = compile_(staged / folder, {p: sources[p] for p in policies},
+        searched = compile_(staged / folder, {p: sources[p] for p in pending},
                             verify=checked_search)
         if searched.get("transient"):
             break
-        compiled += [c for c in searched.get("candidates", [])
-                     if c.get("compiled") and c["aicore_us"]]
-        fitting = [c for c in compiled if fits_ub(c.get("ub_bytes"), ub)]
+        tried += searched.get("candidates", [])
+        round_index += 1
+        flat_ub = [c.get("ub_bytes") for c in sorted((c for c in tried if c.get("flat")),
+                                                     key=lambda c: -c["budget"])]
+        pending = next_flat_rows(flat_ub, flat_later, ub)
+        flat_later = [p for p in flat_later if p not in pending]
+        if not pending and not any(fits_ub(c.get("ub_bytes"), ub) for c in tried):
+            pending, rest = rest, []  # the smaller budgets, only when no large tile fits
+    compiled = [c for c in tried if c.get("compiled") and c["aicore_us"]]
+    fitting = [c for c in compiled if fits_ub(c.get("ub_bytes"), ub)]
     if not compiled:
         return (Kernel(region.id, False, _failure(searched), source=sources[untuned],
                        cache_key=key), bool(searched.get("transient")))
@@ -788,7 +795,7 @@ def region_model(region: Region, graph: ImportedGraph) -> onnx.ModelProto:
 
 def _save(kernel: Kernel, staged: Path) -> None:
     # keep the artifacts, drop the simulator's bulky output
-    for name in ("search", "search1", "final"):
+    for name in (p.name for p in staged.iterdir() if p.is_dir()):  # search*, final
         for bulky in ("run", "verify", "pypto_home", "ascend_log"):
             shutil.rmtree(staged / name / bulky, ignore_errors=True)
         for data in ("inputs.npz", "reference.npz"):  # re-derived by any build; every stored

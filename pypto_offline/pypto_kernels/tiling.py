@@ -150,6 +150,8 @@ def default_policy(ub_plan_bytes: int) -> TilePolicy:
 # budgets left out are the slowest to compile (the example's 512 B tile: 74 s of a 160 s search).
 # docs/compile-time.md.
 SEARCHED_BUDGETS = 3
+# What decides which candidates compile, in the kernel's cache key: a change of it recompiles.
+SEARCH_RULES = f"{SEARCHED_BUDGETS} largest budgets + default; flat rows deferred on UB"
 
 
 def search_rounds(policies: list[TilePolicy], default: TilePolicy
@@ -160,3 +162,32 @@ def search_rounds(policies: list[TilePolicy], default: TilePolicy
     largest = sorted({p.budget_bytes for p in policies}, reverse=True)[:SEARCHED_BUDGETS]
     first = [p for p in policies if p.budget_bytes in largest or p.budget_bytes == default.budget_bytes]
     return first, [p for p in policies if p not in first]
+
+
+def defer_flat_rows(first: list[TilePolicy]) -> tuple[list[TilePolicy], list[TilePolicy]]:
+    """A first round's policies to compile now, and its flat-row ones to compile only as
+    ``next_flat_rows`` allows: the flat layout at the largest budget goes first, the smaller
+    budgets (largest first) wait on what it needed in UB."""
+    flat = sorted((p for p in first if p.flat_rows), key=lambda p: -p.budget_bytes)
+    return [p for p in first if p not in flat[1:]], flat[1:]
+
+
+def next_flat_rows(compiled_ub: list[int | None], deferred: list[TilePolicy],
+                   ub_plan_bytes: int) -> list[TilePolicy]:
+    """The deferred flat-row policies to compile next, given the UB the flat candidates compiled
+    so far need (largest budget first). Once one fits, all the rest (a smaller tile may be
+    faster: nudenet's flat kernels won at 16 KiB as often as at 32). While none fits, one budget
+    at a time, and none once a smaller tile needed no less UB: PyPTO then lays the rows out
+    whatever the tile (ppocrv4_det's HardSwish regions: 196,608 B at 32, 16 and 8 KiB, where
+    the 8 KiB compile alone took 18-50 s), whereas nudenet's shrank with it (131,072 → 65,536
+    → 32,768 B). On the corpus's full-search compiles this skips 10 flat compiles, none of them
+    a best tile. docs/compile-time.md."""
+    if not deferred or not compiled_ub:
+        return []
+    last = compiled_ub[-1]
+    if fits_ub(last, ub_plan_bytes):
+        return list(deferred)
+    before = compiled_ub[-2] if len(compiled_ub) > 1 else None
+    if last is not None and before is not None and last >= before:
+        return []
+    return deferred[:1]
