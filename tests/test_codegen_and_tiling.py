@@ -267,12 +267,16 @@ def test_the_biggest_distinct_work_is_compiled_first_and_repeats_last():
     assert order[2] == max(i for i in by_id.values() if i != by_id[biggest.id])  # the repeat
 
 
-@pytest.mark.parametrize("flat_ub,compiled_flat", [
-    (lambda budget: 196608, [32768, 16384]),  # ppocrv4_det: no less UB at 16 KiB, 8 KiB skipped
-    (lambda budget: 4 * budget, [32768, 16384, 8192]),  # nudenet: shrinks, fits at 16 KiB
+@pytest.mark.parametrize("flat_ub,flat_us,compiled_flat", [
+    # ppocrv4_det: no less UB at 16 KiB than at 32, so none at 8 KiB
+    (lambda budget: 196608, lambda budget: 1.0, [32768, 16384]),
+    # nudenet: the UB shrinks with the tile, fits at 16 KiB; 8 KiB tried as 16 was the fastest
+    (lambda budget: 4 * budget, lambda budget: 1.0, [32768, 16384, 8192]),
+    # every flat tile fits; 16 KiB slower than 32: the descent stops
+    (lambda budget: budget, lambda budget: 32768 / budget, [32768, 16384]),
 ])
-def test_smaller_flat_row_tiles_are_compiled_only_while_they_may_fit_ub(monkeypatch, tmp_path,
-                                                                        flat_ub, compiled_flat):
+def test_smaller_flat_row_tiles_are_compiled_only_while_they_may_fit_and_gain(
+        monkeypatch, tmp_path, flat_ub, flat_us, compiled_flat):
     """The worker's answers are made up here (no kernel is claimed compiled)."""
     from pypto_offline.pypto_kernels import compiler
     from pypto_offline.pypto_kernels.cache import KernelCache
@@ -284,7 +288,8 @@ def test_smaller_flat_row_tiles_are_compiled_only_while_they_may_fit_ub(monkeypa
     def worker(folder, region, target, sources, key, arrays, reference, verify, timeout):
         compiled.extend(p for p in sources if not verify)
         return {"candidates": [{**compiler._job_candidate(p, key, text), "compiled": True,
-                                "aicore_us": 1.0 if p.flat_rows else 2.0, "total_us": 2.0,
+                                "aicore_us": flat_us(p.budget_bytes) if p.flat_rows else 2.0,
+                                "total_us": 2.0,
                                 "tasks": 4, "verdicts": [], "max_abs_diff": 0.0,
                                 "ub_bytes": flat_ub(p.budget_bytes) if p.flat_rows
                                 else 2 * p.budget_bytes, "gm_bytes": {"read": 1, "written": 1}}
@@ -295,4 +300,4 @@ def test_smaller_flat_row_tiles_are_compiled_only_while_they_may_fit_ub(monkeypa
                                      KernelCache(tmp_path), constants)
     assert [p.budget_bytes for p in compiled if p.flat_rows] == compiled_flat
     assert {p.budget_bytes for p in compiled if not p.flat_rows} == {8192, 16384, 32768}
-    assert kernel.tuned_tile.flat_rows == (flat_ub(16384) <= 122880)
+    assert kernel.tuned_tile.flat_rows == (flat_ub(16384) <= 122880 or flat_ub(32768) <= 122880)

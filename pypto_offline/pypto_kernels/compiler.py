@@ -538,9 +538,9 @@ def _build(region, graph, target, cache, constants, interface, sources, untuned,
             break
         tried += searched.get("candidates", [])
         round_index += 1
-        flat_ub = [c.get("ub_bytes") for c in sorted((c for c in tried if c.get("flat")),
-                                                     key=lambda c: -c["budget"])]
-        pending = next_flat_rows(flat_ub, flat_later, ub)
+        flat = [(c.get("ub_bytes"), c.get("aicore_us") if c.get("compiled") else None)
+                for c in sorted((c for c in tried if c.get("flat")), key=lambda c: -c["budget"])]
+        pending = next_flat_rows(flat, flat_later, ub)
         flat_later = [p for p in flat_later if p not in pending]
         if not pending and not any(fits_ub(c.get("ub_bytes"), ub) for c in tried):
             pending, rest = rest, []  # the smaller budgets, only when no large tile fits

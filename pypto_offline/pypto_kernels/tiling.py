@@ -172,22 +172,25 @@ def defer_flat_rows(first: list[TilePolicy]) -> tuple[list[TilePolicy], list[Til
     return [p for p in first if p not in flat[1:]], flat[1:]
 
 
-def next_flat_rows(compiled_ub: list[int | None], deferred: list[TilePolicy],
+def next_flat_rows(compiled: list[tuple[int | None, float | None]], deferred: list[TilePolicy],
                    ub_plan_bytes: int) -> list[TilePolicy]:
-    """The deferred flat-row policies to compile next, given the UB the flat candidates compiled
-    so far need (largest budget first). Once one fits, all the rest (a smaller tile may be
-    faster: nudenet's flat kernels won at 16 KiB as often as at 32). While none fits, one budget
-    at a time, and none once a smaller tile needed no less UB: PyPTO then lays the rows out
-    whatever the tile (ppocrv4_det's HardSwish regions: 196,608 B at 32, 16 and 8 KiB, where
-    the 8 KiB compile alone took 18-50 s), whereas nudenet's shrank with it (131,072 → 65,536
-    → 32,768 B). On the corpus's full-search compiles this skips 10 flat compiles, none of them
-    a best tile. docs/compile-time.md."""
-    if not deferred or not compiled_ub:
+    """The deferred flat-row policy to compile next (or none), given the flat candidates
+    compiled so far, largest budget first, as (UB bytes, AICore µs). A descent, one budget at a
+    time: on while the tiles fit UB and the last smaller tile was faster; while none fits, on
+    until a smaller tile needs no less UB than the larger one (PyPTO then lays the rows out
+    whatever the tile: ppocrv4_det's HardSwish regions needed 196,608 B at 32, 16 and 8 KiB,
+    and the 8 KiB compile alone took 18-50 s, whereas nudenet's flat SiLU regions shrank with
+    the tile, 131,072 → 65,536 → 32,768 B, and fit at 16 KiB). Replayed on the full-search
+    compiles of the corpus, the descent skips 42 of its flat compiles and loses one region's
+    best tile (by 4.4 %); on ppocrv4_det 28 compiles, none a best tile. docs/compile-time.md."""
+    if not deferred or not compiled:
         return []
-    last = compiled_ub[-1]
-    if fits_ub(last, ub_plan_bytes):
-        return list(deferred)
-    before = compiled_ub[-2] if len(compiled_ub) > 1 else None
-    if last is not None and before is not None and last >= before:
+    fitting = [us for ub, us in compiled if fits_ub(ub, ub_plan_bytes) and us is not None]
+    last_ub = compiled[-1][0]
+    if fits_ub(last_ub, ub_plan_bytes):
+        improving = len(fitting) < 2 or fitting[-1] < fitting[-2]
+        return deferred[:1] if improving else []
+    before = compiled[-2][0] if len(compiled) > 1 else None
+    if fitting or (last_ub is not None and before is not None and last_ub >= before):
         return []
     return deferred[:1]
