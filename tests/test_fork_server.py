@@ -3,7 +3,8 @@ per job. A failed compile leaves a PyPTO process unusable, so it must die with i
 that runs out of time loses its whole process group, and the server serves on.
 
 Real PyPTO throughout, on the tiny Relu→Neg kernel (1x8x16x16 fp32), all jobs of a test in one
-pool thread of one build, so that they share one server."""
+pool thread of one build, so that they share one server; and the worker's garbage collection
+around its jobs (the last two tests)."""
 from __future__ import annotations
 
 import gc
