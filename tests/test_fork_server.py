@@ -3,14 +3,17 @@ per job. A failed compile leaves a PyPTO process unusable, so it must die with i
 that runs out of time loses its whole process group, and the server serves on.
 
 Real PyPTO throughout, on the tiny Relu→Neg kernel (1x8x16x16 fp32), all jobs of a test in one
-pool thread of one build, so that they share one server."""
+pool thread of one build, so that they share one server; and the worker's garbage collection
+around its jobs (the last two tests)."""
 from __future__ import annotations
 
+import gc
+import json
 import time
 from pathlib import Path
 
 import numpy as np
-from pypto_offline.pypto_kernels import compiler, tiling
+from pypto_offline.pypto_kernels import compiler, tiling, worker
 from pypto_offline.pypto_kernels.cache import KernelCache
 from pypto_offline.targets import TARGETS
 
@@ -30,6 +33,13 @@ subprocess.Popen([sys.executable, "-c", "import os, time; "
                   "open('grandchild.tmp', 'w').write(str(os.getpid())); "
                   "os.rename('grandchild.tmp', 'grandchild.pid'); time.sleep(300)"])
 time.sleep(300)
+"""
+
+# Appended to the kernel's module, run as the job's child loads it: what the child's garbage
+# collector will never walk (the objects the server froze before forking).
+FROZEN_PROBE = """
+import gc
+open("frozen.txt", "w").write(str(gc.get_freeze_count()))
 """
 
 
@@ -189,3 +199,32 @@ def test_a_region_compiled_on_its_own_starts_a_server_and_stops_it(tmp_path):
     assert kernel.compiled and kernel.functional_ok, kernel.fallback_reason
     assert not servers_running(tmp_path)
     assert list((tmp_path / "tmp").iterdir()) == [], "a server's folder is left behind"
+
+
+def test_a_job_child_never_collects_the_objects_its_server_imported(tmp_path):
+    """The server freezes torch's and pypto's objects before forking (docs/compile-time.md,
+    "Where one compile's time goes"): without it, every full collection in a child walked them
+    all (and wrote to, hence copied, the server's pages)."""
+    ((result, folder, _),) = run_jobs(tmp_path, [tiny_job(append=FROZEN_PROBE)])
+    assert compiled(result), result
+    frozen = int((folder / "frozen.txt").read_text())
+    assert frozen > 100_000, f"only {frozen} objects frozen: the server did not freeze its imports"
+
+
+def test_program_json_is_parsed_with_the_collector_paused(tmp_path, monkeypatch):
+    """An 8 MB program.json parsed with the collector running took 2-4x as long; the collector
+    is on again afterwards (and stays off when it was off)."""
+    program = tmp_path / "program.json"
+    program.write_text(json.dumps({"functions": [{"graphtype": 1, "tensors": []}]}))
+    seen = []
+    parse = json.loads
+    monkeypatch.setattr(worker.json, "loads", lambda text: seen.append(gc.isenabled()) or
+                        parse(text))
+    assert worker.read_program(program) == {"functions": [{"graphtype": 1, "tensors": []}]}
+    assert seen == [False] and gc.isenabled()
+    gc.disable()
+    try:
+        worker.read_program(program)
+        assert not gc.isenabled(), "read_program turned on a collector that was off"
+    finally:
+        gc.enable()
