@@ -695,6 +695,27 @@ WORKER_MODULE = "pypto_offline.pypto_kernels.worker"
 
 
 def _run_job(folder: Path, job: dict, target: Target, timeout: float) -> dict:
+    """Every candidate's answer, from as many children as it takes. A child stops at its first
+    failed compile (``worker.run_job``): a failed compile leaves PyPTO unusable in its process,
+    and the candidates after it would fail with "function nested is not allowed", a false
+    verdict the cache would keep. The candidates it left run in another child, from a copy of
+    the job's folder's data (its inputs and reference)."""
+    answer, attempt = _run_job_once(folder, job, target, timeout), 0
+    while not answer.get("transient") and 0 < len(answer.get("candidates", [])) \
+            < len(job["candidates"]):
+        attempt += 1
+        rest = {**job, "candidates": job["candidates"][len(answer["candidates"]):]}
+        again = folder.with_name(f"{folder.name}-{attempt}")
+        again.mkdir()
+        for data in ("inputs.npz", "reference.npz"):
+            if (folder / data).exists():
+                shutil.copyfile(folder / data, again / data)
+        more = _run_job_once(again, rest, target, timeout)
+        answer = {**more, "candidates": answer["candidates"] + more.get("candidates", [])}
+    return answer
+
+
+def _run_job_once(folder: Path, job: dict, target: Target, timeout: float) -> dict:
     """Write the job, run it in a child of this thread's fork server, read its result (or say
     why there is none). A failure that says nothing about the kernel (time-out, crash, kill) is
     ``transient``: the region falls back for this build only."""

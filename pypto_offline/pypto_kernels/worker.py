@@ -335,7 +335,8 @@ def start_pypto(folder: Path, cost_model_arch: str | None, device_platform: str 
 
 
 def run_job(job: dict, torch) -> dict:
-    """Compile (and check) every candidate of a job, in a process where ``start_pypto`` ran."""
+    """Compile (and check) the candidates of a job in order, in a process where ``start_pypto``
+    ran, up to the first that fails: the ones after it are left out of the answer."""
     folder = Path(job["folder"])
     # per job: the g++ wrapper's settings name this job's folder (docs/kernel-cache.md)
     host_compiler_cache.install(folder, job.get("host_compiler_cache"))
@@ -363,6 +364,8 @@ def run_job(job: dict, torch) -> dict:
         # handed back as given (its tile policy, whatever fields it has), less the kernel itself
         tile = {k: v for k, v in candidate.items() if k not in KERNEL_FIELDS}
         results.append({**tile, "function": own["function"], **result})
+        if not result["compiled"]:  # PyPTO is unusable in this process now ("function nested
+            break  # is not allowed"): the candidates left run in a fresh child (compiler)
     return {"candidates": results}
 
 
