@@ -221,7 +221,8 @@ def test_the_smaller_budgets_are_compiled_only_when_no_large_tile_fits_ub(monkey
     target = TARGETS["kirin9050"]
     searched = []
 
-    def worker(folder, region, target, sources, key, arrays, reference, verify, timeout):
+    def worker(folder, region, target, sources, key, arrays, reference, verify, timeout,
+               parallel=1):
         searched.append(sorted(p.budget_bytes for p in sources))
         return {"candidates": [{**compiler._job_candidate(p, key, text), "compiled": True,
                                 "aicore_us": 1.0, "total_us": 2.0, "tasks": 4,
@@ -285,7 +286,8 @@ def test_smaller_flat_row_tiles_are_compiled_only_while_they_may_fit_and_gain(
     graph_stub = type("Graph", (), {})()
     compiled = []
 
-    def worker(folder, region, target, sources, key, arrays, reference, verify, timeout):
+    def worker(folder, region, target, sources, key, arrays, reference, verify, timeout,
+               parallel=1):
         compiled.extend(p for p in sources if not verify)
         return {"candidates": [{**compiler._job_candidate(p, key, text), "compiled": True,
                                 "aicore_us": flat_us(p.budget_bytes) if p.flat_rows else 2.0,

@@ -230,3 +230,28 @@ def test_program_json_is_parsed_with_the_collector_paused(tmp_path, monkeypatch)
         assert not gc.isenabled(), "read_program turned on a collector that was off"
     finally:
         gc.enable()
+
+
+def test_a_search_job_may_compile_its_candidates_in_parallel_children(tmp_path):
+    """``parallel``: each candidate in a child of the job's process, two at a time; the same
+    answers as one after another, and a failed candidate spoils none of the others."""
+    broken, good = tiny_job(BROKEN), tiny_job()
+    candidates = broken[0]["candidates"] + good[0]["candidates"] * 2
+    one_by_one = {**good[0], "candidates": good[0]["candidates"]}
+    side_by_side = {**good[0], "candidates": candidates, "parallel": 2}
+    (alone, _, _), (together, folder, _) = run_jobs(tmp_path, [(one_by_one, good[1]),
+                                                               (side_by_side, good[1])])
+    assert [c["compiled"] for c in together["candidates"]] == [False, True, True], together
+    figures = ("aicore_us", "total_us", "tasks", "ub_bytes", "gm_bytes")
+    for answer in together["candidates"][1:]:
+        assert {k: answer[k] for k in figures} == {k: alone["candidates"][0][k] for k in figures}
+    assert sorted(p.name for p in (folder / "run").iterdir()) == ["c0", "c1", "c2"]
+
+
+def test_a_region_searches_in_parallel_only_where_a_thread_would_idle():
+    spare = compiler._SpareThreads(jobs=2, regions=3)
+    assert spare.share() == 1
+    spare.done(None)
+    assert spare.share() == 1  # two regions left, one per thread
+    spare.done(None)
+    assert spare.share() == 2  # the last region: both threads' worth

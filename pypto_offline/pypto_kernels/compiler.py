@@ -25,7 +25,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import astuple, replace
 from functools import lru_cache, partial
@@ -335,9 +335,31 @@ def compile_kernels(graph: ImportedGraph, plan: FusionPlan, target: Target, *,
     cache = KernelCache(cache_dir)
     constants = graph.constant_values()
     reported = _reporting(progress, len(plan.regions))
-    return _each_region(plan.regions, jobs, lambda region: reported(region, compile_region(
-        region, graph, target, cache, constants, search=search, timeout=timeout)),
+    spare = _SpareThreads(jobs, len(plan.regions))
+    return _each_region(plan.regions, jobs, lambda region: spare.done(reported(
+        region, compile_region(region, graph, target, cache, constants, search=search,
+                               timeout=timeout, parallel=spare.share))),
         order=compile_order(plan.regions, constants))
+
+
+class _SpareThreads:
+    """How many processes a region's tile search may compile its candidates in at once: one,
+    unless fewer regions are left than the build's ``jobs`` (a model of one region, the end of
+    a build), where the threads without a region would idle (the bundled example's 7
+    candidates ran one after another on one of the two cores)."""
+
+    def __init__(self, jobs: int, regions: int):
+        self._lock = threading.Lock()
+        self._jobs, self._left = max(1, jobs), regions
+
+    def share(self) -> int:
+        with self._lock:
+            return max(1, self._jobs - max(self._left, 1) + 1)
+
+    def done(self, kernel: Kernel) -> Kernel:
+        with self._lock:
+            self._left -= 1
+        return kernel
 
 
 def compile_order(regions: Sequence[Region], constants: dict) -> list[int]:
@@ -417,8 +439,8 @@ def largest_tensor_bytes(region: Region) -> int:
 
 
 def compile_region(region: Region, graph: ImportedGraph, target: Target, cache: KernelCache,
-                   constants: dict, *, search: bool = True,
-                   timeout: float = DEFAULT_TIMEOUT_S) -> Kernel:
+                   constants: dict, *, search: bool = True, timeout: float = DEFAULT_TIMEOUT_S,
+                   parallel: Callable[[], int] = lambda: 1) -> Kernel:
     started = time.perf_counter()
     ub = target.ub_plan_bytes.value
     default = default_policy(ub)
@@ -440,7 +462,8 @@ def compile_region(region: Region, graph: ImportedGraph, target: Target, cache: 
         try:
             compiles = [0]
             kernel, transient = _build(region, graph, target, cache, constants, interface,
-                                       sources, default, key, staged, timeout, compiles)
+                                       sources, default, key, staged, timeout, compiles,
+                                       parallel)
         except BaseException:
             shutil.rmtree(staged, ignore_errors=True)
             raise
@@ -515,7 +538,7 @@ def _policy(candidate: dict) -> TilePolicy:
 
 
 def _build(region, graph, target, cache, constants, interface, sources, untuned, key, staged,
-           timeout, compiles: list[int]) -> tuple[Kernel, bool]:
+           timeout, compiles: list[int], parallel: Callable[[], int]) -> tuple[Kernel, bool]:
     """The region's kernel (or why not), and whether that outcome is transient: a worker that
     died or ran out of time, which is not cached. ``compiles[0]`` counts the PyPTO compiles run."""
     # onnxruntime's reference, made only when a compile misses the cache (another target of
@@ -523,7 +546,7 @@ def _build(region, graph, target, cache, constants, interface, sources, untuned,
     data = lru_cache(maxsize=1)(lambda: _region_data(region, graph, constants))
     compile_ = partial(_compiled, region=region, target=target, cache=cache,
                        interface=interface, key=key, data=data, timeout=timeout,
-                       compiles=compiles)
+                       compiles=compiles, parallel=parallel)
     ub = target.ub_plan_bytes.value
     first, rest = search_rounds(list(sources), untuned)
     first, flat_later = defer_flat_rows(first)
@@ -577,7 +600,7 @@ COMPILE_RESULT = "result.json"
 
 def _compiled(folder: Path, sources: dict[TilePolicy, str], *, verify: bool, region, target,
               cache: KernelCache, interface: list, key: str, data, timeout: float,
-              compiles: list[int]) -> dict:
+              compiles: list[int], parallel: Callable[[], int]) -> dict:
     """The worker's answer for each candidate, as ``_run_worker`` gives it, from the compile
     cache where it can: the same source with the same interface on the same cost model compiles
     to the same program whichever region, model or target asks (kirin90, kirin9030, kirin9050
@@ -596,7 +619,7 @@ def _compiled(folder: Path, sources: dict[TilePolicy, str], *, verify: bool, reg
             compiles[0] += len(missing)
             arrays, reference = data()
             result = _run_worker(folder, region, target, missing, key, arrays, reference, verify,
-                                 timeout)
+                                 timeout, parallel())
             if not result.get("transient"):
                 for answer in result.get("candidates", []):
                     known[_policy(answer)] = _store_compile(cache, keys[_policy(answer)], answer,
@@ -682,11 +705,11 @@ def _failure(result: dict) -> str:
 
 
 def _run_worker(folder: Path, region: Region, target: Target, sources: dict, key: str, arrays,
-                reference, verify: bool, timeout: float) -> dict:
+                reference, verify: bool, timeout: float, parallel: int = 1) -> dict:
     folder.mkdir(parents=True)
     np.savez(folder / "inputs.npz", **{f"in{i}": a for i, a in enumerate(arrays)})
     np.savez(folder / "reference.npz", **{f"out{i}": a for i, a in enumerate(reference)})
-    job = {"function": KERNEL_FUNCTION, "verify": verify,
+    job = {"function": KERNEL_FUNCTION, "verify": verify, "parallel": parallel,
            "candidates": [_job_candidate(p, key, text) for p, text in sources.items()],
            "outputs": _output_specs(region)}
     return _run_job(folder, job, target, timeout)

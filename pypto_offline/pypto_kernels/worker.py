@@ -257,12 +257,13 @@ def _load_kernel(candidate: dict, name: str):
     return getattr(module, name)
 
 
-def _compile_once(job: dict, candidate: dict, folder: Path, arrays: list, torch) -> dict:
+def _compile_once(job: dict, candidate: dict, folder: Path, arrays: list, torch,
+                  run_root: Path | None = None) -> dict:
     outputs = [torch.zeros(tuple(o["shape"]) or (1,), dtype=getattr(torch, o["dtype"]))
                for o in job["outputs"]]
     inputs = [torch.from_numpy(np.ascontiguousarray(a).reshape(a.shape or (1,))) for a in arrays]
-    run_root = folder / "run"
-    run_root.mkdir(exist_ok=True)
+    run_root = run_root or folder / "run"
+    run_root.mkdir(parents=True, exist_ok=True)
     os.environ["TILE_FWK_OUTPUT_DIR"] = str(run_root)
     os.putenv("TILE_FWK_OUTPUT_DIR", str(run_root))
     before = set(run_root.glob("output_*"))
@@ -335,38 +336,85 @@ def start_pypto(folder: Path, cost_model_arch: str | None, device_platform: str 
 
 
 def run_job(job: dict, torch) -> dict:
-    """Compile (and check) the candidates of a job in order, in a process where ``start_pypto``
-    ran, up to the first that fails: the ones after it are left out of the answer."""
+    """Compile (and check) the candidates of a job, in a process where ``start_pypto`` ran: in
+    order, up to the first that fails (the ones after it are left out of the answer); or, for
+    a search job the build gives ``parallel`` > 1, each in a process of its own
+    (``_in_processes``)."""
     folder = Path(job["folder"])
     # per job: the g++ wrapper's settings name this job's folder (docs/kernel-cache.md)
     host_compiler_cache.install(folder, job.get("host_compiler_cache"))
     if job.get("verify"):
         os.environ["PYPTO_OFFLINE_VERIFY_DIR"] = str(folder / "verify")
         keep_aicore_sources(folder)
+    if job.get("parallel", 1) > 1 and len(job["candidates"]) > 1 and not job.get("verify"):
+        return _in_processes(job, folder, torch, job["parallel"])
+    results = []
+    for index in range(len(job["candidates"])):
+        results.append(_candidate(job, index, folder, torch))
+        if not results[-1]["compiled"]:  # PyPTO is unusable in this process now ("function
+            break  # nested is not allowed"): the candidates left run in a fresh child (compiler)
+    return {"candidates": results}
+
+
+def _candidate(job: dict, index: int, folder: Path, torch, run_root: Path | None = None) -> dict:
+    """One candidate of a job compiled (and checked), as the build reads it back."""
+    candidate = job["candidates"][index]
     data = np.load(folder / "inputs.npz")
     shared = [f"in{i}" for i in range(len(data.files))]  # one kernel's inputs, in order
-    arrays = [data[name] for name in shared] if set(shared) == set(data.files) else []
-    results = []
-    for candidate in job["candidates"]:
-        # a candidate may be a kernel of its own (the unfused baseline compiles one per op)
-        own = {**job, **{k: candidate[k] for k in ("function", "outputs") if k in candidate}}
-        if "inputs" in candidate:
-            arrays = [data[name] for name in candidate["inputs"]]
-        result = _compile_once(own, candidate, folder, arrays, torch)
-        outputs = result.pop("outputs", None)
-        if job.get("verify") and outputs is not None:
-            result["verdicts"] = verdicts(folder / "verify")
-            result.update(_compare(outputs, folder / "reference.npz"))
-            # longest first: the run folder (named with a timestamp and pid) is inside `folder`
-            portable = {result["run_dir"]: "<build>/run",
-                        str(_pypto_lib().parent): "<pypto>", str(folder): "<build>"}
-            _keep_artifacts(Path(result["run_dir"]), folder / "artifacts", portable)
-        # handed back as given (its tile policy, whatever fields it has), less the kernel itself
-        tile = {k: v for k, v in candidate.items() if k not in KERNEL_FIELDS}
-        results.append({**tile, "function": own["function"], **result})
-        if not result["compiled"]:  # PyPTO is unusable in this process now ("function nested
-            break  # is not allowed"): the candidates left run in a fresh child (compiler)
-    return {"candidates": results}
+    # a candidate may be a kernel of its own (the unfused baseline compiles one per op)
+    arrays = ([data[name] for name in candidate["inputs"]] if "inputs" in candidate
+              else [data[name] for name in shared] if set(shared) == set(data.files) else [])
+    own = {**job, **{k: candidate[k] for k in ("function", "outputs") if k in candidate}}
+    result = _compile_once(own, candidate, folder, arrays, torch, run_root)
+    outputs = result.pop("outputs", None)
+    if job.get("verify") and outputs is not None:
+        result["verdicts"] = verdicts(folder / "verify")
+        result.update(_compare(outputs, folder / "reference.npz"))
+        # longest first: the run folder (named with a timestamp and pid) is inside `folder`
+        portable = {result["run_dir"]: "<build>/run",
+                    str(_pypto_lib().parent): "<pypto>", str(folder): "<build>"}
+        _keep_artifacts(Path(result["run_dir"]), folder / "artifacts", portable)
+    # handed back as given (its tile policy, whatever fields it has), less the kernel itself
+    tile = {k: v for k, v in candidate.items() if k not in KERNEL_FIELDS}
+    return {**tile, "function": own["function"], **result}
+
+
+def _in_processes(job: dict, folder: Path, torch, parallel: int) -> dict:
+    """Each candidate compiled in a child of this job's process, ``parallel`` at a time (the
+    build asks for it when a pool thread would idle: a model of one region, the last region
+    of a build). Each child starts from this process's state, which has compiled nothing; its
+    PyPTO output goes to a run folder of its own; a failure dies with its child. A child that
+    dies without an answer makes the whole job's outcome transient, as a worker's crash does."""
+    pending, running, codes = list(range(len(job["candidates"]))), {}, {}
+    while pending or running:
+        while pending and len(running) < parallel:
+            index = pending.pop(0)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            pid = os.fork()
+            if pid == 0:
+                code = 1
+                try:  # PyPTO's home (read at each compile) of its own, as its run folder
+                    os.environ["PYPTO_HOME"] = str(folder / "pypto_home" / f"c{index}")
+                    answer = _candidate(job, index, folder, torch, folder / "run" / f"c{index}")
+                    _write_json(answer, folder / f"candidate{index}.json")
+                    code = 0
+                except BaseException:  # noqa: BLE001 - the child's end, told in the job's log
+                    traceback.print_exc()
+                finally:
+                    sys.stdout.flush()
+                    sys.stderr.flush()
+                    os._exit(code)
+            running[pid] = index
+        pid, status = os.wait()
+        codes[running.pop(pid)] = os.waitstatus_to_exitcode(status)
+    answers = []
+    for index in range(len(job["candidates"])):
+        path = folder / f"candidate{index}.json"
+        if codes[index] != 0 or not path.exists():
+            return {"error": f"PyPTO worker crashed (exit code {codes[index]})", "transient": True}
+        answers.append(json.loads(path.read_text()))
+    return {"candidates": answers}
 
 
 def _compare(outputs: list, reference: Path) -> dict:
@@ -456,9 +504,13 @@ def enter_job(folder: Path, server: Path) -> None:
 
 
 def _write_result(result: dict, job_path: Path) -> None:
-    staged = job_path.with_name("result.json.tmp")
-    staged.write_text(json.dumps(result, indent=1, sort_keys=True))
-    os.replace(staged, job_path.with_name("result.json"))
+    _write_json(result, job_path.with_name("result.json"))
+
+
+def _write_json(value: dict, path: Path) -> None:
+    staged = path.with_name(path.name + ".tmp")
+    staged.write_text(json.dumps(value, indent=1, sort_keys=True))
+    os.replace(staged, path)
 
 
 def _job_child(job_path: Path, server: Path, torch, libc, started: int, server_pid: int) -> None:
