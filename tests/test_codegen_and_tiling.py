@@ -303,3 +303,38 @@ def test_smaller_flat_row_tiles_are_compiled_only_while_they_may_fit_and_gain(
     assert [p.budget_bytes for p in compiled if p.flat_rows] == compiled_flat
     assert {p.budget_bytes for p in compiled if not p.flat_rows} == {8192, 16384, 32768}
     assert kernel.tuned_tile.flat_rows == (flat_ub(16384) <= 122880 or flat_ub(32768) <= 122880)
+
+
+@pytest.mark.parametrize("own_ub,expected", [
+    (lambda budget: 2 * budget, [16384]),  # the fastest own tile is at 16 KiB: swapped there
+    (lambda budget: 200000, [8192, 16384, 32768]),  # no own tile fits: every swapped one
+])
+def test_the_swapped_transpose_tiles_are_compiled_at_the_best_own_budget(monkeypatch, tmp_path,
+                                                                         own_ub, expected):
+    """The worker's answers are made up here (no kernel is claimed compiled)."""
+    from pypto_offline.pypto_kernels import compiler
+    from pypto_offline.pypto_kernels.cache import KernelCache
+
+    b = GraphBuilder()
+    x = b.op("Relu", [b.input("x", [1, 16, 32, 128])])
+    graph, plan = fuse(b.model(b.op("Neg", [b.op("Transpose", [x], perm=[0, 1, 3, 2])])))
+    (region,) = plan.regions
+    rounds = []
+
+    def worker(folder, region, target, sources, key, arrays, reference, verify, timeout,
+               parallel=1):
+        rounds.append([p for p in sources if not verify])
+        return {"candidates": [{**compiler._job_candidate(p, key, text), "compiled": True,
+                                "aicore_us": 3.0 if p.budget_bytes == 16384 else 4.0,
+                                "total_us": 5.0, "tasks": 4, "verdicts": [], "max_abs_diff": 0.0,
+                                "ub_bytes": 2 * p.budget_bytes if p.swap_transpose_tiles
+                                else own_ub(p.budget_bytes), "gm_bytes": {"read": 1, "written": 1}}
+                               for p, text in sources.items()]}
+    monkeypatch.setattr(compiler, "_run_worker", worker)
+    monkeypatch.setattr(compiler, "_region_data", lambda *args: ([], []))
+    compiler.compile_region(region, graph, TARGETS["kirin9050"], KernelCache(tmp_path),
+                            graph.constant_values())
+    assert not any(p.swap_transpose_tiles for p in rounds[0])  # the own orientation first
+    assert {p.budget_bytes for p in rounds[0]} == {8192, 16384, 32768}
+    swapped = sorted(p.budget_bytes for r in rounds[1:] for p in r if p.swap_transpose_tiles)
+    assert swapped == expected

@@ -47,8 +47,9 @@ from pypto_offline.pypto_kernels.codegen import (KERNEL_FUNCTION, CannotExpress,
                                                  itemsize_of, kernel_source)
 from pypto_offline.pypto_kernels.records import Kernel, TileResult
 from pypto_offline.pypto_kernels.tiling import (SEARCH_RULES, TilePolicy, candidate_policies,
-                                                default_policy, defer_flat_rows, fits_ub,
-                                                next_flat_rows, search_rounds)
+                                                default_policy, defer_flat_rows,
+                                                defer_swapped, fits_ub, next_flat_rows,
+                                                next_swapped, search_rounds)
 from pypto_offline.runtime import TOLERANCE, run_model
 from pypto_offline.targets import Target
 
@@ -550,9 +551,10 @@ def _build(region, graph, target, cache, constants, interface, sources, untuned,
     ub = target.ub_plan_bytes.value
     first, rest = search_rounds(list(sources), untuned)
     first, flat_later = defer_flat_rows(first)
+    first, swapped_later = defer_swapped(first)
     # One candidate and none behind it: its checked compile is its search too (the cost model
     # times the same program: the same figures), one PyPTO compile instead of two.
-    checked_search = len(first) == 1 and not flat_later and not rest
+    checked_search = len(first) == 1 and not flat_later and not swapped_later and not rest
     tried, searched, pending, round_index = [], {}, first, 0
     while pending:
         folder = "final" if checked_search else f"search{round_index or ''}"
@@ -566,6 +568,11 @@ def _build(region, graph, target, cache, constants, interface, sources, untuned,
                 for c in sorted((c for c in tried if c.get("flat")), key=lambda c: -c["budget"])]
         pending = next_flat_rows(flat, flat_later, ub)
         flat_later = [p for p in flat_later if p not in pending]
+        if swapped_later:  # once, after the own orientation's round
+            pending += next_swapped([(c["budget"], c.get("ub_bytes"), c.get("aicore_us")
+                                      if c.get("compiled") else None)
+                                     for c in tried if not c.get("swapped")], swapped_later, ub)
+            swapped_later = []
         if not pending and not any(fits_ub(c.get("ub_bytes"), ub) for c in tried):
             pending, rest = rest, []  # the smaller budgets, only when no large tile fits
     compiled = [c for c in tried if c.get("compiled") and c["aicore_us"]]

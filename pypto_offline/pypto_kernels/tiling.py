@@ -151,7 +151,8 @@ def default_policy(ub_plan_bytes: int) -> TilePolicy:
 # docs/compile-time.md.
 SEARCHED_BUDGETS = 3
 # What decides which candidates compile, in the kernel's cache key: a change of it recompiles.
-SEARCH_RULES = f"{SEARCHED_BUDGETS} largest budgets + default; flat rows deferred on UB"
+SEARCH_RULES = (f"{SEARCHED_BUDGETS} largest budgets + default; flat rows deferred on UB; "
+                "swapped transposes at the best own budget")
 
 
 def search_rounds(policies: list[TilePolicy], default: TilePolicy
@@ -194,3 +195,27 @@ def next_flat_rows(compiled: list[tuple[int | None, float | None]], deferred: li
     if fitting or (last_ub is not None and before is not None and last_ub >= before):
         return []
     return deferred[:1]
+
+
+def defer_swapped(first: list[TilePolicy]) -> tuple[list[TilePolicy], list[TilePolicy]]:
+    """A first round's policies to compile now, and its swapped-transpose ones, which wait on
+    the own orientation's results (``next_swapped``)."""
+    return ([p for p in first if not p.swap_transpose_tiles],
+            [p for p in first if p.swap_transpose_tiles])
+
+
+def next_swapped(own: list[tuple[int, int | None, float | None]], deferred: list[TilePolicy],
+                 ub_plan_bytes: int) -> list[TilePolicy]:
+    """The deferred swapped-transpose policies to compile, given the own orientation's compiled
+    candidates as (budget, UB bytes, AICore µs): only at the budget of the fastest own tile
+    that fits, or all of them when none fits. The swapped orientation changes how a transpose
+    walks its input, not how many tasks a budget makes: on the corpus's full-search compiles
+    (26 regions with a transpose, and the bundled example, whose best tile is swapped) the best
+    swapped tile was always at the best own tile's budget; 43 compiles of 26 regions skipped,
+    no best tile lost. docs/compile-time.md."""
+    fitting = [(us, budget) for budget, ub, us in own
+               if fits_ub(ub, ub_plan_bytes) and us is not None]
+    if not fitting:
+        return list(deferred)
+    best_budget = min(fitting)[1]
+    return [p for p in deferred if p.budget_bytes == best_budget]
