@@ -564,14 +564,12 @@ def _build(region, graph, target, cache, constants, interface, sources, untuned,
             break
         tried += searched.get("candidates", [])
         round_index += 1
-        flat = [(c.get("ub_bytes"), c.get("aicore_us") if c.get("compiled") else None)
-                for c in sorted((c for c in tried if c.get("flat")), key=lambda c: -c["budget"])]
-        pending = next_flat_rows(flat, flat_later, ub)
+        flat = sorted((c for c in tried if c.get("flat")), key=lambda c: -c["budget"])
+        pending = next_flat_rows([_measured(c) for c in flat], flat_later, ub)
         flat_later = [p for p in flat_later if p not in pending]
         if swapped_later:  # once, after the own orientation's round
-            pending += next_swapped([(c["budget"], c.get("ub_bytes"), c.get("aicore_us")
-                                      if c.get("compiled") else None)
-                                     for c in tried if not c.get("swapped")], swapped_later, ub)
+            pending += next_swapped([_measured(c) for c in tried if not c.get("swapped")],
+                                    swapped_later, ub)
             swapped_later = []
         if not pending and not any(fits_ub(c.get("ub_bytes"), ub) for c in tried):
             pending, rest = rest, []  # the smaller budgets, only when no large tile fits
@@ -596,6 +594,13 @@ def _build(region, graph, target, cache, constants, interface, sources, untuned,
         return (Kernel(region.id, False, _failure(final), source=sources[chosen], cache_key=key),
                 bool(final.get("transient")))
     return _kernel_record(region, sources[chosen], key, best, default, result), False
+
+
+def _measured(candidate: dict) -> tuple[int, int | None, float | None]:
+    """A compiled candidate as the search's next-round rules read it: (budget, UB bytes,
+    AICore µs), the time None when it did not compile."""
+    return (candidate["budget"], candidate.get("ub_bytes"),
+            candidate.get("aicore_us") if candidate.get("compiled") else None)
 
 
 # What a compile of one candidate says about it, whatever the target it was compiled for: the
@@ -738,9 +743,9 @@ def _run_job(folder: Path, job: dict, target: Target, timeout: float) -> dict:
         rest = {**job, "candidates": job["candidates"][len(answer["candidates"]):]}
         again = folder.with_name(f"{folder.name}-{attempt}")
         again.mkdir()
-        for data in ("inputs.npz", "reference.npz"):
+        for data in ("inputs.npz", "reference.npz"):  # linked: the same files, not rewritten
             if (folder / data).exists():
-                shutil.copyfile(folder / data, again / data)
+                os.link(folder / data, again / data)
         more = _run_job_once(again, rest, target, timeout)
         answer = {**more, "candidates": answer["candidates"] + more.get("candidates", [])}
     return answer

@@ -173,10 +173,11 @@ def defer_flat_rows(first: list[TilePolicy]) -> tuple[list[TilePolicy], list[Til
     return [p for p in first if p not in flat[1:]], flat[1:]
 
 
-def next_flat_rows(compiled: list[tuple[int | None, float | None]], deferred: list[TilePolicy],
-                   ub_plan_bytes: int) -> list[TilePolicy]:
+def next_flat_rows(compiled: list[tuple[int, int | None, float | None]],
+                   deferred: list[TilePolicy], ub_plan_bytes: int) -> list[TilePolicy]:
     """The deferred flat-row policy to compile next (or none), given the flat candidates
-    compiled so far, largest budget first, as (UB bytes, AICore µs). A descent, one budget at a
+    compiled so far, largest budget first, as (budget, UB bytes, AICore µs; None when it did
+    not compile), as ``next_swapped`` takes them. A descent, one budget at a
     time: on while the tiles fit UB and the last smaller tile was faster; while none fits, on
     until a smaller tile needs no less UB than the larger one (PyPTO then lays the rows out
     whatever the tile: ppocrv4_det's HardSwish regions needed 196,608 B at 32, 16 and 8 KiB,
@@ -186,12 +187,12 @@ def next_flat_rows(compiled: list[tuple[int | None, float | None]], deferred: li
     best tile (by 4.4 %); on ppocrv4_det 28 compiles, none a best tile. docs/compile-time.md."""
     if not deferred or not compiled:
         return []
-    fitting = [us for ub, us in compiled if fits_ub(ub, ub_plan_bytes) and us is not None]
-    last_ub = compiled[-1][0]
+    fitting = [us for _, ub, us in compiled if fits_ub(ub, ub_plan_bytes) and us is not None]
+    last_ub = compiled[-1][1]
     if fits_ub(last_ub, ub_plan_bytes):
         improving = len(fitting) < 2 or fitting[-1] < fitting[-2]
         return deferred[:1] if improving else []
-    before = compiled[-2][0] if len(compiled) > 1 else None
+    before = compiled[-2][1] if len(compiled) > 1 else None
     if fitting or (last_ub is not None and before is not None and last_ub >= before):
         return []
     return deferred[:1]

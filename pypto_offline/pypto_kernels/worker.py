@@ -34,6 +34,8 @@ import sys
 import time
 import traceback
 import types
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -348,18 +350,20 @@ def run_job(job: dict, torch) -> dict:
         keep_aicore_sources(folder)
     if job.get("parallel", 1) > 1 and len(job["candidates"]) > 1 and not job.get("verify"):
         return _in_processes(job, folder, torch, job["parallel"])
-    results = []
+    results, data = [], np.load(folder / "inputs.npz")
     for index in range(len(job["candidates"])):
-        results.append(_candidate(job, index, folder, torch))
+        results.append(_candidate(job, index, folder, torch, data))
         if not results[-1]["compiled"]:  # PyPTO is unusable in this process now ("function
             break  # nested is not allowed"): the candidates left run in a fresh child (compiler)
     return {"candidates": results}
 
 
-def _candidate(job: dict, index: int, folder: Path, torch, run_root: Path | None = None) -> dict:
-    """One candidate of a job compiled (and checked), as the build reads it back."""
+def _candidate(job: dict, index: int, folder: Path, torch, data,
+               run_root: Path | None = None) -> dict:
+    """One candidate of a job compiled (and checked), as the build reads it back; ``data``: the
+    job's ``inputs.npz``, opened by this process (an open archive's file offset is shared with
+    a forked process)."""
     candidate = job["candidates"][index]
-    data = np.load(folder / "inputs.npz")
     shared = [f"in{i}" for i in range(len(data.files))]  # one kernel's inputs, in order
     # a candidate may be a kernel of its own (the unfused baseline compiles one per op)
     arrays = ([data[name] for name in candidate["inputs"]] if "inputs" in candidate
@@ -389,23 +393,7 @@ def _in_processes(job: dict, folder: Path, torch, parallel: int) -> dict:
     while pending or running:
         while pending and len(running) < parallel:
             index = pending.pop(0)
-            sys.stdout.flush()
-            sys.stderr.flush()
-            pid = os.fork()
-            if pid == 0:
-                code = 1
-                try:  # PyPTO's home (read at each compile) of its own, as its run folder
-                    os.environ["PYPTO_HOME"] = str(folder / "pypto_home" / f"c{index}")
-                    answer = _candidate(job, index, folder, torch, folder / "run" / f"c{index}")
-                    _write_json(answer, folder / f"candidate{index}.json")
-                    code = 0
-                except BaseException:  # noqa: BLE001 - the child's end, told in the job's log
-                    traceback.print_exc()
-                finally:
-                    sys.stdout.flush()
-                    sys.stderr.flush()
-                    os._exit(code)
-            running[pid] = index
+            running[_forked(partial(_candidate_child, job, index, folder, torch))] = index
         pid, status = os.wait()
         codes[running.pop(pid)] = os.waitstatus_to_exitcode(status)
     answers = []
@@ -415,6 +403,35 @@ def _in_processes(job: dict, folder: Path, torch, parallel: int) -> dict:
             return {"error": f"PyPTO worker crashed (exit code {codes[index]})", "transient": True}
         answers.append(json.loads(path.read_text()))
     return {"candidates": answers}
+
+
+def _candidate_child(job: dict, index: int, folder: Path, torch) -> None:
+    """In a candidate's child: PyPTO's home (read at each compile) and run folder of its own."""
+    os.environ["PYPTO_HOME"] = str(folder / "pypto_home" / f"c{index}")
+    answer = _candidate(job, index, folder, torch, np.load(folder / "inputs.npz"),
+                        folder / "run" / f"c{index}")
+    _write_json(answer, folder / f"candidate{index}.json")
+
+
+def _forked(body: Callable[[], None]) -> int:
+    """Fork a child that runs ``body`` and exits (0 when it returned, 1 when it raised, the
+    exception told in the log): nothing in the child returns into the parent's code, and
+    nothing buffered is written twice. Returns the child's pid."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid:
+        return pid
+    code = 1
+    try:
+        body()
+        code = 0
+    except BaseException:  # noqa: BLE001 - the child's end, told in its log
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
 
 
 def _compare(outputs: list, reference: Path) -> dict:
@@ -503,10 +520,6 @@ def enter_job(folder: Path, server: Path) -> None:
     (folder / "tile_fwk_config.json").write_bytes((server / "tile_fwk_config.json").read_bytes())
 
 
-def _write_result(result: dict, job_path: Path) -> None:
-    _write_json(result, job_path.with_name("result.json"))
-
-
 def _write_json(value: dict, path: Path) -> None:
     staged = path.with_name(path.name + ".tmp")
     staged.write_text(json.dumps(value, indent=1, sort_keys=True))
@@ -534,7 +547,7 @@ def _job_child(job_path: Path, server: Path, torch, libc, started: int, server_p
         os.close(log)
         enter_job(folder, server)
         (folder / STARTED_MARKER).touch()  # the environment works: a death is the kernel's
-        _write_result(run_job(job, torch), job_path)
+        _write_json(run_job(job, torch), job_path.with_name("result.json"))
     finally:
         if sentinel:
             os.kill(sentinel, signal.SIGKILL)
@@ -562,23 +575,13 @@ def serve(folder: Path) -> int:
     gc.freeze()
     replies.write(f"{SERVER_READY}\n")
     for line in sys.stdin:
-        sys.stdout.flush()
-        sys.stderr.flush()  # nothing buffered is written twice, by the server and the child
         started, told = os.pipe()
-        pid = os.fork()
-        if pid == 0:
+
+        def job():  # runs in the child, at once
             os.close(started)
             os.close(replies.fileno())  # the build sees the server's death, not its children's
-            code = 1
-            try:
-                _job_child(Path(line.strip()), folder, torch, libc, told, server_pid)
-                code = 0
-            except BaseException:  # noqa: BLE001 - the child's end, told in its log
-                traceback.print_exc()
-            finally:
-                sys.stdout.flush()
-                sys.stderr.flush()
-                os._exit(code)
+            _job_child(Path(line.strip()), folder, torch, libc, told, server_pid)
+        pid = _forked(job)
         os.close(told)
         os.read(started, 1)  # empty when the child died first
         os.close(started)
