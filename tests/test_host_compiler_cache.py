@@ -187,3 +187,82 @@ def test_a_cache_that_cannot_be_used_leaves_the_compile_to_the_real_compiler(tmp
     replaced = Path(f"{source}.s").read_bytes()
     assert host_compile(job, source, shutil.which("g++")).returncode == 0
     assert replaced == Path(f"{source}.s").read_bytes()
+
+
+# --- the precompiled header -------------------------------------------------------------------
+
+# The two sources of one real PyPTO 0.2.0 host compile (tf_swin's first region: Add, Reshape,
+# Transpose) with the two headers PyPTO writes beside them, as PyPTO wrote them.
+REAL_SOURCES = Path(__file__).parent / "data" / "pypto_host_sources"
+
+
+def host_log_lines(job: Path) -> list[list[str]]:
+    return [line.split() for line in (job / host.LOG).read_text().splitlines()]
+
+
+def precompiled_miss(line: list[str]) -> bool:
+    """A log line ``miss <seconds> precompiled <output> <key>``."""
+    return line[0] == "miss" and line[2] == "precompiled"
+
+
+def pch_entries(cache: Path) -> list[Path]:
+    return [e for e in (cache / host.PCH_SUBFOLDER).glob("??/*") if e.is_dir()]
+
+
+def test_the_prologue_holds_the_defines_and_the_headers_from_outside_the_source_folder(tmp_path):
+    (tmp_path / "expression_0.h").write_text("#define VALUE 1\n")
+    text = ('#define __TILE_FWK_AICPU__ 1\n#include <stdint.h>\n\n#include "expression_0.h"\n'
+            '#include "tilefwk/aicpu_runtime.h"\n// a comment\n#if VALUE\n#include <vector>\n'
+            '#endif\nint x;\n')
+    assert host.precompiled_prologue(text, tmp_path) == (
+        '#define __TILE_FWK_AICPU__ 1\n#include <stdint.h>\n#include "tilefwk/aicpu_runtime.h"\n')
+    assert host.precompiled_prologue('#include "expression_0.h"\nint x;\n', tmp_path) is None
+    assert host.precompiled_prologue("#define A 1\nint x;\n", tmp_path) is None
+
+
+@pytest.mark.parametrize("name", ["controlFlow_host_6493229403676378844.cpp",
+                                  "control_flow_expr_table_0_0.cpp"])
+def test_pypto_sources_compile_through_the_precompiled_header_to_the_same_output(tmp_path, name):
+    """PyPTO's own sources: through the precompiled header (its system and PyPTO headers read
+    before the source's own expression_0.h) the output is what the plain compile writes."""
+    job = tmp_path / "job"
+    shutil.copytree(REAL_SOURCES, job / "run" / "kernel_aicpu")
+    host.write_wrapper(job, tmp_path / "cache")
+    source = job / "run" / "kernel_aicpu" / name
+    assert host_compile(job, source).returncode == 0
+    assert precompiled_miss(host_log_lines(job)[0])
+    through_header = Path(f"{source}.s").read_bytes()
+    assert host_compile(job, source, shutil.which("g++")).returncode == 0
+    assert Path(f"{source}.s").read_bytes() == through_header
+    (entry,) = pch_entries(tmp_path / "cache")
+    assert (entry / f"{host.PCH_HEADER}.gch").stat().st_size > 1_000_000
+
+
+def test_one_precompiled_header_serves_every_source_with_that_prologue(tmp_path):
+    """Other jobs and other sources opening with the same headers: built once, then read."""
+    first, first_source = wrapper_job(tmp_path, "first")
+    second, second_source = wrapper_job(tmp_path, "second", SOURCE + "int other;\n")
+    for job, source in ((first, first_source), (second, second_source)):
+        assert host_compile(job, source).returncode == 0
+        assert precompiled_miss(host_log_lines(job)[0])
+    assert len(pch_entries(tmp_path / "cache")) == 1 and len(entries(tmp_path / "cache")) == 2
+
+
+def test_a_damaged_precompiled_header_is_rebuilt(tmp_path):
+    """A precompiled header is read back only as stored (its manifest): an edited one is a
+    miss, with a warning, and a sound one replaces it; the compile's output is unchanged."""
+    job, source = wrapper_job(tmp_path, "job")
+    assert host_compile(job, source).returncode == 0
+    (entry,) = pch_entries(tmp_path / "cache")
+    gch = entry / f"{host.PCH_HEADER}.gch"
+    gch.write_bytes(gch.read_bytes()[:4096])
+    source.write_text(SOURCE + "int again;\n")  # another source: a miss, not a replay
+    done = host_compile(job, source)
+    assert done.returncode == 0 and b"is damaged" in done.stderr
+    assert precompiled_miss(host_log_lines(job)[1])
+    (entry,) = pch_entries(tmp_path / "cache")
+    # rebuilt whole (not byte for byte the same: g++ does not write a .gch reproducibly)
+    assert len(verified_files(entry, entry.name)[f"{host.PCH_HEADER}.gch"]) > 1_000_000
+    through_header = Path(f"{source}.s").read_bytes()
+    assert host_compile(job, source, shutil.which("g++")).returncode == 0
+    assert Path(f"{source}.s").read_bytes() == through_header
