@@ -12,7 +12,7 @@ import pytest
 
 import pypto_offline
 from pypto_offline import cli
-from pypto_offline.pypto_kernels.host_compiler_cache import SUBFOLDER as HOST_COMPILER_ENTRIES
+from pypto_offline.pypto_kernels.cache import entry_folders
 from tests.malformed import EXAMPLE
 
 SHAPE = ["--input-shape", "x=1,3,64,64"]
@@ -51,8 +51,7 @@ def test_two_builds_at_once_share_a_cache_and_a_third_compiles_nothing(tmp_path)
     assert one["kernel_cache"]["compiled"] >= 1 and two["kernel_cache"]["compiled"] >= 1
     assert one["verification"]["status"] == two["verification"]["status"] == "passed"
     # the cache is whole: every entry complete, no staging folder left behind
-    entries = [p for p in cache.glob("*/*")
-               if p.is_dir() and p.parent.name not in ("tmp", HOST_COMPILER_ENTRIES)]
+    entries = entry_folders(cache)
     assert len(entries) >= 2
     assert all((entry / "kernel.json").is_file() or (entry / "result.json").is_file()
                for entry in entries), entries  # a kernel, or one of its compiles

@@ -20,8 +20,7 @@ import pytest
 
 from pypto_offline.errors import UsageError
 from pypto_offline.pypto_kernels import cache as kernel_cache
-from pypto_offline.pypto_kernels.cache import KernelCache
-from pypto_offline.pypto_kernels.host_compiler_cache import SUBFOLDER as HOST_COMPILER_ENTRIES
+from pypto_offline.pypto_kernels.cache import KernelCache, entry_folders
 from pypto_offline.pypto_kernels.tiling import TilePolicy
 from tests.onnx_builders import GraphBuilder
 
@@ -56,10 +55,9 @@ def build(model: Path, blob: Path, cache: str | Path, *, cwd: Path, env: dict | 
 def entries(cache: Path) -> dict[str, Path]:
     """The cache's entries by kind: the kernel's, each baseline op's, and each PyPTO compile's
     (the search's candidate, and the checked final compile: docs/compile-time.md); the host
-    g++ entries, a cache of their own, are left out."""
+    g++ entries and precompiled headers, caches of their own, are left out."""
     found, counts = {}, {"op": 0}
-    for entry in sorted(p for p in cache.glob("*/*")
-                        if p.parent.name not in ("tmp", HOST_COMPILER_ENTRIES)):
+    for entry in entry_folders(cache):
         if (entry / "result.json").exists():
             kind = "final" if (entry / "artifacts").is_dir() else "search"
         elif "cache_key" in json.loads((entry / "kernel.json").read_text()):

@@ -140,6 +140,13 @@ class KernelCache:
         shutil.rmtree(aside, ignore_errors=True)
 
 
+def entry_folders(root: Path) -> list[Path]:
+    """The entries of the cache in ``root`` (``<root>/<key[:2]>/<key>``, ``KernelCache.entry``),
+    sorted: not its staging folders, nor the caches kept inside it under names of their own
+    (the host g++ outputs and precompiled headers, pypto_kernels/host_compiler_cache.py)."""
+    return sorted(p for p in Path(root).glob("??/*") if p.is_dir())
+
+
 def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
