@@ -301,7 +301,36 @@ def test_targets_of_one_cost_model_share_their_compiles(monkeypatch, tmp_path):
                                              search=False)
         kernels[target] = (kernels[target], jobs[before:])
     (kirin, kirin_jobs), (ascend, ascend_jobs), (a5, a5_jobs) = kernels.values()
-    assert kirin_jobs == ["final"] and ascend_jobs == [] and a5_jobs == kirin_jobs
+    # one tile: its checked compile is its search too
+    assert kirin_jobs == ["search"] and ascend_jobs == [] and a5_jobs == kirin_jobs
     assert kirin.compiled and ascend.compiled and not ascend.from_cache
     assert ascend.artifacts == kirin.artifacts and ascend.tuned_tile == kirin.tuned_tile
     assert ascend.max_abs_diff == kirin.max_abs_diff and ascend.verdicts == kirin.verdicts
+
+
+def test_a_small_region_checks_its_first_round_and_ships_what_a_checked_final_compile_ships(
+        monkeypatch, tmp_path):
+    """Below ``CHECKED_SEARCH_BYTES`` the first round of the tile search runs pass-verify as it
+    compiles, and the tile it picks is shipped from that compile: no final compile, the same
+    kernel (tile, figures, verdicts, artifacts) as a search left unchecked followed by a checked
+    compile of the chosen tile."""
+    from pypto_offline.pypto_kernels import compiler
+
+    graph, plan = fuse(rotary())
+    assert compiler.cheap_to_check(plan.regions[0])
+    jobs = []
+    run_worker = compiler._run_worker
+    monkeypatch.setattr(compiler, "_run_worker", lambda folder, *rest: (
+        jobs.append(folder.name), run_worker(folder, *rest))[1])
+    # one job at a time: its candidates compile one after another (each in a child of its own)
+    (checked,) = compile_kernels(graph, plan, TARGETS["kirin9050"], cache_dir=tmp_path / "a",
+                                 jobs=1)
+    checked_jobs = list(jobs)
+    monkeypatch.setattr(compiler, "CHECKED_SEARCH_BYTES", 0)
+    (unchecked,) = compile_kernels(graph, plan, TARGETS["kirin9050"], cache_dir=tmp_path / "b")
+    assert checked_jobs[0] == "search" and "final" not in checked_jobs
+    assert jobs[len(checked_jobs):][-1] == "final"
+    assert checked.compiled and checked.functional_ok and checked.artifacts
+    same = ("tuned_tile", "default_tile", "functional_ok", "max_abs_diff", "verdicts",
+            "gm_bytes_read", "gm_bytes_written", "source", "artifacts")
+    assert {f: getattr(checked, f) for f in same} == {f: getattr(unchecked, f) for f in same}

@@ -552,17 +552,19 @@ def _build(region, graph, target, cache, constants, interface, sources, untuned,
     first, rest = search_rounds(list(sources), untuned)
     first, flat_later = defer_flat_rows(first)
     first, swapped_later = defer_swapped(first)
-    # One candidate and none behind it: its checked compile is its search too (the cost model
-    # times the same program: the same figures), one PyPTO compile instead of two.
-    checked_search = len(first) == 1 and not flat_later and not swapped_later and not rest
+    # The first round checked as it compiles, where a check costs little next to a compile:
+    # the tile it picks needs no second, checked compile (the cost model times the same
+    # program: the same figures). A lone candidate always: one compile instead of two.
+    checked_first = cheap_to_check(region) or (
+        len(first) == 1 and not flat_later and not swapped_later and not rest)
     tried, searched, pending, round_index = [], {}, first, 0
     while pending:
-        folder = "final" if checked_search else f"search{round_index or ''}"
-        searched = compile_(staged / folder, {p: sources[p] for p in pending},
-                            verify=checked_search)
+        verify = checked_first and round_index == 0
+        searched = compile_(staged / f"search{round_index or ''}",
+                            {p: sources[p] for p in pending}, verify=verify)
         if searched.get("transient"):
             break
-        tried += searched.get("candidates", [])
+        tried += [{**c, "checked": verify} for c in searched.get("candidates", [])]
         round_index += 1
         flat = sorted((c for c in tried if c.get("flat")), key=lambda c: -c["budget"])
         pending = next_flat_rows([_measured(c) for c in flat], flat_later, ub)
@@ -587,13 +589,29 @@ def _build(region, graph, target, cache, constants, interface, sources, untuned,
                                        astuple(_policy(c))))
     default = default_candidate(fitting, untuned.budget_bytes)
     chosen = _policy(best)
-    final = searched if checked_search else compile_(staged / "final", {chosen: sources[chosen]},
-                                                     verify=True)
+    final = {"candidates": [best]} if best["checked"] else \
+        compile_(staged / "final", {chosen: sources[chosen]}, verify=True)
     result = (final.get("candidates") or [{}])[0]
     if not result.get("compiled"):
         return (Kernel(region.id, False, _failure(final), source=sources[chosen], cache_key=key),
                 bool(final.get("transient")))
+    if result.get("artifacts"):
+        os.rename(result["artifacts"], staged / CHOSEN_ARTIFACTS)  # placed by ``_save``
     return _kernel_record(region, sources[chosen], key, best, default, result), False
+
+
+# A region whose largest tensor is at most this size checks the first round of its tile search
+# as it compiles it (``_build``), and needs no second, checked compile of the tile it picks.
+# Pass-verify interprets the tensor graph and the lowered one tile by tile over the whole
+# tensors: on ppocrv4_det's regions (a checked compile against the same candidate unchecked,
+# 0.4-1.9 s) it added 0.0 s up to 300 KB, 0.15-0.7 s at 0.6-2.4 MB, 2.5-3.5 s at 4.9-9.8 MB and
+# 11 s at 13 MB; tf_swin's (all small) 0.05 s median. Checking a first round of n candidates
+# costs n checks instead of one compile more: a gain below ~0.5 MB. docs/compile-time.md.
+CHECKED_SEARCH_BYTES = 512 * 1024
+
+
+def cheap_to_check(region: Region) -> bool:
+    return largest_tensor_bytes(region) <= CHECKED_SEARCH_BYTES
 
 
 def _measured(candidate: dict) -> tuple[int, int | None, float | None]:
@@ -634,13 +652,10 @@ def _compiled(folder: Path, sources: dict[TilePolicy, str], *, verify: bool, reg
                                  timeout, parallel())
             if not result.get("transient"):
                 for answer in result.get("candidates", []):
-                    known[_policy(answer)] = _store_compile(cache, keys[_policy(answer)], answer,
-                                                            folder if verify else None)
-    hits = [{**_policy_fields(policy), **known[policy]["result"]} for policy in sources
-            if policy not in missing]
-    for policy in sources:
-        if policy not in missing and known[policy]["artifacts"]:
-            _restore_artifacts(known[policy]["artifacts"], folder)
+                    known[_policy(answer)] = _store_compile(cache, keys[_policy(answer)], answer)
+    hits = [{**_policy_fields(policy), **known[policy]["result"],
+             **_restored_artifacts(known[policy]["artifacts"], folder / "hits" / policy.name)}
+            for policy in sources if policy not in missing]
     return {**result, "candidates": hits + result.get("candidates", [])}
 
 
@@ -649,12 +664,14 @@ def _policy_fields(policy: TilePolicy) -> dict:
                                                                                 "source")}
 
 
-def _store_compile(cache: KernelCache, key: str, answer: dict, folder: Path | None) -> dict:
+def _store_compile(cache: KernelCache, key: str, answer: dict) -> dict:
+    """A compile's entry: its figures, and a checked compile's artifacts (the worker's
+    ``artifacts`` folder for that candidate)."""
     entry = cache.staging()
     record = {name: answer[name] for name in COMPILE_FIELDS if name in answer}
     (entry / COMPILE_RESULT).write_text(json.dumps(record, indent=1, sort_keys=True))
-    if folder is not None and answer.get("compiled") and (folder / "artifacts").is_dir():
-        shutil.copytree(folder / "artifacts", entry / "artifacts")
+    if answer.get("compiled") and answer.get("artifacts"):
+        shutil.copytree(answer["artifacts"], entry / "artifacts")
     return _cached_compile(cache.put(key, entry))
 
 
@@ -667,11 +684,16 @@ def _cached_compile(files: dict[str, bytes]) -> dict:
                                             if name.startswith("artifacts/")}}
 
 
-def _restore_artifacts(artifacts: dict[str, bytes], folder: Path) -> None:
+def _restored_artifacts(artifacts: dict[str, bytes], folder: Path) -> dict:
+    """A cached checked compile's artifacts written to ``folder``, as the worker leaves a
+    compiled candidate's: the ``artifacts`` field of its answer (none for a search compile)."""
+    if not artifacts:
+        return {}
     for name, data in artifacts.items():
-        path = folder / "artifacts" / name
+        path = folder / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
+    return {"artifacts": str(folder)}
 
 
 def default_candidate(fitting: list[dict], default_budget: int) -> dict | None:
@@ -851,12 +873,16 @@ def region_model(region: Region, graph: ImportedGraph) -> onnx.ModelProto:
 
 
 def _save(kernel: Kernel, staged: Path) -> None:
-    # keep the artifacts, drop the simulator's bulky output
-    for name in (p.name for p in staged.iterdir() if p.is_dir()):  # search*, final
-        for bulky in ("run", "verify", "pypto_home", "ascend_log"):
+    # keep the chosen compile's artifacts (``ARTIFACTS``), drop the simulator's bulky output
+    # and the other checked candidates' artifacts
+    for name in (p.name for p in staged.iterdir() if p.is_dir() and p.name != CHOSEN_ARTIFACTS):
+        for bulky in ("run", "verify", "pypto_home", "ascend_log", "artifacts", "hits"):
             shutil.rmtree(staged / name / bulky, ignore_errors=True)
         for data in ("inputs.npz", "reference.npz"):  # re-derived by any build; every stored
             (staged / name / data).unlink(missing_ok=True)  # byte is hashed on each read
+    if (staged / CHOSEN_ARTIFACTS).is_dir():
+        (staged / "final").mkdir(exist_ok=True)
+        os.rename(staged / CHOSEN_ARTIFACTS, staged / ARTIFACTS)
     record = {k: v for k, v in kernel.__dict__.items()
               if k not in ("artifacts", "from_cache", "pypto_compiles")}
     for tile in ("default_tile", "tuned_tile"):
@@ -865,7 +891,8 @@ def _save(kernel: Kernel, staged: Path) -> None:
     (staged / "kernel.json").write_text(json.dumps(record, indent=1, sort_keys=True))
 
 
-ARTIFACTS = "final/artifacts/"
+ARTIFACTS = "final/artifacts/"  # in a kernel's entry: the shipped compile's artifacts
+CHOSEN_ARTIFACTS = "chosen-artifacts"  # in its staging folder, until ``_save`` places them
 
 
 def _load(files: dict[str, bytes], region_id: str, from_cache: bool) -> Kernel:

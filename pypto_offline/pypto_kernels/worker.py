@@ -339,17 +339,17 @@ def start_pypto(folder: Path, cost_model_arch: str | None, device_platform: str 
 
 def run_job(job: dict, torch) -> dict:
     """Compile (and check) the candidates of a job, in a process where ``start_pypto`` ran: in
-    order, up to the first that fails (the ones after it are left out of the answer); or, for
-    a search job the build gives ``parallel`` > 1, each in a process of its own
-    (``_in_processes``)."""
+    order, up to the first that fails (the ones after it are left out of the answer); or each
+    in a process of its own (``_in_processes``), ``parallel`` at a time, for a job the build
+    gives ``parallel`` > 1 and for a checked job of several: its artifacts ship, and PyPTO's
+    drift within a process (symbol numbers) would make a candidate's depend on those before."""
     folder = Path(job["folder"])
     # per job: the g++ wrapper's settings name this job's folder (docs/kernel-cache.md)
     host_compiler_cache.install(folder, job.get("host_compiler_cache"))
     if job.get("verify"):
-        os.environ["PYPTO_OFFLINE_VERIFY_DIR"] = str(folder / "verify")
         keep_aicore_sources(folder)
-    if job.get("parallel", 1) > 1 and len(job["candidates"]) > 1 and not job.get("verify"):
-        return _in_processes(job, folder, torch, job["parallel"])
+    if len(job["candidates"]) > 1 and (job.get("parallel", 1) > 1 or job.get("verify")):
+        return _in_processes(job, folder, torch, job.get("parallel", 1))
     results, data = [], np.load(folder / "inputs.npz")
     for index in range(len(job["candidates"])):
         results.append(_candidate(job, index, folder, torch, data))
@@ -369,15 +369,21 @@ def _candidate(job: dict, index: int, folder: Path, torch, data,
     arrays = ([data[name] for name in candidate["inputs"]] if "inputs" in candidate
               else [data[name] for name in shared] if set(shared) == set(data.files) else [])
     own = {**job, **{k: candidate[k] for k in ("function", "outputs") if k in candidate}}
+    # each checked candidate's pass-verify dumps and artifacts in folders of its own: a job may
+    # check several (the first round of a small region's tile search, docs/compile-time.md)
+    checked, kept = folder / "verify" / f"c{index}", folder / "artifacts" / f"c{index}"
+    if job.get("verify"):  # the kernel's module reads it as it runs: it turns pass-verify on
+        os.environ["PYPTO_OFFLINE_VERIFY_DIR"] = str(checked)
     result = _compile_once(own, candidate, folder, arrays, torch, run_root)
     outputs = result.pop("outputs", None)
     if job.get("verify") and outputs is not None:
-        result["verdicts"] = verdicts(folder / "verify")
+        result["verdicts"] = verdicts(checked)
         result.update(_compare(outputs, folder / "reference.npz"))
         # longest first: the run folder (named with a timestamp and pid) is inside `folder`
         portable = {result["run_dir"]: "<build>/run",
                     str(_pypto_lib().parent): "<pypto>", str(folder): "<build>"}
-        _keep_artifacts(Path(result["run_dir"]), folder / "artifacts", portable)
+        _keep_artifacts(Path(result["run_dir"]), kept, portable)
+        result["artifacts"] = str(kept)
     # handed back as given (its tile policy, whatever fields it has), less the kernel itself
     tile = {k: v for k, v in candidate.items() if k not in KERNEL_FIELDS}
     return {**tile, "function": own["function"], **result}
@@ -385,8 +391,8 @@ def _candidate(job: dict, index: int, folder: Path, torch, data,
 
 def _in_processes(job: dict, folder: Path, torch, parallel: int) -> dict:
     """Each candidate compiled in a child of this job's process, ``parallel`` at a time (the
-    build asks for it when a pool thread would idle: a model of one region, the last region
-    of a build). Each child starts from this process's state, which has compiled nothing; its
+    build asks for more than one when a pool thread would idle: a model of one region, the
+    last region of a build; a checked job's candidates each need a fresh process). Each child starts from this process's state, which has compiled nothing; its
     PyPTO output goes to a run folder of its own; a failure dies with its child. A child that
     dies without an answer makes the whole job's outcome transient, as a worker's crash does."""
     pending, running, codes = list(range(len(job["candidates"]))), {}, {}
@@ -449,7 +455,7 @@ def _keep_artifacts(run_dir: Path, target: Path, paths: dict[str, str]) -> None:
     """program.json (gzipped), the task graph, the host control-flow and AICore sources, with
     absolute paths (the build folder, the pypto package) replaced by portable names so that
     the same kernel gives the same bytes whatever the cache folder or machine."""
-    target.mkdir(exist_ok=True)
+    target.mkdir(parents=True, exist_ok=True)
     files = {"program.json": run_dir / "program.json", "dyn_topo.txt": run_dir / "dyn_topo.txt"}
     for source in glob.glob(str(run_dir / "kernel_aicpu" / "controlFlow_host_*.cpp")):
         files["control_flow_host.cpp"] = Path(source)
