@@ -338,3 +338,37 @@ def test_the_swapped_transpose_tiles_are_compiled_at_the_best_own_budget(monkeyp
     assert {p.budget_bytes for p in rounds[0]} == {8192, 16384, 32768}
     swapped = sorted(p.budget_bytes for r in rounds[1:] for p in r if p.swap_transpose_tiles)
     assert swapped == expected
+
+
+def test_a_checked_round_whose_worker_crashes_is_searched_again_unchecked(monkeypatch, tmp_path):
+    """A small region's first round is checked as it compiles (docs/compile-time.md); when a
+    candidate's process dies under the check (ppocrv4_rec: SIGSEGV in PyPTO's interpreter), the
+    round runs again unchecked and only the tile it picks gets a checked compile, as a large
+    region's would: the region ships instead of falling back. The worker's answers are made up
+    here (no kernel is claimed compiled)."""
+    from pypto_offline.pypto_kernels import compiler
+    from pypto_offline.pypto_kernels.cache import KernelCache
+
+    region, constants = _silu_region([1, 16, 16, 16])
+    assert compiler.cheap_to_check(region)
+    jobs = []
+
+    def worker(folder, region, target, sources, key, arrays, reference, verify, timeout,
+               parallel=1):
+        jobs.append((folder.name, verify, len(sources)))
+        if verify and len(sources) > 1:
+            return {"error": "PyPTO worker crashed (exit code -11)", "transient": True}
+        return {"candidates": [{**compiler._job_candidate(p, key, text), "compiled": True,
+                                "aicore_us": 4.0 - p.budget_bytes / 16384, "total_us": 5.0,
+                                "tasks": 4, "max_abs_diff": 0.0,
+                                "verdicts": [{"pass": "tensor_graph", "result": "PASS"}] * verify, "ub_bytes": 2 * p.budget_bytes,
+                                "gm_bytes": {"read": 1, "written": 1}}
+                               for p, text in sources.items()]}
+    monkeypatch.setattr(compiler, "_run_worker", worker)
+    monkeypatch.setattr(compiler, "_region_data", lambda *args: ([], []))
+    kernel = compiler.compile_region(region, type("Graph", (), {})(), TARGETS["kirin9050"],
+                                     KernelCache(tmp_path), constants)
+    assert [(name, verify) for name, verify, _ in jobs] == [
+        ("search", True), ("search-unchecked", False), ("final", True)]
+    assert jobs[0][2] == jobs[1][2] > 1 and jobs[2][2] == 1
+    assert kernel.compiled and kernel.functional_ok, kernel.fallback_reason

@@ -562,6 +562,13 @@ def _build(region, graph, target, cache, constants, interface, sources, untuned,
         verify = checked_first and round_index == 0
         searched = compile_(staged / f"search{round_index or ''}",
                             {p: sources[p] for p in pending}, verify=verify)
+        if verify and len(pending) > 1 and _crashed(searched):
+            # a check that kills a candidate's process (PyPTO's interpreter on some tiles:
+            # ppocrv4_rec, SIGSEGV) must not cost the region: the round again unchecked, as
+            # a large region's, and then a checked compile of the tile it picks only
+            verify = checked_first = False
+            searched = compile_(staged / "search-unchecked", {p: sources[p] for p in pending},
+                                verify=False)
         if searched.get("transient"):
             break
         tried += [{**c, "checked": verify} for c in searched.get("candidates", [])]
@@ -612,6 +619,11 @@ CHECKED_SEARCH_BYTES = 512 * 1024
 
 def cheap_to_check(region: Region) -> bool:
     return largest_tensor_bytes(region) <= CHECKED_SEARCH_BYTES
+
+
+def _crashed(result: dict) -> bool:
+    """A worker's answer that says its process died (not that it ran out of time)."""
+    return bool(result.get("transient")) and not result.get("error", "").startswith(TIMED_OUT)
 
 
 def _measured(candidate: dict) -> tuple[int, int | None, float | None]:
