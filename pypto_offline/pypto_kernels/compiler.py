@@ -602,8 +602,7 @@ def _build(region, graph, target, cache, constants, interface, sources, untuned,
     if not result.get("compiled"):
         return (Kernel(region.id, False, _failure(final), source=sources[chosen], cache_key=key),
                 bool(final.get("transient")))
-    if result.get("artifacts"):
-        os.rename(result["artifacts"], staged / CHOSEN_ARTIFACTS)  # placed by ``_save``
+    _keep_chosen_artifacts(result, staged / CHOSEN_ARTIFACTS)  # placed by ``_save``
     return _kernel_record(region, sources[chosen], key, best, default, result), False
 
 
@@ -665,8 +664,10 @@ def _compiled(folder: Path, sources: dict[TilePolicy, str], *, verify: bool, reg
             if not result.get("transient"):
                 for answer in result.get("candidates", []):
                     known[_policy(answer)] = _store_compile(cache, keys[_policy(answer)], answer)
+    # a hit's artifacts stay in memory: only the tile the search picks is written out
     hits = [{**_policy_fields(policy), **known[policy]["result"],
-             **_restored_artifacts(known[policy]["artifacts"], folder / "hits" / policy.name)}
+             **({"artifact_files": known[policy]["artifacts"]} if known[policy]["artifacts"]
+                else {})}
             for policy in sources if policy not in missing]
     return {**result, "candidates": hits + result.get("candidates", [])}
 
@@ -696,16 +697,15 @@ def _cached_compile(files: dict[str, bytes]) -> dict:
                                             if name.startswith("artifacts/")}}
 
 
-def _restored_artifacts(artifacts: dict[str, bytes], folder: Path) -> dict:
-    """A cached checked compile's artifacts written to ``folder``, as the worker leaves a
-    compiled candidate's: the ``artifacts`` field of its answer (none for a search compile)."""
-    if not artifacts:
-        return {}
-    for name, data in artifacts.items():
-        path = folder / name
+def _keep_chosen_artifacts(result: dict, target: Path) -> None:
+    """The shipped compile's artifacts into ``target``: the worker's folder for a compile run
+    now (``artifacts``), the cached files for a hit (``artifact_files``)."""
+    if result.get("artifacts"):
+        os.rename(result["artifacts"], target)
+    for name, data in result.get("artifact_files", {}).items():
+        path = target / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
-    return {"artifacts": str(folder)}
 
 
 def default_candidate(fitting: list[dict], default_budget: int) -> dict | None:
@@ -888,7 +888,7 @@ def _save(kernel: Kernel, staged: Path) -> None:
     # keep the chosen compile's artifacts (``ARTIFACTS``), drop the simulator's bulky output
     # and the other checked candidates' artifacts
     for name in (p.name for p in staged.iterdir() if p.is_dir() and p.name != CHOSEN_ARTIFACTS):
-        for bulky in ("run", "verify", "pypto_home", "ascend_log", "artifacts", "hits"):
+        for bulky in ("run", "verify", "pypto_home", "ascend_log", "artifacts"):
             shutil.rmtree(staged / name / bulky, ignore_errors=True)
         for data in ("inputs.npz", "reference.npz"):  # re-derived by any build; every stored
             (staged / name / data).unlink(missing_ok=True)  # byte is hashed on each read
