@@ -16,11 +16,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from pypto_offline.importer.scope import IN_SCOPE_OPS
-
-# Index of the first input that is an operator parameter, not data.
-FIRST_PARAM_INPUT = {"Slice": 1, "Pad": 1, "Tile": 1, "Expand": 1, "Split": 1, "Squeeze": 1,
-                     "Unsqueeze": 1, "Reshape": 1, "Gather": 1, "Clip": 1}
+from pypto_offline.importer.ops import OPS
 
 
 @dataclass(frozen=True)
@@ -45,7 +41,7 @@ def in_scope_cases() -> tuple[BackendCase, ...]:
     cases = []
     for case in collected:
         nodes = case.model.graph.node
-        if case.kind != "node" or len(nodes) != 1 or nodes[0].op_type not in IN_SCOPE_OPS:
+        if case.kind != "node" or len(nodes) != 1 or nodes[0].op_type not in OPS:
             continue
         for index, (inputs, outputs) in enumerate(case.data_sets):
             name = case.name if len(case.data_sets) == 1 else f"{case.name}_{index}"
@@ -67,7 +63,7 @@ def _bind_parameters(name, case, inputs, outputs) -> BackendCase:
     model = onnx.ModelProto()
     model.CopyFrom(case.model)
     node = model.graph.node[0]
-    first_param = FIRST_PARAM_INPUT.get(node.op_type, len(node.input))
+    first_param = OPS[node.op_type].data_inputs or len(node.input)  # the rest are parameters
     params = {n for n in list(node.input)[first_param:] if n}
     feeds = {}
     kept_inputs = []

@@ -1,15 +1,17 @@
 """Side by side with the tools a user would pick instead (not part of the test run).
 
     python -m bench.compare [--models a,b] [--targets kirin9050,ascend910b] [--cache-dir DIR]
-                            [--cold-models a,b] [--keep-cold-caches DIR] [--no-iree]
+                            [--cold-models a,b] [--keep-cold-caches DIR] [--no-iree] [--no-tvm]
                             [--out bench/results/compare] [--update]
 
 Per model, on the corpus input shapes, all in one run:
 - kernels after: pypto-offline against onnxruntime's optimised graph (ORT_ENABLE_EXTENDED and
-  ORT_ENABLE_ALL, saved through ``optimized_model_filepath``), onnxslim, onnxoptimizer, and IREE
-  (llvm-cpu: dispatches plus fill and copy commands). Every graph is checked against onnxruntime
+  ORT_ENABLE_ALL, saved through ``optimized_model_filepath``), onnxslim, onnxoptimizer, IREE
+  (llvm-cpu: dispatches plus fill and copy commands) and TVM Relax (``call_tir`` kernels after its
+  standard fusion, ``bench/tvm_baseline.py``). Every graph is checked against onnxruntime
   running the original model on the same inputs;
-- kernels are counted the same way for every graph: one per node, reshape-likes free;
+- kernels are counted the same way for every ONNX graph: one per node, reshape-likes free (IREE and
+  TVM are counted in their own IR, as their modules say);
 - per target: GM bytes before / after / lower bound, PyPTO cost model fused against one kernel per
   op, tuned against default tiles;
 - compile time (warm cache for every model; for ``--cold-models``, cold on a fresh cache and warm
@@ -122,7 +124,7 @@ def onnxoptimizer_passes(model: onnx.ModelProto) -> tuple[onnx.ModelProto, float
     return optimised, time.perf_counter() - started
 
 
-def baselines(name: str, folder: Path, with_iree: bool) -> dict:
+def baselines(name: str, folder: Path, with_iree: bool, with_tvm: bool = True) -> dict:
     model = static_model(name)
     source = folder / f"{name}.static.onnx"
     onnx.save(model, source)
@@ -155,6 +157,11 @@ def baselines(name: str, folder: Path, with_iree: bool) -> dict:
         from bench import iree_baseline
 
         rows["iree"] = iree_baseline.compile_and_check(source, feeds, reference, folder)
+    if with_tvm:
+        from bench import tvm_baseline
+
+        rows["tvm"] = tvm_baseline.fuse_and_check(model, corpus.MODELS[name].input_shapes, feeds,
+                                                  reference)
     return rows
 
 
@@ -196,10 +203,11 @@ def cli_build(source: Path, spec: corpus.CorpusModel, target: str, cache: Path, 
 
 
 def bench_model(name: str, targets: list[str], cache: Path, cold: bool, with_iree: bool,
-                keep_cold: Path | None = None) -> dict:
+                keep_cold: Path | None = None, with_tvm: bool = True) -> dict:
     with tempfile.TemporaryDirectory() as scratch:
         folder = Path(scratch)
-        row = {"model": name, "baselines": baselines(name, folder, with_iree), "targets": {}}
+        row = {"model": name, "baselines": baselines(name, folder, with_iree, with_tvm),
+               "targets": {}}
         for target in targets:
             entry = {}
             # cold: a fresh cache, and warm means the same build again on what it filled
@@ -228,8 +236,9 @@ def _fmt_diff(value) -> str:
 def markdown(rows: list[dict], targets: list[str]) -> str:
     lines = ["## Kernels after (max abs diff against onnxruntime on the original model)", "",
              "| model | original | ORT extended | ORT all | onnxslim | onnxoptimizer | IREE "
-             "dispatch+fill+copy | " + " | ".join(f"pypto-offline {t}" for t in targets) + " |",
-             "|---" * (7 + len(targets)) + "|"]
+             "dispatch+fill+copy | TVM Relax | "
+             + " | ".join(f"pypto-offline {t}" for t in targets) + " |",
+             "|---" * (8 + len(targets)) + "|"]
     for r in rows:
         b = r["baselines"]
         cells = [str(b["original"]["kernels"])]
@@ -241,6 +250,10 @@ def markdown(rows: list[dict], targets: list[str]) -> str:
                      f"{iree['kernels']} = {iree['dispatches']}+{iree['fills']}+{iree['copies']} "
                      f"({_fmt_diff(iree['max_abs_diff'])})" if "kernels" in iree else
                      f"✗ {iree['error'][:60]}")
+        tvm = b.get("tvm")  # rows measured before TVM was an anchor have none
+        cells.append("—" if tvm is None else
+                     f"{tvm['kernels']} ({_fmt_diff(tvm.get('max_abs_diff'))})" if "kernels" in tvm
+                     else f"✗ {tvm['error'][:60]}")
         for t in targets:
             warm = r["targets"].get(t, {}).get("warm")
             cells.append("— (not run)" if warm is None else "✗" if "error" in warm else
@@ -249,23 +262,24 @@ def markdown(rows: list[dict], targets: list[str]) -> str:
     lines += ["", "† onnxslim broke the model with static input shapes (its output does not run in "
               "onnxruntime); the figure is for the model as shipped, with symbolic shapes.",
               "", "## Ratios (pypto-offline, per target)", "",
-              "| model | target | kernels ours/ORT-all | ours/IREE | GM after/LB | kernels GM < LB "
-              "| GM before/after | "
+              "| model | target | kernels ours/ORT-all | ours/IREE | ours/TVM | GM after/LB "
+              "| kernels GM < LB | GM before/after | "
               "PyPTO unfused/fused | tiles ≥20% better | median tuned/default | compile s cold / warm "
               "| onnxslim s | IREE s | ours÷IREE cold / warm | peak MB ours cold / warm / IREE |",
-              "|---" * 15 + "|"]
+              "|---" * 16 + "|"]
     for r in rows:
         b = r["baselines"]
         for t in (t for t in targets if t in r["targets"]):
             w, c = r["targets"][t]["warm"], r["targets"][t].get("cold")
             if "error" in w:
-                lines.append(f"| {r['model']} | {t} | ✗ {w['error'][:80]} |" + " |" * 12)
+                lines.append(f"| {r['model']} | {t} | ✗ {w['error'][:80]} |" + " |" * 13)
                 continue
             iree = b.get("iree", {})
             lines.append(" | ".join([
                 f"| {r['model']}", t,
                 _ratio(w["kernels_after"], b["ORT_ENABLE_ALL"]["kernels"]),
                 _ratio(w["kernels_after"], iree.get("kernels")),
+                _ratio(w["kernels_after"], b.get("tvm", {}).get("kernels")),
                 _ratio(w["gm_bytes_after"], w["gm_bytes_lower_bound"]),
                 below_cell(w),
                 _ratio(w["gm_bytes_before"], w["gm_bytes_after"]),
@@ -304,6 +318,7 @@ def plots(rows: list[dict], targets: list[str], out: Path) -> None:
              ("onnxslim", lambda b, r: b["onnxslim"]["kernels"]),
              ("onnxoptimizer", lambda b, r: b["onnxoptimizer"]["kernels"]),
              ("IREE", lambda b, r: b.get("iree", {}).get("kernels", 0)),
+             ("TVM Relax", lambda b, r: b.get("tvm", {}).get("kernels", 0)),
              (f"pypto-offline {targets[0]}",
               lambda b, r: r["targets"].get(targets[0], {}).get("warm", {}).get("kernels_after", 0))]
     x = np.arange(len(names))
@@ -355,6 +370,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep-cold-caches", type=Path, default=None,
                         help="keep each cold build's cache in this folder (to reuse its kernels)")
     parser.add_argument("--no-iree", action="store_true")
+    parser.add_argument("--no-tvm", action="store_true")
     parser.add_argument("--out", type=Path, default=Path("bench/results/compare"))
     parser.add_argument("--update", action="store_true",
                         help="keep the other models' and targets' rows already in "
@@ -368,7 +384,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for name in args.models.split(","):
         rows.append(bench_model(name, targets, cache, name in cold, not args.no_iree,
-                                args.keep_cold_caches))
+                                args.keep_cold_caches, not args.no_tvm))
         below = sum(len(run.get("gm_below_lower_bound") or []) for entry in
                     rows[-1]["targets"].values() for run in entry.values())
         print(f"{name}: done; kernels below their GM lower bound (all runs): {below}",

@@ -71,22 +71,23 @@ def test_a_warm_rebuild_compiles_nothing(anchor_kernels):
         (cold.cache_key, cold.tuned_tile, cold.artifacts)
 
 
-def scalar_over_slice():
-    """One fusable region the kernel generator refuses: a scalar divided by a tensor."""
+def unfoldable_transpose():
+    """One fusable region the kernel generator refuses: a rank-6 transpose that reverses every
+    axis, so no two stay adjacent and it cannot fold to PyPTO's rank 4 (a scalar divided by a
+    tensor was the example until the generator learnt RMSNorm's 1 / sqrt(...))."""
     from tests.onnx_builders import GraphBuilder
 
     b = GraphBuilder()
-    x = b.input("x", [4, 8])
-    y = b.op("Slice", [x], starts=[1], ends=[8], axes=[1])
-    return b.model(b.op("Sub", [b.const(1.0), b.op("Div", [b.const(2.0), y])]))
+    x = b.input("x", [2, 3, 2, 3, 2, 8])
+    return b.model(b.op("Transpose", [b.op("Relu", [x])], perm=[5, 4, 3, 2, 1, 0]))
 
 
 def test_a_region_the_generator_cannot_write_falls_back_with_its_reason(tmp_path):
-    graph, plan = fuse(scalar_over_slice())
+    graph, plan = fuse(unfoldable_transpose())
     (region,) = plan.regions
     kernel = compile_region(region, graph, TARGETS["kirin9050"], KernelCache(tmp_path),
                             graph.constant_values())
-    assert not kernel.compiled and "Div with a scalar on the left" in kernel.fallback_reason
+    assert not kernel.compiled and "does not fold to 4 axes" in kernel.fallback_reason
     assert not kernel.reached_pypto and not kernel.from_cache
     replanned = without_regions(plan, graph, TARGETS["kirin9050"],
                                 {region.id: (FAILED_CHECK, kernel.fallback_reason)})
@@ -100,7 +101,7 @@ def test_a_region_the_generator_refuses_is_not_counted_as_a_compile(tmp_path):
     though PyPTO compiled nothing for them."""
     import pypto_offline
 
-    compiled = pypto_offline.compile(scalar_over_slice(), "kirin9050", cache_dir=tmp_path)
+    compiled = pypto_offline.compile(unfoldable_transpose(), "kirin9050", cache_dir=tmp_path)
     assert compiled.summary()["pypto"] == {**compiled.summary()["pypto"], "compiled": 0,
                                            "fell_back": 1}
     assert compiled.kernel_cache == {"hits": 0, "compiled": 0, "pypto_compiles": 0}

@@ -20,7 +20,7 @@ from pypto_offline.fusion.records import (DOES_NOT_PAY, Cost, FusionPlan, Region
                                           Totals, Unfused)
 from pypto_offline.fusion.simplify import simplify
 from pypto_offline.importer import ImportedGraph, Node
-from pypto_offline.importer.scope import in_scope
+from pypto_offline.importer.ops import in_scope
 from pypto_offline.targets import Target
 
 __all__ = ["Cost", "FusionPlan", "Region", "RegionOp", "Totals", "Unfused", "plan_fusion",

@@ -1,6 +1,7 @@
 """Classification: which nodes are memory-bound ops the target's kernels can take.
 
-Memory-bound = the importer's data-movement ops plus elementwise math, in canonical form. Anything
+Memory-bound = the ops of the registry (``importer/ops.py``: data movement, elementwise math,
+reductions over trailing axes), in canonical form. Anything
 else is a boundary. A memory-bound op the target cannot take (a dtype it lacks, an op or mode the
 kernel generator cannot express, a rank too high) stays out with that reason.
 """
@@ -9,13 +10,13 @@ from __future__ import annotations
 import numpy as np
 
 from pypto_offline.fusion.records import BOUNDARY, CANNOT_EXPRESS
+from pypto_offline.fusion.rows import trailing_axes
 from pypto_offline.importer import ImportedGraph, Node
-from pypto_offline.importer.encoding import data_inputs
-from pypto_offline.importer.scope import in_scope
+from pypto_offline.importer.ops import (POW_EXPONENTS, REDUCTION, VIEW_ONLY_OPS, data_inputs,
+                                        in_scope, kind_of)
 from pypto_offline.targets import Target
 
-# Metadata-only on contiguous data: no kernel, no bytes, before or after fusion.
-VIEW_ONLY_OPS = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity"})
+__all__ = ["VIEW_ONLY_OPS", "node_id", "node_tensors", "why_not_fusable"]
 
 
 def node_id(node: Node) -> str:
@@ -51,4 +52,11 @@ def why_not_fusable(node: Node, graph: ImportedGraph, target: Target) -> tuple[s
             return CANNOT_EXPRESS, f"{target.name} kernels take no {dtype} ({name!r})"
         if len(info.shape) > kernels.max_rank:
             return CANNOT_EXPRESS, f"rank {len(info.shape)} of {name!r} exceeds {kernels.max_rank}"
+    if node.op_type == "Pow" and node.params["exponent"] not in POW_EXPONENTS:
+        return CANNOT_EXPRESS, f"Pow by {node.params['exponent']} has no lowering"
+    if kind_of(node.op_type) == REDUCTION:
+        rank = len(graph.tensors[node.inputs[0]].shape)
+        if not trailing_axes(node.params["axes"], rank):
+            return CANNOT_EXPRESS, (f"{node.op_type} over axes {list(node.params['axes'])}: "
+                                    "only trailing axes reduce in rows")
     return None

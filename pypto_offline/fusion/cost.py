@@ -13,9 +13,10 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from pypto_offline.fusion.classify import VIEW_ONLY_OPS, node_tensors
+from pypto_offline.fusion.classify import node_tensors
 from pypto_offline.fusion.records import Cost, RegionOp
 from pypto_offline.importer import ImportedGraph, Node
+from pypto_offline.importer.ops import POINTWISE_OPS, VIEW_ONLY_OPS
 from pypto_offline.targets import Target
 
 
@@ -63,14 +64,6 @@ def _immediate(name: str, graph: ImportedGraph) -> bool:
         and int(np.prod(info.shape, dtype=np.int64)) == 1
 
 
-# Ops whose output element i depends on input element i only (inputs broadcast): an output
-# window needs the same window of each input.
-POINTWISE = frozenset({
-    "Abs", "Add", "And", "Cast", "Ceil", "Clip", "Cos", "Div", "Elu", "Equal", "Erf", "Exp",
-    "Expand", "Floor", "Gelu", "Greater", "GreaterOrEqual", "HardSigmoid", "HardSwish",
-    "Identity", "IsInf", "IsNaN", "LeakyRelu", "Less", "LessOrEqual", "Log", "Max", "Min",
-    "Mod", "Mul", "Neg", "Not", "Or", "Pow", "PRelu", "Reciprocal", "Relu", "Round", "Selu",
-    "Sigmoid", "Sign", "Sin", "Softplus", "Sqrt", "Sub", "Tanh", "Where", "Xor"})
 # Ops whose output may leave some input elements unread: without an exact rule for them the
 # bound counts none of their input (a loose bound is still a bound; a count too high is not).
 PARTIAL_READERS = frozenset({"Gather", "GatherElements", "GatherND", "Resize", "Upsample",
@@ -108,7 +101,7 @@ def _input_needs(op: RegionOp, index: int, wanted: list, in_shape: tuple) -> np.
         return out.transpose(np.argsort(op.params["perm"]))
     if out is not None and op.op_type == "Slice" and index == 0:
         return _slice_window(op, out, in_shape)
-    if out is not None and op.op_type in POINTWISE and _broadcasts(in_shape, out.shape):
+    if out is not None and op.op_type in POINTWISE_OPS and _broadcasts(in_shape, out.shape):
         return _reduce_to(out, in_shape)
     reads_all = op.op_type not in PARTIAL_READERS or (
         op.op_type == "Pad" and index == 0 and min(op.params.get("pads", (-1,))) >= 0)

@@ -3,7 +3,9 @@
 Regions grow by merging the two ends of a producer→consumer edge, in graph order. A merge is
 refused when it would make the region non-convex (a path leaves the region and comes back, so that
 fusing would create a cycle; checked by reachability on the graph of regions) or when the working
-set of one tile of every tensor in the region would not fit the target's Unified Buffer. Regions
+set of one tile of every tensor in the region would not fit the target's Unified Buffer, or when a
+region holding a reduction could no longer run as rows (``rows``), or a matmul would no longer
+be its region's root. Regions
 keep several inputs and outputs and fan-out inside (Split → … → Concat, rotary, window partition).
 """
 from __future__ import annotations
@@ -14,7 +16,10 @@ from math import prod
 import networkx as nx
 
 from pypto_offline.fusion.classify import node_id, node_tensors
+from pypto_offline.fusion.program import region_op
+from pypto_offline.fusion.rows import NotRows, has_reduction, row_layout
 from pypto_offline.importer import ImportedGraph, Node
+from pypto_offline.importer.ops import MATMUL, REDUCTION, data_inputs, kind_of
 from pypto_offline.targets import Target
 
 # PyPTO's data-movement tiles need a last dimension of a multiple of 32 bytes.
@@ -47,9 +52,44 @@ def partition(graph: ImportedGraph, fusable: set[str], target: Target) -> list[l
                 continue
             if _creates_cycle(quotient, a, b):
                 continue
+            merged = [nodes[m] for m in members[a] + members[b]]
+            if not _matmul_is_root(merged) or not _rows_agree(graph, merged):
+                continue
             _merge(quotient, a, b, region_of, members, working)
     regions = [sorted(m, key=order.index) for m in members.values() if len(m) > 1]
     return sorted(regions, key=lambda r: order.index(r[0]))
+
+
+def _matmul_is_root(members: list[Node]) -> bool:
+    """A region holds at most one matmul, as its root (IREE's root op, TVM's kOutEWiseFusable):
+    no reduction beside it, its operands from outside the region, and every other member fed
+    from inside it: its epilogue (bias, activation, residual, output reshape or transpose)."""
+    matmuls = [n for n in members if kind_of(n.op_type) == MATMUL]
+    if not matmuls:
+        return True
+    if len(matmuls) > 1 or any(kind_of(n.op_type) == REDUCTION for n in members):
+        return False
+    produced = {name for n in members for name in n.outputs}
+    (root,) = matmuls
+    if any(name in produced for name in root.inputs):
+        return False
+    return all(any(name in produced for name in data_inputs(n.op_type, n.inputs))
+               for n in members if n is not root)
+
+
+def _rows_agree(graph: ImportedGraph, members: list[Node]) -> bool:
+    """A region with a reduction must run as rows (``rows``): a merge that breaks that is
+    refused, as one that overflows UB is."""
+    ops = [region_op(n, {name: graph.tensors[name].shape for name in n.outputs}) for n in members]
+    if not has_reduction(ops):
+        return True
+    shapes = {name: graph.tensors[name].shape for op in ops for name in op.inputs + op.outputs
+              if name}
+    try:
+        row_layout(ops, shapes)
+    except NotRows:
+        return False
+    return True
 
 
 def _node_graph(graph: ImportedGraph) -> nx.DiGraph:

@@ -13,12 +13,10 @@ import numpy as np
 from pypto_offline.fusion.program import Program
 from pypto_offline.fusion.records import RegionOp
 from pypto_offline.fusion.views import ViewStack
+from pypto_offline.importer.ops import BROADCASTING_OPS
 
 Rule = Callable[[Program, RegionOp], "list[RegionOp] | None"]
 UNARY_VIEW_OPS = frozenset({"Slice", "Pad", "Transpose", "Expand", "Reshape", "Identity"})
-BROADCASTING_OPS = frozenset({"Add", "Sub", "Mul", "Div", "Max", "Min", "Where", "Pow", "Mod",
-                              "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "And",
-                              "Or", "Xor", "PRelu", "Sum", "Mean"})
 
 
 def _op(op_type, inputs, outputs, **params) -> RegionOp:

@@ -18,7 +18,7 @@ import onnx
 from onnx import helper
 
 from pypto_offline.errors import ModelError
-from pypto_offline.importer.scope import ELEMENTWISE_OPS
+from pypto_offline.importer.ops import ELEMENTWISE_OPS, GLOBAL_POOL_OPS, REDUCE_OPS
 
 FLT_MAX = float(np.finfo(np.float32).max)
 
@@ -331,6 +331,97 @@ def _clip(ctx: NodeContext) -> dict[str, Any]:
     return {"min": _scalar(ctx.const(1)), "max": _scalar(ctx.const(2))}
 
 
+@normaliser("Pow")
+def _pow(ctx: NodeContext) -> dict[str, Any]:
+    """A constant scalar exponent becomes a parameter (the kernel writes x*x for 2, a square
+    root for 0.5); a tensor or run-time exponent keeps the op a boundary."""
+    ctx.in_shape()
+    exponent = ctx.const(1)
+    if exponent is None or np.asarray(exponent).size != 1:
+        raise NotCanonical("the exponent is not one constant")
+    return {"exponent": float(_scalar(exponent))}
+
+
+# ---------------------------------------------------------------- reductions
+
+
+# The opset from which a reduction takes its axes as an input rather than an attribute.
+AXES_AS_INPUT_SINCE = {"ReduceSum": 13}
+AXES_AS_INPUT_SINCE_DEFAULT = 18
+
+
+def axes_as_input(op_type: str, opset: int) -> bool:
+    return opset >= AXES_AS_INPUT_SINCE.get(op_type, AXES_AS_INPUT_SINCE_DEFAULT)
+
+
+@normaliser(*sorted(REDUCE_OPS))
+def _reduce(ctx: NodeContext) -> dict[str, Any]:
+    rank = len(ctx.in_shape())
+    if axes_as_input(ctx.node.op_type, ctx.opset):
+        value = ctx.const(1)
+        axes = None if value is None or np.asarray(value).size == 0 else _ints(value)
+        if axes is None and ctx.attr("noop_with_empty_axes", 0):
+            raise NotCanonical("no axes with noop_with_empty_axes: the op is an identity")
+    else:
+        axes = ctx.attr("axes")
+    axes = range(rank) if axes is None else axes
+    normalised = sorted({ctx.axis(a, rank) for a in axes})
+    return {"axes": tuple(normalised), "keepdims": int(ctx.attr("keepdims", 1))}
+
+
+@normaliser(*sorted(GLOBAL_POOL_OPS))
+def _global_pool(ctx: NodeContext) -> dict[str, Any]:
+    """The mean or maximum over every axis after batch and channels, kept as ones."""
+    rank = len(ctx.in_shape())
+    if rank < 3:
+        raise NotCanonical(f"a rank-{rank} input has no spatial axes")
+    return {"axes": tuple(range(2, rank)), "keepdims": 1}
+
+
+@normaliser("Softmax", "LogSoftmax")
+def _softmax(ctx: NodeContext) -> dict[str, Any]:
+    """Before opset 13 the input is coerced to 2-D at ``axis`` (default 1): the op normalises
+    over every axis from ``axis`` on. From 13 it normalises over ``axis`` (default -1) alone."""
+    rank = len(ctx.in_shape())
+    if ctx.opset < 13:
+        return {"axes": tuple(range(ctx.axis(ctx.attr("axis", 1), rank), rank))}
+    return {"axes": (ctx.axis(ctx.attr("axis", -1), rank),)}
+
+
+@normaliser("LayerNormalization")
+def _layer_normalization(ctx: NodeContext) -> dict[str, Any]:
+    """Normalises over every axis from ``axis`` on. Only the normalised output is canonical:
+    a kernel does not write the optional Mean and InvStdDev outputs."""
+    rank = len(ctx.in_shape())
+    for name in ctx.node.input:
+        if name:
+            ctx.shape(name)
+    if any(ctx.node.output[1:]):
+        raise NotCanonical("LayerNormalization's Mean or InvStdDev output is used")
+    return {"axes": tuple(range(ctx.axis(ctx.attr("axis", -1), rank), rank)),
+            "epsilon": float(ctx.attr("epsilon", 1e-5)),
+            "stash_type": int(ctx.attr("stash_type", 1))}
+
+
+# ---------------------------------------------------------------- contractions
+
+
+MATMUL_FORM = "the kernel generator takes a MatMul of matrices with equal batch axes"
+
+
+@normaliser("MatMul")
+def _matmul(ctx: NodeContext) -> dict[str, Any]:
+    """Canonical: both operands of rank 2 or more, and the right one 2-D (a weight) or with the
+    left one's batch axes. A 1-D operand or batch axes that broadcast stay a boundary."""
+    left, right = ctx.in_shape(0), ctx.in_shape(1)
+    if len(left) < 2 or len(right) < 2:
+        raise NotCanonical(f"{MATMUL_FORM} (a 1-D operand)")
+    if len(right) > 2 and tuple(left[:-2]) != tuple(right[:-2]):
+        raise NotCanonical(f"{MATMUL_FORM} (batch axes {list(left[:-2])} and "
+                           f"{list(right[:-2])} broadcast)")
+    return {}
+
+
 def schema_attributes(ctx: NodeContext) -> dict[str, Any]:
     """Every attribute the op's schema defines at this opset, defaults filled in."""
     schema = onnx.defs.get_schema(ctx.node.op_type, ctx.opset, "")
@@ -351,7 +442,7 @@ def _schema_attributes_of_static_tensors(ctx: NodeContext) -> dict[str, Any]:
     return schema_attributes(ctx)
 
 
-for _op in ELEMENTWISE_OPS - {"Clip"}:
+for _op in ELEMENTWISE_OPS - {"Clip", "Pow"}:
     NORMALISERS[_op] = _schema_attributes_of_static_tensors
 # Their attributes are their whole parameter set (SpaceToDepth gained `mode` at opset 28, so a
 # hand-written list would silently drop it).

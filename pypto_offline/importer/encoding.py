@@ -13,20 +13,14 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from pypto_offline.importer.canonical import axes_as_input
+from pypto_offline.importer.ops import GLOBAL_POOL_OPS, REDUCE_OPS
+
 # Turns a parameter (its name and value) into the name of a tensor holding it.
 MakeConstant = Callable[[str, np.ndarray], str]
 
 # A Slice end below -dim stays below 0 after ONNX adds dim, so it clamps to 'past the front'.
 BEFORE_FRONT = -(2**63)
-
-# Ops whose non-data inputs are parameters folded into canonical params: only input 0 is data.
-SINGLE_DATA_INPUT = frozenset({"Slice", "Pad", "Tile", "Expand", "Split", "Squeeze",
-                               "Unsqueeze", "Reshape", "Gather", "Clip"})
-
-
-def data_inputs(op_type: str, inputs: Sequence[str]) -> list[str]:
-    return list(inputs[:1]) if op_type in SINGLE_DATA_INPUT else list(inputs)
-
 
 def encode(op_type: str, params: Mapping[str, Any], inputs: Sequence[str], outputs: Sequence[str],
            opset: int, dtype: int, make_constant: MakeConstant, name: str = "") -> onnx.NodeProto:
@@ -112,6 +106,34 @@ def _clip(p, inputs, opset, const):
     return inputs + extra, {}
 
 
+def _reduce(op_type):
+    def encoder(p, inputs, opset, const):
+        if axes_as_input(op_type, opset):
+            return inputs + [const.ints("axes", p["axes"])], {"keepdims": p["keepdims"]}
+        return inputs, {"axes": list(p["axes"]), "keepdims": p["keepdims"]}
+    return encoder
+
+
+def _pow(p, inputs, opset, const):
+    return inputs + [const.scalar("exponent", p["exponent"])], {}
+
+
+def _softmax(p, inputs, opset, const):
+    """Canonical axes are trailing (before opset 13, every axis from ``axis`` on)."""
+    if opset >= 13 and len(p["axes"]) != 1:
+        raise ValueError(f"softmax over axes {p['axes']} has no single-axis form at opset {opset}")
+    return inputs, {"axis": p["axes"][0]}
+
+
+def _layer_normalization(p, inputs, opset, const):
+    return inputs, {"axis": p["axes"][0], "epsilon": p["epsilon"], "stash_type": p["stash_type"]}
+
+
+def _no_attributes(p, inputs, opset, const):
+    """Ops whose canonical parameters are implied by the op (global pooling's axes)."""
+    return inputs, {}
+
+
 def _attributes_only(p, inputs, opset, const):
     """Ops whose attributes are their whole parameter set (Concat, Transpose, elementwise, ...)."""
     return inputs, dict(p)
@@ -120,4 +142,6 @@ def _attributes_only(p, inputs, opset, const):
 _ENCODERS = {
     "Slice": _slice, "Pad": _pad, "Tile": _tile, "Expand": _expand, "Split": _split,
     "Squeeze": _axes, "Unsqueeze": _axes, "Reshape": _reshape, "Gather": _gather, "Clip": _clip,
+    "Pow": _pow, "Softmax": _softmax, "LogSoftmax": _softmax, "LayerNormalization": _layer_normalization,
+    **{op: _reduce(op) for op in REDUCE_OPS}, **{op: _no_attributes for op in GLOBAL_POOL_OPS},
 }

@@ -9,9 +9,10 @@ import onnx
 from onnx import numpy_helper
 
 from pypto_offline.importer.canonical import NodeContext, NotCanonical, normalise
-from pypto_offline.importer.encoding import data_inputs, encode
+from pypto_offline.importer.encoding import encode
 from pypto_offline.importer.graph import Node
-from pypto_offline.importer.scope import in_scope
+from pypto_offline.importer.ops import data_inputs
+from pypto_offline.importer.ops import in_scope
 from pypto_offline.importer.validation import node_label
 
 

@@ -23,25 +23,25 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from pypto_offline.fusion.cost import POINTWISE, tensor_bytes
+from pypto_offline.fusion.cost import tensor_bytes
 from pypto_offline.fusion.records import Region
 from pypto_offline.importer import ImportedGraph
+from pypto_offline.importer.ops import OPS, POINTWISE_OPS
 from pypto_offline.pypto_kernels.codegen import is_scalar_constant
 from pypto_offline.pypto_kernels.compiler import COST_MODEL, single_op_regions
 from pypto_offline.targets import Target
 
 FIT_FILE = Path(__file__).with_name("baseline_fit.json")
 MEASURED, ESTIMATED = "measured", "estimated"
-# Ops whose kernel walks the output in another axis order than the input: PyPTO moves them
-# through TRANSPOSE_MOVEOUT, slower per byte than a straight copy.
-REORDERING = frozenset({"Transpose", "DepthToSpace", "SpaceToDepth"})
 OP_CLASSES = ("elementwise", "data", "transpose")
 
 
 def op_class(op_type: str) -> str:
-    if op_type in REORDERING:
+    """An op that reorders axes is moved through TRANSPOSE_MOVEOUT, slower per byte than a
+    straight copy."""
+    if op_type in OPS and OPS[op_type].reorders:
         return "transpose"
-    return "elementwise" if op_type in POINTWISE else "data"
+    return "elementwise" if op_type in POINTWISE_OPS else "data"
 
 
 def cost_model_family(cost_model: tuple[str, str] | None) -> str:

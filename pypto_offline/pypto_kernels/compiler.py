@@ -524,6 +524,12 @@ def distinct_sources(region: Region, policies: list[TilePolicy], constants: dict
     return sources
 
 
+def _untuned_source(sources: dict, untuned: TilePolicy) -> str:
+    """The default tile's source; where another policy wrote the same text first, that one's
+    (``_sources`` keeps each text once)."""
+    return sources.get(untuned) or next(iter(sources.values()))
+
+
 def _job_candidate(policy: TilePolicy, key: str, source: str) -> dict:
     """A tile candidate as the worker takes it (and hands back, with its results). The policy
     fields are named here and read back in ``_policy`` only. The module travels as text inside
@@ -585,13 +591,13 @@ def _build(region, graph, target, cache, constants, interface, sources, untuned,
     compiled = [c for c in tried if c.get("compiled") and c["aicore_us"]]
     fitting = [c for c in compiled if fits_ub(c.get("ub_bytes"), ub)]
     if not compiled:
-        return (Kernel(region.id, False, _failure(searched), source=sources[untuned],
+        return (Kernel(region.id, False, _failure(searched), source=_untuned_source(sources, untuned),
                        cache_key=key), bool(searched.get("transient")))
     if not fitting:
         least = min((c.get("ub_bytes") or 0 for c in compiled), default=0)
         return (Kernel(region.id, False, f"no tile fits {target.name}'s planned UB of {ub} "
                        f"bytes: the smallest compiled candidate's leaves need {least}",
-                       source=sources[untuned], cache_key=key), False)
+                       source=_untuned_source(sources, untuned), cache_key=key), False)
     best = min(fitting, key=lambda c: (c["aicore_us"], c["total_us"] or 0,
                                        astuple(_policy(c))))
     default = default_candidate(fitting, untuned.budget_bytes)

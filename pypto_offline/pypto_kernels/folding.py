@@ -2,7 +2,7 @@
 exporters write 5-D and 6-D data movement (grouped-query attention's expand, Swin's window
 partition). Adjacent axes that an op treats alike can be merged without changing the result:
 - broadcasting (Expand, elementwise): a run of axes where every operand is either full or 1;
-- Transpose: input axes that stay adjacent and in order in the output.
+- Transpose: input axes that stay adjacent and in order in the output, and axes of size 1.
 The generator reshapes to the folded shapes, runs the op there, and reshapes back."""
 from __future__ import annotations
 
@@ -44,7 +44,13 @@ def _group_kind(group, out_shape, kinds):
 
 
 def fold_transpose(shape: Sequence[int], perm: Sequence[int]) -> tuple[list[int], list[int]]:
-    """Folded input shape and permutation: merges input axes that stay adjacent in order."""
+    """Folded input shape and permutation: drops axes of size 1 (where they go changes no
+    element's place; DepthToSpace's 6-D transpose of a batch of one) and merges input axes that
+    stay adjacent in order."""
+    kept = [axis for axis in range(len(shape)) if shape[axis] != 1]
+    if len(kept) < len(shape) and kept:
+        renumber = {axis: i for i, axis in enumerate(kept)}
+        return fold_transpose([shape[a] for a in kept], [renumber[a] for a in perm if a in renumber])
     groups: list[list[int]] = []
     for axis in perm:
         if groups and groups[-1][-1] + 1 == axis:

@@ -104,6 +104,25 @@ class TilePolicy:
         return tuple(tile)
 
 
+# Cube (matmul) tiles, per PyPTO's set_cube_tile_shapes constraints for the 910B it compiles
+# for: every side a multiple of 16 elements (32 bytes in fp16; fp32 asks 16 elements too), and
+# an L0A/L0B tile (side x K side x itemsize) within 64 KiB. 128-element M and N sides with a
+# 128-element (fp16) or 64-element (fp32) K side fit every buffer; [256, 256] K/N tiles overflow
+# L0B (docs/pypto-ops.md, "MatMul"). L1 and L0 take the same tile.
+CUBE_ALIGN = 16
+CUBE_SIDE = 128
+CUBE_K_BYTES = 256
+
+
+def cube_tiles(m: int, k: int, n: int, itemsize: int) -> tuple[list[int], list[int], list[int]]:
+    """The ``set_cube_tile_shapes`` arguments (M, K, N; each [L0, L1]) for an m x k x n matmul."""
+    def side(extent: int, cap: int) -> int:
+        return min(-(-extent // CUBE_ALIGN) * CUBE_ALIGN, cap)
+    m_tile, k_tile = side(m, CUBE_SIDE), side(k, CUBE_K_BYTES // max(itemsize, 2))
+    n_tile = side(n, CUBE_SIDE)
+    return [m_tile, m_tile], [k_tile, k_tile], [n_tile, n_tile]
+
+
 def fitting_budgets(ub_plan_bytes: int, operands: int = CANDIDATE_OPERANDS) -> list[int]:
     """The budgets whose ``operands`` tiles fit inside the target's planned UB."""
     return [b for b in CANDIDATE_BUDGETS if b * operands <= ub_plan_bytes]

@@ -1,0 +1,174 @@
+"""Row layout: how a region holding reductions runs, as 2-D rows.
+
+Every reduction the compiler fuses reduces trailing axes (``classify``). A region holding
+reductions runs on ``[R, C]`` rows: C the product of the reduced axes, R of the kept ones, the
+same for every reduction of the region (IREE's reduction dispatches, TVM's kCommReduce root with
+its elementwise producers and consumers). Each tensor of the region is then one of
+
+    FULL [R, C]    the data being reduced, and anything elementwise on it
+    ROW [R, 1]     a reduction's result (kept dims or not): a mean, a variance, a row maximum
+    COLUMN [1, C]  a per-channel parameter: LayerNorm's gamma and beta, an attention mask row
+    SCALAR [1, 1]  a one-element tensor
+
+so every op is a 2-D op broadcasting along at most one axis, which PyPTO does in place, and every
+tile covers whole rows (``docs/pypto-ops.md``, "Reductions": a split reduced axis is 1.5-2x
+slower, and in fp16 its partial sums round differently; a 4-D LayerNorm needs two
+``expand_clone`` per parameter and is slower than the 2-D one).
+
+``row_layout`` decides whether a program can run so; ``partition`` refuses a merge that would
+make a region with a reduction fail it, and the kernel generator lowers such a region in rows.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import prod
+from types import MappingProxyType
+from typing import Mapping, Sequence
+
+from pypto_offline.fusion.records import RegionOp
+from pypto_offline.importer.ops import (BROADCAST, ELEMENTWISE, REDUCTION, ROW_RESULT_OPS, VIEW,
+                                        kind_of)
+
+FULL, ROW, COLUMN, SCALAR = "full", "row", "column", "scalar"
+
+
+class NotRows(Exception):
+    """The program cannot run as rows (the reason says which op and why)."""
+
+
+@dataclass(frozen=True)
+class RowLayout:
+    rows: int
+    columns: int
+    kinds: Mapping[str, str]  # every tensor of the program → FULL, ROW, COLUMN or SCALAR
+
+    def shape(self, tensor: str) -> list[int]:
+        kind = self.kinds[tensor]
+        return [self.rows if kind in (FULL, ROW) else 1,
+                self.columns if kind in (FULL, COLUMN) else 1]
+
+
+def has_reduction(ops: Sequence[RegionOp]) -> bool:
+    return any(kind_of(op.op_type) == REDUCTION for op in ops)
+
+
+def trailing_axes(axes: Sequence[int], rank: int) -> bool:
+    """Whether ``axes`` are the last ``len(axes)`` axes of a tensor of this rank."""
+    return len(axes) > 0 and tuple(axes) == tuple(range(rank - len(axes), rank))
+
+
+def row_layout(ops: Sequence[RegionOp], shapes: Mapping[str, Sequence[int]]) -> RowLayout:
+    """The rows a program with reductions runs on; ``NotRows`` if it cannot."""
+    rows, columns = _rows_and_columns(ops, shapes)
+    kinds: dict[str, str] = {}
+    for op in ops:
+        _assign(op, shapes, rows, columns, kinds)
+    return RowLayout(rows, columns, MappingProxyType(kinds))
+
+
+def _rows_and_columns(ops, shapes) -> tuple[int, int]:
+    found = set()
+    for op in ops:
+        if kind_of(op.op_type) == REDUCTION:
+            shape = tuple(shapes[op.inputs[0]])
+            axes = op.params["axes"]
+            if not trailing_axes(axes, len(shape)):
+                raise NotRows(f"{op.op_type} reduces axes {list(axes)}, not trailing ones")
+            found.add((prod(shape[:axes[0]]), prod(shape[axes[0]:])))
+    if len(found) != 1:
+        raise NotRows("no reduction" if not found else
+                      f"reductions over different rows {sorted(found)}")
+    rows, columns = found.pop()
+    if columns == 1:
+        raise NotRows("a reduction over one element")
+    return rows, columns
+
+
+def _set(kinds: dict, tensor: str, kind: str, op: RegionOp) -> None:
+    if kinds.setdefault(tensor, kind) != kind:
+        raise NotRows(f"{tensor!r} is used as {kinds[tensor]} and as {kind} ({op.op_type})")
+
+
+def _assign(op: RegionOp, shapes, rows: int, columns: int, kinds: dict) -> None:
+    kind = kind_of(op.op_type)
+    if kind == REDUCTION:
+        _reduction(op, shapes, rows, columns, kinds)
+    elif kind in (ELEMENTWISE, BROADCAST) or op.op_type == "Expand":
+        _broadcasting(op, shapes, rows, columns, kinds)
+    elif kind == VIEW:  # the same elements in the same order: the same rows
+        source = op.inputs[0]
+        if source not in kinds:
+            _set(kinds, source, _frame_kind(shapes[source], rows, columns, [], op), op)
+        _set(kinds, op.outputs[0], kinds[source], op)
+    else:
+        raise NotRows(f"{op.op_type} moves elements across rows")
+
+
+def _reduction(op: RegionOp, shapes, rows: int, columns: int, kinds: dict) -> None:
+    _set(kinds, op.inputs[0], FULL, op)
+    for parameter in op.inputs[1:]:  # LayerNormalization's scale and bias, over the columns
+        if parameter:
+            size = prod(shapes[parameter])
+            _set(kinds, parameter, SCALAR if size == 1 else COLUMN, op)
+            if size not in (1, columns):
+                raise NotRows(f"{op.op_type} parameter {parameter!r} of {size} elements")
+    out_kind = ROW if op.op_type in ROW_RESULT_OPS else FULL
+    _set(kinds, op.outputs[0], out_kind, op)
+
+
+def _frame_kind(shape, rows: int, columns: int, known: list[str], op: RegionOp) -> str:
+    """The kind of a tensor of this shape, where the sizes alone may be ambiguous (R == C):
+    ``known`` are the kinds of the op's operands already placed."""
+    size = prod(shape)
+    if size == 1:
+        return SCALAR
+    if size == rows * columns:
+        return FULL
+    if size == rows and size != columns:
+        return ROW
+    if size == columns and size != rows:
+        return COLUMN
+    if size == rows == columns:
+        placed = {k for k in known if k in (ROW, COLUMN)}
+        if len(placed) == 1:
+            return placed.pop()
+    raise NotRows(f"{op.op_type} on a {list(shape)} tensor, which is not a row layout of "
+                  f"{rows}x{columns}")
+
+
+def _split(shape, rows: int) -> int | None:
+    """The axis where the output's kept axes end: prod(shape[:j]) == rows."""
+    for j in range(len(shape) + 1):
+        if prod(shape[:j]) == rows:
+            return j
+    return None
+
+
+def _broadcasting(op: RegionOp, shapes, rows: int, columns: int, kinds: dict) -> None:
+    out = op.outputs[0]
+    out_shape = tuple(shapes[out])
+    operands = [name for name in op.inputs if name]
+    known = [kinds[name] for name in operands if name in kinds]
+    out_kind = _frame_kind(out_shape, rows, columns, known, op)
+    _set(kinds, out, out_kind, op)
+    for name in operands:
+        _set(kinds, name, _operand_kind(tuple(shapes[name]), out_shape, out_kind, rows, op), op)
+
+
+def _operand_kind(shape, out_shape, out_kind: str, rows: int, op: RegionOp) -> str:
+    rank = len(out_shape)
+    aligned = (1,) * (rank - len(shape)) + shape
+    if aligned == out_shape:
+        return out_kind
+    if prod(shape) == 1:
+        return SCALAR
+    if out_kind != FULL:  # a ROW or COLUMN result: its operands are the same or scalars
+        raise NotRows(f"{op.op_type} broadcasts a {list(shape)} operand within a {out_kind}")
+    split = _split(out_shape, rows)
+    if split is not None:
+        kept, reduced = aligned[:split], aligned[split:]
+        if kept == out_shape[:split] and all(d == 1 for d in reduced):
+            return ROW
+        if all(d == 1 for d in kept) and reduced == out_shape[split:]:
+            return COLUMN
+    raise NotRows(f"{op.op_type} broadcasts {list(shape)} to {list(out_shape)} across rows")

@@ -1,0 +1,126 @@
+"""The op registry: one ``OpDef`` per ONNX op the compiler understands (default domain only).
+
+Every stage reads what it needs of an op from here and nowhere else: the importer whether the op
+is in scope and which inputs are data (the rest are parameters folded into canonical form),
+fusion its kind (what a region may hold, which ops broadcast, which map element i to element i),
+the cost model whether it is metadata only, and the targets whether the kernel generator lowers
+it (``lowers``; ``tests/test_op_registry.py`` checks that every op marked so has a lowering in
+``pypto_kernels/codegen.py`` and no other op has one). Adding an op is one entry here, its
+normaliser in ``importer/canonical.py`` if it has parameters, and its lowering. TVM's op
+patterns (kElemWise, kBroadcast, kInjective, kCommReduce, kOutEWiseFusable, kOpaque) are the
+model for the kinds.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import MappingProxyType
+
+# Kinds, in TVM's order of how freely they fuse.
+VIEW = "view"                # metadata only on contiguous data: no kernel, no bytes
+ELEMENTWISE = "elementwise"  # one data input, output element i from input element i
+BROADCAST = "broadcast"      # several data inputs, numpy broadcasting, then elementwise
+INJECTIVE = "injective"      # moves elements (each output element is one input element)
+REDUCTION = "reduction"      # reduces trailing axes, possibly with elementwise work around it
+MATMUL = "matmul"            # a contraction: the root of a region, its epilogue fused after it
+KINDS = (VIEW, ELEMENTWISE, BROADCAST, INJECTIVE, REDUCTION, MATMUL)
+
+
+@dataclass(frozen=True)
+class OpDef:
+    name: str
+    kind: str
+    # How many leading inputs are data; None: all of them. The others are parameters, known at
+    # compile time and folded into the canonical form.
+    data_inputs: int | None = None
+    lowers: bool = False        # the kernel generator writes PyPTO for it
+    reorders: bool = False      # walks its output in another axis order than its input
+
+    @property
+    def pointwise(self) -> bool:
+        """Output element i depends on input element i only (inputs broadcast)."""
+        return self.kind in (ELEMENTWISE, BROADCAST) or self.name in ("Expand", "Identity")
+
+
+def _defs(kind: str, names: str, lowered: str = "", **fields) -> dict[str, OpDef]:
+    lowered_names = set(lowered.split())
+    return {name: OpDef(name, kind, lowers=name in lowered_names, **fields)
+            for name in names.split()}
+
+
+_REDUCE = "ReduceSum ReduceMean ReduceMax ReduceMin ReduceSumSquare ReduceL2"
+_GLOBAL_POOLS = "GlobalAveragePool GlobalMaxPool"
+OPS: MappingProxyType = MappingProxyType({
+    **_defs(VIEW, "Reshape Squeeze Unsqueeze Flatten", "Reshape Squeeze Unsqueeze Flatten",
+            data_inputs=1),
+    **_defs(VIEW, "Identity", "Identity"),
+    **_defs(INJECTIVE, "Slice Pad Tile Expand Split Gather", "Slice Pad Tile Expand Split Gather",
+            data_inputs=1),
+    **_defs(INJECTIVE, "Concat", "Concat"),
+    **_defs(INJECTIVE, "Transpose DepthToSpace SpaceToDepth", "Transpose DepthToSpace SpaceToDepth",
+            reorders=True),
+    **_defs(ELEMENTWISE, "Cast", "Cast"),
+    **_defs(ELEMENTWISE, "Clip", "Clip", data_inputs=1),
+    **_defs(ELEMENTWISE,
+            "Abs Neg Relu Sigmoid Exp Log Sqrt Reciprocal Tanh Erf Floor Ceil Round Sign Sin Cos "
+            "Not IsNaN IsInf LeakyRelu Elu Selu Celu HardSigmoid HardSwish Softplus Softsign Gelu "
+            "Mish ThresholdedRelu Shrink Swish",
+            "Abs Neg Relu Sigmoid Exp Log Sqrt Reciprocal Erf Tanh HardSigmoid HardSwish"),
+    **_defs(BROADCAST,
+            "Add Sub Mul Div Mod Max Min Sum Mean Equal Less Greater LessOrEqual "
+            "GreaterOrEqual And Or Xor PRelu BitShift Where",
+            "Add Sub Mul Div Max Min Where"),
+    # Pow by a constant exponent, a parameter: one data input
+    **_defs(ELEMENTWISE, "Pow", "Pow", data_inputs=1),
+    # Reductions over trailing axes (their canonical form makes the axes explicit); Softmax,
+    # LogSoftmax and LayerNormalization are reductions with elementwise work around them.
+    **_defs(REDUCTION, _REDUCE, _REDUCE, data_inputs=1),
+    **_defs(REDUCTION, "Softmax LogSoftmax LayerNormalization",
+            "Softmax LogSoftmax LayerNormalization"),
+    # Global pooling is a reduction over the spatial axes (a squeeze-and-excite's mean)
+    **_defs(REDUCTION, _GLOBAL_POOLS, _GLOBAL_POOLS),
+    # Matrices (equal batch axes, or a 2-D right operand): compute-bound, so a kernel of its own
+    # unless its elementwise epilogue joins it (TVM's kOutEWiseFusable, IREE's root op).
+    **_defs(MATMUL, "MatMul", "MatMul"),
+})
+
+
+def op_def(op_type: str, domain: str = "") -> OpDef | None:
+    return OPS.get(op_type) if domain in ("", "ai.onnx") else None
+
+
+def in_scope(op_type: str, domain: str = "") -> bool:
+    return op_def(op_type, domain) is not None
+
+
+def kind_of(op_type: str) -> str | None:
+    definition = OPS.get(op_type)
+    return definition.kind if definition else None
+
+
+def names(*kinds: str) -> frozenset[str]:
+    return frozenset(name for name, d in OPS.items() if d.kind in kinds)
+
+
+def data_inputs(op_type: str, inputs) -> list[str]:
+    """The data inputs of a node of this op (its parameters excluded)."""
+    definition = OPS.get(op_type)
+    count = definition.data_inputs if definition else None
+    return list(inputs) if count is None else list(inputs[:count])
+
+
+def lowered_ops() -> frozenset[str]:
+    return frozenset(name for name, d in OPS.items() if d.lowers)
+
+
+VIEW_ONLY_OPS = names(VIEW)
+ELEMENTWISE_OPS = names(ELEMENTWISE, BROADCAST)
+REDUCTION_OPS = names(REDUCTION)
+MATMUL_OPS = names(MATMUL)
+REDUCE_OPS = frozenset(_REDUCE.split())  # the Reduce* ops: axes and keepdims
+GLOBAL_POOL_OPS = frozenset(_GLOBAL_POOLS.split())  # over every axis after N and C, kept
+# Reductions whose result keeps one element per row (the others normalise the rows)
+ROW_RESULT_OPS = REDUCE_OPS | GLOBAL_POOL_OPS
+# The constant exponents of Pow the kernel generator writes as PyPTO ops (codegen._pow).
+POW_EXPONENTS = frozenset({1.0, 2.0, 3.0, 0.5, -0.5, -1.0})
+BROADCASTING_OPS = names(BROADCAST)
+POINTWISE_OPS = frozenset(name for name, d in OPS.items() if d.pointwise)

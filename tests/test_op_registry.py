@@ -1,0 +1,83 @@
+"""The op registry (importer/ops.py) is the one place that says what an op is: every stage agrees
+with it, and every op fusion admits, the kernel generator writes."""
+from __future__ import annotations
+
+from types import MappingProxyType
+
+import pytest
+
+from bench.backend_cases import in_scope_cases
+from pypto_offline import import_model
+from pypto_offline.fusion.classify import node_id, why_not_fusable
+from pypto_offline.fusion.program import region_op
+from pypto_offline.fusion.records import Cost, Region
+from pypto_offline.importer.canonical import NORMALISERS
+from pypto_offline.importer.ops import KINDS, OPS, lowered_ops
+from pypto_offline.pypto_kernels import codegen
+from pypto_offline.pypto_kernels.tiling import default_policy
+from pypto_offline.targets import TARGETS
+
+# Ops only rewrite rules create inside a region's program (fusion/rules.py), never imported.
+PROGRAM_ONLY_OPS = {"Roll"}
+
+
+def test_every_op_has_a_kind_and_a_canonical_form():
+    assert all(d.kind in KINDS and d.name == name for name, d in OPS.items())
+    assert set(NORMALISERS) == set(OPS)
+
+
+def test_the_generator_lowers_exactly_the_ops_the_registry_marks():
+    marked = lowered_ops()
+    assert {op for op in OPS if codegen.lowers(op)} == marked
+    extra = set(codegen._LOWERINGS) | set(codegen.UNARY) | set(codegen.BINARY)
+    assert extra - set(OPS) == PROGRAM_ONLY_OPS
+
+
+@pytest.mark.parametrize("target", sorted(TARGETS))
+def test_a_target_takes_what_lowers(target):
+    assert TARGETS[target].kernels.ops == lowered_ops()
+
+
+def _admitted_cases():
+    target = TARGETS["kirin9050"]
+    for case in in_scope_cases():
+        graph = import_model(case.model)
+        (node,) = graph.nodes
+        if why_not_fusable(node, graph, target) is None:
+            yield case.name, graph, node
+
+
+ADMITTED = list(_admitted_cases())
+
+
+def test_the_backend_cases_admit_every_lowered_op_kind():
+    admitted = {node.op_type for _, _, node in ADMITTED}
+    assert {OPS[op].kind for op in admitted} == set(KINDS)
+    # (every LayerNormalization case also writes Mean and InvStdDev: not canonical)
+    assert {"Softmax", "LogSoftmax", "ReduceMean", "DepthToSpace", "SpaceToDepth"} <= admitted
+
+
+@pytest.mark.parametrize("name,graph,node", ADMITTED, ids=[c[0] for c in ADMITTED])
+def test_every_admitted_op_lowers(name, graph, node):
+    """What classify lets into a region, the generator writes: no region falls back for an op
+    it was planned with (DepthToSpace once was admitted with no lowering)."""
+    shapes = {n: graph.tensors[n].shape for n in node.outputs}
+    op = region_op(node, shapes)
+    names = [n for n in op.inputs + op.outputs if n]
+    region = Region(
+        id="r", nodes=(node_id(node),), inputs=tuple(n for n in op.inputs if n),
+        outputs=op.outputs, original=(op,), simplified=(op,), rules_applied=(),
+        unfused=Cost(1, 0, 0.0), fused=Cost(1, 0, 0.0),
+        tensor_types=MappingProxyType({n: (graph.tensors[n].shape, graph.tensors[n].dtype)
+                                       for n in names}))
+    policy = default_policy(TARGETS["kirin9050"].ub_plan_bytes.value)
+    try:
+        source = codegen.kernel_source(region, policy, graph.constant_values())
+    except codegen.CannotExpress as why:
+        # fusion admits rank 5 and 6 for what the generator folds inside a region; a lone op
+        # whose own tensors do not fold to PyPTO's rank 4 is the one exception
+        assert "fold" in str(why) or f"exceeds PyPTO's {codegen.MAX_RANK}" in str(why), why
+        assert max(len(shape) for shape, _ in region.tensor_types.values()) > codegen.MAX_RANK \
+            or node.op_type in ("DepthToSpace", "SpaceToDepth"), why
+        return
+    assert "def kernel(" in source
