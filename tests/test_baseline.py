@@ -101,3 +101,27 @@ def test_the_fit_recovers_a_line_and_never_lets_more_bytes_cost_less():
     assert line["data"] == pytest.approx([2.0, 0.5], abs=1e-6)
     falling = baseline.fit_family(samples, [9.0, 8.0, 7.0, 6.0])
     assert falling["data"][1] == 0.0 and falling["data"][0] > 0
+
+
+def test_the_cost_model_drops_a_kernel_slower_than_its_ops_unfused():
+    """The arbiter (offline_compiler/build.py): the launches fusing saves are counted, and a
+    kernel is kept exactly while its time is within its ops' time plus those launches."""
+    from types import SimpleNamespace
+
+    from pypto_offline.offline_compiler.build import Baseline, slower_than_unfused
+    from pypto_offline.pypto_kernels.records import Kernel, TileResult
+    from pypto_offline.targets import TARGETS
+
+    target = TARGETS["kirin9050"]
+    launch = target.launch_overhead_us.value
+    regions = {"r": SimpleNamespace(unfused=SimpleNamespace(kernels=3))}
+
+    def verdict(fused_us: float, unfused_us: float | None):
+        kernel = Kernel("r", True, tuned_tile=TileResult(4096, fused_us, fused_us + 5, 8))
+        return slower_than_unfused([kernel], regions, Baseline({"r": unfused_us},
+                                                               baseline.MEASURED), target)
+
+    assert verdict(10.0 + 2 * launch, 10.0) == {}
+    (why,) = verdict(10.01 + 2 * launch, 10.0).values()
+    assert why.startswith("slower fused") and "measured" in why
+    assert verdict(1000.0, None) == {}  # no baseline (a matmul's estimate): nothing to judge

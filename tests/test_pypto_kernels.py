@@ -175,23 +175,24 @@ def test_an_elementwise_region_on_padded_rows_gains_from_the_flat_layout(tmp_pat
 
 @pytest.mark.parametrize("model", ["asr_frontend_whisper80_conv", "asr_frontend_nemo80"])
 def test_every_region_of_a_corpus_model_compiles_or_falls_back_with_a_reason(model, tmp_path):
+    """Through the build: a matmul whose kernel with its epilogue does not compile (whisper's
+    3000x201x80 mel filterbank: no tile fits Kirin's UB) is split off and the epilogue fused
+    again without it."""
+    import pypto_offline
     from bench import corpus
-    from pypto_offline import import_model
-    from pypto_offline.fusion import plan_fusion
 
     spec = corpus.MODELS[model]
-    graph = import_model(corpus.model_path(model), spec.input_shapes)
-    plan = plan_fusion(graph, TARGETS["kirin9050"])
-    kernels = compile_kernels(graph, plan, TARGETS["kirin9050"], cache_dir=tmp_path)
-    assert len(kernels) == len(plan.regions) >= 3
+    compiled = pypto_offline.compile(corpus.model_path(model), "kirin9050", spec.input_shapes,
+                                     cache_dir=tmp_path)
+    kernels = compiled.message.kernels
+    assert len(kernels) >= 2  # nemo80: 2 since its MatMul fuses
     for kernel in kernels:
         assert kernel.compiled or kernel.fallback_reason
         if kernel.compiled:
-            assert kernel.functional_ok and all(v == "PASS" for _, v in kernel.verdicts)
+            assert kernel.functional_ok and all(v.result == "PASS" for v in kernel.verdicts)
     assert sum(k.compiled for k in kernels) >= 0.9 * len(kernels), \
         [k.fallback_reason for k in kernels if not k.compiled]
-    failed = {k.region_id: (FAILED_CHECK, k.fallback_reason) for k in kernels if not k.compiled}
-    assert_compiled_matches(graph, without_regions(plan, graph, TARGETS["kirin9050"], failed))
+    assert compiled.verify(spec.make_inputs(seed=0)).status == "passed"
 
 
 def test_ascend950_kernels_are_costed_with_the_a5_tables(anchor_kernels, tmp_path):

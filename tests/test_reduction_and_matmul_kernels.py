@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from pypto_offline.importer.ops import MATMUL, REDUCTION, kind_of
-from pypto_offline.pypto_kernels import compile_kernels, unfused_costs
+from pypto_offline.pypto_kernels import compile_kernels
+from pypto_offline.pypto_kernels.compiler import unfused_costs
 from pypto_offline.targets import TARGETS
 from tests.fusion_helpers import assert_compiled_matches, fuse
 from tests.onnx_builders import GraphBuilder

@@ -10,6 +10,7 @@ compiled ONNX graph with one function call per region).
 from __future__ import annotations
 
 from types import MappingProxyType
+from typing import Mapping
 
 from pypto_offline.fusion.classify import VIEW_ONLY_OPS, node_id, node_tensors, why_not_fusable
 from pypto_offline.fusion.cost import fused_cost, node_cost, time_us, total
@@ -27,8 +28,12 @@ __all__ = ["Cost", "FusionPlan", "Region", "RegionOp", "Totals", "Unfused", "pla
            "without_regions"]
 
 
-def plan_fusion(graph: ImportedGraph, target: Target) -> FusionPlan:
+def plan_fusion(graph: ImportedGraph, target: Target,
+                boundaries: Mapping[str, tuple[str, str]] | None = None) -> FusionPlan:
+    """``boundaries``: node id -> (category, reason) for nodes kept out of every region beyond
+    what classify says (a matmul whose kernel with its epilogue did not compile)."""
     verdicts = {node_id(n): why_not_fusable(n, graph, target) for n in graph.nodes}
+    verdicts.update(boundaries or {})
     fusable = {nid for nid, verdict in verdicts.items() if verdict is None}
     nodes = {node_id(n): n for n in graph.nodes}
     regions: list[Region] = []

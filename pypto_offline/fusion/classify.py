@@ -13,7 +13,7 @@ from pypto_offline.fusion.records import BOUNDARY, CANNOT_EXPRESS
 from pypto_offline.fusion.rows import trailing_axes
 from pypto_offline.importer import ImportedGraph, Node
 from pypto_offline.importer.ops import (POW_EXPONENTS, REDUCTION, VIEW_ONLY_OPS, data_inputs,
-                                        in_scope, kind_of)
+                                        in_scope, kind_of, op_def)
 from pypto_offline.targets import Target
 
 __all__ = ["VIEW_ONLY_OPS", "node_id", "node_tensors", "why_not_fusable"]
@@ -37,7 +37,7 @@ def why_not_fusable(node: Node, graph: ImportedGraph, target: Target) -> tuple[s
     if not node.in_scope:
         return BOUNDARY, node.why_not_canonical or "not in canonical form"
     kernels = target.kernels
-    if node.op_type not in kernels.ops:
+    if not op_def(node.op_type).lowers:
         return CANNOT_EXPRESS, f"the kernel generator ({kernels.source}) has no {node.op_type}"
     if node.op_type == "Pad" and node.params["mode"] not in kernels.pad_modes:
         return CANNOT_EXPRESS, f"Pad mode {node.params['mode']!r} is not expressible"
@@ -55,8 +55,23 @@ def why_not_fusable(node: Node, graph: ImportedGraph, target: Target) -> tuple[s
     if node.op_type == "Pow" and node.params["exponent"] not in POW_EXPONENTS:
         return CANNOT_EXPRESS, f"Pow by {node.params['exponent']} has no lowering"
     if kind_of(node.op_type) == REDUCTION:
-        rank = len(graph.tensors[node.inputs[0]].shape)
-        if not trailing_axes(node.params["axes"], rank):
-            return CANNOT_EXPRESS, (f"{node.op_type} over axes {list(node.params['axes'])}: "
-                                    "only trailing axes reduce in rows")
+        return _why_no_rows(node, graph, target)
+    return None
+
+
+# Tiles of whole rows a reduction's kernel keeps in UB at once (its input, the row results and
+# the elementwise work around them): a longer row cannot run as rows (fusion/rows.py).
+ROW_TILES_IN_UB = 4
+
+
+def _why_no_rows(node: Node, graph: ImportedGraph, target: Target) -> tuple[str, str] | None:
+    info = graph.tensors[node.inputs[0]]
+    axes = node.params["axes"]
+    if not trailing_axes(axes, len(info.shape)):
+        return CANNOT_EXPRESS, (f"{node.op_type} over axes {list(axes)}: only trailing axes "
+                                "reduce in rows")
+    row_bytes = int(np.prod(info.shape[axes[0]:])) * np.dtype(info.np_dtype).itemsize
+    if row_bytes * ROW_TILES_IN_UB > target.ub_plan_bytes.value:
+        return CANNOT_EXPRESS, (f"{node.op_type} over rows of {row_bytes} bytes: "
+                                f"{ROW_TILES_IN_UB} whole rows do not fit {target.name}'s UB")
     return None

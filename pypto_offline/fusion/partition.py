@@ -19,7 +19,7 @@ from pypto_offline.fusion.classify import node_id, node_tensors
 from pypto_offline.fusion.program import region_op
 from pypto_offline.fusion.rows import NotRows, has_reduction, row_layout
 from pypto_offline.importer import ImportedGraph, Node
-from pypto_offline.importer.ops import MATMUL, REDUCTION, data_inputs, kind_of
+from pypto_offline.importer.ops import MATMUL, REDUCTION, data_inputs, kind_of, op_def
 from pypto_offline.targets import Target
 
 # PyPTO's data-movement tiles need a last dimension of a multiple of 32 bytes.
@@ -53,17 +53,19 @@ def partition(graph: ImportedGraph, fusable: set[str], target: Target) -> list[l
             if _creates_cycle(quotient, a, b):
                 continue
             merged = [nodes[m] for m in members[a] + members[b]]
-            if not _matmul_is_root(merged) or not _rows_agree(graph, merged):
+            if not _matmul_is_root(graph, merged, target) or not _rows_agree(graph, merged):
                 continue
             _merge(quotient, a, b, region_of, members, working)
     regions = [sorted(m, key=order.index) for m in members.values() if len(m) > 1]
     return sorted(regions, key=lambda r: order.index(r[0]))
 
 
-def _matmul_is_root(members: list[Node]) -> bool:
+def _matmul_is_root(graph: ImportedGraph, members: list[Node], target: Target) -> bool:
     """A region holds at most one matmul, as its root (IREE's root op, TVM's kOutEWiseFusable):
     no reduction beside it, its operands from outside the region, and every other member fed
-    from inside it: its epilogue (bias, activation, residual, output reshape or transpose)."""
+    from inside it: its epilogue (bias, activation, residual, output reshape or transpose). An
+    epilogue reorders axes only after a matmul whose rows and columns PyPTO compiles so
+    (``KernelSupport.matmul_reorder_align``)."""
     matmuls = [n for n in members if kind_of(n.op_type) == MATMUL]
     if not matmuls:
         return True
@@ -73,8 +75,17 @@ def _matmul_is_root(members: list[Node]) -> bool:
     (root,) = matmuls
     if any(name in produced for name in root.inputs):
         return False
+    if any(op_def(n.op_type).reorders for n in members) and not _aligned_matmul(graph, root,
+                                                                              target):
+        return False
     return all(any(name in produced for name in data_inputs(n.op_type, n.inputs))
                for n in members if n is not root)
+
+
+def _aligned_matmul(graph: ImportedGraph, matmul: Node, target: Target) -> bool:
+    shape = graph.tensors[matmul.outputs[0]].shape
+    align = target.kernels.matmul_reorder_align
+    return shape[-1] % align == 0 and shape[-2] % align == 0
 
 
 def _rows_agree(graph: ImportedGraph, members: list[Node]) -> bool:

@@ -8,7 +8,7 @@ it (``lowers``; ``tests/test_op_registry.py`` checks that every op marked so has
 ``pypto_kernels/codegen.py`` and no other op has one). Adding an op is one entry here, its
 normaliser in ``importer/canonical.py`` if it has parameters, and its lowering. TVM's op
 patterns (kElemWise, kBroadcast, kInjective, kCommReduce, kOutEWiseFusable, kOpaque) are the
-model for the kinds.
+model for the kinds; what each kind may share a region with is in docs/regions.md.
 """
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -17,8 +17,9 @@ import onnx
 
 from pypto_offline.errors import UsageError
 from pypto_offline.fusion import FusionPlan, Region, plan_fusion, without_regions
-from pypto_offline.fusion.records import CANNOT_EXPRESS, FAILED_CHECK, RegionOp
+from pypto_offline.fusion.records import CANNOT_EXPRESS, DOES_NOT_PAY, FAILED_CHECK, RegionOp
 from pypto_offline.importer import ImportedGraph, import_model
+from pypto_offline.importer.ops import MATMUL, kind_of
 from pypto_offline.offline_compiler import ptom_pb2
 from pypto_offline.progress import SILENT, Progress, Timings
 from pypto_offline.pypto_kernels import Kernel, compile_kernels
@@ -96,14 +97,26 @@ def build(source, target: Target, options: BuildOptions, progress: Progress = SI
         plan = plan_fusion(graph, target)
     progress.stage(f"compiling {len(plan.regions)} kernels with PyPTO")
     with timings.stage("kernels_s"):
-        kernels = tuple(compile_kernels(graph, plan, target, cache_dir=options.cache_dir,
-                                        jobs=options.jobs, search=options.tile_search,
-                                        timeout=options.kernel_timeout_s, progress=progress))
+        kernels = _compiled(graph, plan, target, options, progress)
+    alone = _matmuls_to_split(plan, kernels)
+    if alone:  # their epilogues are fused again without them, as IREE splits a dispatch
+        progress.stage(f"{len(alone)} matmul kernels failed with their epilogue: re-planning")
+        with timings.stage("plan_s"):
+            plan = plan_fusion(graph, target, alone)
+        with timings.stage("kernels_s"):
+            kernels = _compiled(graph, plan, target, options, progress)
     failed = {k.region_id: (_category(k), k.fallback_reason) for k in kernels if not k.compiled}
     with timings.stage("plan_s"):  # re-lowering without the fallen-back regions is planning
         shipped = without_regions(plan, graph, target, failed) if failed else plan
     with timings.stage("baseline_s"):
         baseline = unfused_baseline(graph, shipped.regions, target, options, progress)
+    slower = slower_than_unfused(kernels, {r.id: r for r in plan.regions}, baseline, target)
+    if slower:  # the cost model as arbiter: such a kernel is dropped, its ops ship unfused
+        kernels = tuple(replace(k, compiled=False, fallback_reason=slower[k.region_id],
+                                artifacts={}) if k.region_id in slower else k for k in kernels)
+        failed.update({region_id: (DOES_NOT_PAY, why) for region_id, why in slower.items()})
+        with timings.stage("plan_s"):
+            shipped = without_regions(plan, graph, target, failed)
     message = ptom_pb2.CompiledModel(
         target=_target_descriptor(target),
         provenance=_provenance(__version__, raw, name, options),
@@ -117,6 +130,47 @@ def build(source, target: Target, options: BuildOptions, progress: Progress = SI
     message.totals.CopyFrom(_totals(shipped, kernels, baseline, target))
     message.verification.status = "skipped"
     return BuildResult(message, graph, shipped, kernels)
+
+
+def _compiled(graph, plan, target: Target, options: BuildOptions, progress) -> tuple:
+    return tuple(compile_kernels(graph, plan, target, cache_dir=options.cache_dir,
+                                 jobs=options.jobs, search=options.tile_search,
+                                 timeout=options.kernel_timeout_s, progress=progress))
+
+
+def _matmuls_to_split(plan: FusionPlan, kernels: Sequence[Kernel]) -> dict[str, tuple[str, str]]:
+    """Node id -> (category, reason) of each matmul whose region's kernel did not compile (a
+    tile that overflows UB, a PyPTO failure): it becomes a kernel of its own."""
+    failed = {k.region_id: k for k in kernels if not k.compiled}
+    split = {}
+    for region in plan.regions:
+        if region.id in failed:
+            kernel = failed[region.id]
+            for op in region.original:  # a node is known by its first output (classify)
+                if kind_of(op.op_type) == MATMUL:
+                    split[op.outputs[0]] = (_category(kernel), "its kernel with its epilogue "
+                                                               f"failed: {kernel.fallback_reason}")
+    return split
+
+
+def slower_than_unfused(kernels: Sequence[Kernel], regions: Mapping[str, Region],
+                        baseline: "Baseline", target: Target) -> dict[str, str]:
+    """Region id -> why, for each compiled kernel that PyPTO's cost model finds slower than its
+    ops as one kernel each, the launches that fusing saves counted at the target's launch cost
+    (IREE and TVM fuse by rule; here the measured or estimated baseline decides)."""
+    launch = target.launch_overhead_us.value
+    slower = {}
+    for kernel in kernels:
+        unfused = baseline.of(kernel.region_id)
+        fused = kernel.tuned_tile.aicore_us if kernel.compiled else None
+        if unfused is None or fused is None:
+            continue
+        launches = (regions[kernel.region_id].unfused.kernels - 1) * launch
+        if fused > unfused + launches:
+            slower[kernel.region_id] = (
+                f"slower fused: PyPTO's cost model gives {fused:.2f} us against {unfused:.2f} us "
+                f"for its ops unfused ({baseline.basis}) and {launches:.1f} us of launches saved")
+    return slower
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ import numpy as np
 from pypto_offline.fusion.cost import tensor_bytes
 from pypto_offline.fusion.records import Region
 from pypto_offline.importer import ImportedGraph
-from pypto_offline.importer.ops import OPS, POINTWISE_OPS
+from pypto_offline.importer.ops import MATMUL, OPS, POINTWISE_OPS
 from pypto_offline.pypto_kernels.codegen import is_scalar_constant
 from pypto_offline.pypto_kernels.compiler import COST_MODEL, single_op_regions
 from pypto_offline.targets import Target
@@ -36,9 +36,16 @@ MEASURED, ESTIMATED = "measured", "estimated"
 OP_CLASSES = ("elementwise", "data", "transpose")
 
 
+# Compute-bound ops, which a line in the KiB moved cannot estimate: a region holding one has no
+# estimated baseline (None; --measure-baseline compiles it alone instead).
+UNFITTED = "matmul"
+
+
 def op_class(op_type: str) -> str:
     """An op that reorders axes is moved through TRANSPOSE_MOVEOUT, slower per byte than a
     straight copy."""
+    if op_type in OPS and OPS[op_type].kind == MATMUL:
+        return UNFITTED
     if op_type in OPS and OPS[op_type].reorders:
         return "transpose"
     return "elementwise" if op_type in POINTWISE_OPS else "data"
@@ -73,8 +80,12 @@ def estimate_op_us(sample: tuple[str, float], lines: dict) -> float:
     return intercept + per_kib * sample[1]
 
 
-def estimate_region_us(samples: Iterable[tuple[str, float]], family: str) -> float:
+def estimate_region_us(samples: Iterable[tuple[str, float]], family: str) -> float | None:
+    """None when an op is of a class the fit has no line for (a matmul)."""
     lines = shipped_fit()["families"][family]
+    samples = list(samples)
+    if any(s[0] not in lines for s in samples):
+        return None
     return round(sum(estimate_op_us(s, lines) for s in samples), 3)
 
 
@@ -111,7 +122,7 @@ def relative_errors(samples: Sequence[tuple[str, float]], times: Sequence[float]
 
 
 def estimated_unfused_costs(graph: ImportedGraph, regions: Sequence[Region], target: Target
-                            ) -> dict[str, float]:
+                            ) -> dict[str, float | None]:
     """The estimated baseline of each region, by region id: no compile, no cache."""
     family = cost_model_family(COST_MODEL.get(target.name))
     constants = graph.constant_values()

@@ -25,11 +25,15 @@ class Figure:
 
 @dataclass(frozen=True)
 class KernelSupport:
-    """What the kernel generator (PyPTO 0.2.0 in Tensor mode) can express, per its CPU probe."""
+    """Limits of what the kernel generator (PyPTO 0.2.0 in Tensor mode) can express, per its CPU
+    probe. Which ops it lowers is the op registry's (``importer/ops.py``): one generator serves
+    every target."""
 
-    ops: frozenset[str]
     max_rank: int
     pad_modes: frozenset[str]
+    # A matmul's epilogue may reorder axes (Transpose, DepthToSpace) only when the matmul's
+    # output rows and columns are multiples of this many elements.
+    matmul_reorder_align: int
     source: str
 
 

@@ -1,16 +1,17 @@
-"""What PyPTO 0.2.0 compiles and verifies in Tensor mode (docs/pypto-ops.md).
+"""The limits of what PyPTO 0.2.0 compiles and verifies in Tensor mode (docs/pypto-ops.md).
 
-Ops not listed failed to compile or were not probed (no ``pypto.tanh``, no erf, no pow; only
-constant padding). Elementwise tensors are limited to rank 4 and transposes to rank 5; the kernel
-generator folds contiguous axes, so fusion admits tensors up to rank 6 and the generator splits a
-region it cannot fold.
+Which ops lower is the op registry's (``importer/ops.py``). Only constant padding. Elementwise
+tensors are limited to rank 4 and transposes to rank 5; the kernel generator folds contiguous
+axes, so fusion admits tensors up to rank 6 and the generator splits a region it cannot fold. A
+matmul result of odd rows reshaped and transposed (tf_vit's keys, 65 tokens) did not compile
+within 300 s, nor with 33 rows in 60 s, where 4, 20, 34, 36, 48 and 64 rows compile in under a
+second (docs/pypto-ops.md, "MatMul").
 """
-from pypto_offline.importer.ops import lowered_ops
 from pypto_offline.targets.descriptor import KernelSupport
 
 PYPTO_0_2_0 = KernelSupport(
-    ops=lowered_ops(),  # what the kernel generator lowers (importer/ops.py), nothing more
     max_rank=6,
     pad_modes=frozenset({"constant"}),
+    matmul_reorder_align=2,
     source="docs/pypto-ops.md (op probe, 99 runs, fp32 and fp16)",
 )
