@@ -12,12 +12,13 @@ from bench.backend_cases import in_scope_cases
 CASES = in_scope_cases()
 # Forms the importer leaves as boundaries on purpose (importer/canonical.py), and the reason it
 # gives: a kernel writes no Mean/InvStdDev, takes Pow's exponent as one constant, a
-# reduction without axes that is an identity is not one, and a MatMul takes matrices with the
-# same batch axes.
+# reduction without axes that is an identity is not one, a MatMul takes matrices with the
+# same batch axes, and a Conv is a kernel's only when it is a 1x1 one.
 BOUNDARY_FORMS = {"LayerNormalization": "Mean or InvStdDev output is used",
                   "Pow": "the exponent is not one constant",
                   "ReduceSum": "noop_with_empty_axes",
-                  "MatMul": "a MatMul of matrices with equal batch axes"}
+                  "MatMul": "a MatMul of matrices with equal batch axes",
+                  "Conv": "a 1x1 convolution of one image"}
 
 
 def test_the_suite_covers_every_data_movement_op_and_reduction():

@@ -1,5 +1,5 @@
-"""Issue 18's patterns: a reduction with its elementwise neighbours, and a matmul with its
-epilogue, each compile into exactly one kernel with the real PyPTO 0.2.0, pass the functional
+"""Issue 18's patterns: a reduction with its elementwise neighbours, and a matmul (or a 1x1
+convolution) with its epilogue, each compile into exactly one kernel with the real PyPTO 0.2.0, pass the functional
 check against onnxruntime, and the whole compiled graph matches the original. All patterns are
 compiled in one build (one shared cache, both worker threads busy) to keep the suite short."""
 from __future__ import annotations
@@ -88,9 +88,17 @@ def matmul_bias_residual():
     return b.model(b.op("Add", [h, residual]))
 
 
+def pointwise_conv_hardswish():
+    """A MobileNetV3 expansion: a 1x1 convolution with bias, then HardSwish."""
+    b = GraphBuilder()
+    x = b.input("x", [1, 32, 16, 16])
+    conv = b.op("Conv", [x, b.const(_weights(64, 32, 1, 1)), b.const(_weights(64))])
+    return b.model(b.op("HardSwish", [conv]))
+
+
 PATTERNS = {build.__name__: build for build in (
     decomposed_layer_norm, layer_normalization_op, llama_rms_norm, attention_softmax,
-    matmul_bias_gelu, matmul_bias_residual)}
+    matmul_bias_gelu, matmul_bias_residual, pointwise_conv_hardswish)}
 
 
 @pytest.fixture(scope="module")

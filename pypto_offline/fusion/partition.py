@@ -83,9 +83,15 @@ def _matmul_is_root(graph: ImportedGraph, members: list[Node], target: Target) -
 
 
 def _aligned_matmul(graph: ImportedGraph, matmul: Node, target: Target) -> bool:
-    shape = graph.tensors[matmul.outputs[0]].shape
+    out = graph.tensors[matmul.outputs[0]].shape
+    if matmul.op_type == "Conv":  # W[Cout, Cin] @ x[Cin, H*W]
+        rows, columns = out[1], out[2] * out[3]
+    elif len(graph.tensors[matmul.inputs[1]].shape) == 2:  # the left operand's axes fold to M
+        rows, columns = prod(out[:-1]), out[-1]
+    else:
+        rows, columns = out[-2], out[-1]
     align = target.kernels.matmul_reorder_align
-    return shape[-1] % align == 0 and shape[-2] % align == 0
+    return rows % align == 0 and columns % align == 0
 
 
 def _rows_agree(graph: ImportedGraph, members: list[Node]) -> bool:

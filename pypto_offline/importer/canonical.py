@@ -422,6 +422,28 @@ def _matmul(ctx: NodeContext) -> dict[str, Any]:
     return {}
 
 
+CONV_FORM = "the kernel generator takes a 1x1 convolution of one image as a matmul"
+
+
+@normaliser("Conv")
+def _pointwise_conv(ctx: NodeContext) -> dict[str, Any]:
+    """Canonical: a 1x1 kernel, unit strides and dilations, no padding, one group, a batch of
+    one: ``W[Cout, Cin] @ x[Cin, H*W]``. PyPTO 0.2.0's own conv is not usable
+    (docs/pypto-ops.md, "MatMul"), so any other convolution stays a boundary."""
+    image, weights = ctx.in_shape(0), ctx.in_shape(1)
+    for name in ctx.node.input[2:]:
+        if name:
+            ctx.shape(name)
+    if len(image) != 4 or image[0] != 1:
+        raise NotCanonical(f"{CONV_FORM} (input {list(image)})")
+    ones = all(d == 1 for d in list(weights[2:]) + list(ctx.attr("strides", [1, 1]))
+               + list(ctx.attr("dilations", [1, 1])))
+    if not ones or any(ctx.attr("pads", [0])) or ctx.attr("group", 1) != 1:
+        raise NotCanonical(f"{CONV_FORM} (kernel {list(weights[2:])}, strides "
+                           f"{list(ctx.attr('strides', [1, 1]))}, group {ctx.attr('group', 1)})")
+    return {}
+
+
 def schema_attributes(ctx: NodeContext) -> dict[str, Any]:
     """Every attribute the op's schema defines at this opset, defaults filled in."""
     schema = onnx.defs.get_schema(ctx.node.op_type, ctx.opset, "")

@@ -78,9 +78,10 @@ OPS: MappingProxyType = MappingProxyType({
             "Softmax LogSoftmax LayerNormalization"),
     # Global pooling is a reduction over the spatial axes (a squeeze-and-excite's mean)
     **_defs(REDUCTION, _GLOBAL_POOLS, _GLOBAL_POOLS),
-    # Matrices (equal batch axes, or a 2-D right operand): compute-bound, so a kernel of its own
-    # unless its elementwise epilogue joins it (TVM's kOutEWiseFusable, IREE's root op).
-    **_defs(MATMUL, "MatMul", "MatMul"),
+    # Matrices (equal batch axes, or a 2-D right operand) and 1x1 convolutions (the weights
+    # times the pixels; no other convolution is canonical): compute-bound, so a kernel of its
+    # own unless its elementwise epilogue joins it (TVM's kOutEWiseFusable, IREE's root op).
+    **_defs(MATMUL, "MatMul Conv", "MatMul Conv"),
 })
 
 

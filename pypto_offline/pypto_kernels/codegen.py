@@ -829,6 +829,25 @@ def _matmul(w: _Writer, op: RegionOp) -> None:
     w.assign(out, f"pypto.matmul({a}, {b}, {pypto_dtype(w.dtype(out))})", shapes[2])
 
 
+def _pointwise_conv(w: _Writer, op: RegionOp) -> None:
+    """A 1x1 convolution of one image as ``W[Cout, Cin] @ x[Cin, H*W]`` plus the bias as a
+    ``[Cout, 1]`` column (``importer/canonical.py`` admits no other)."""
+    image, weights, out = op.inputs[0], op.inputs[1], op.outputs[0]
+    _, channels, height, width = w.shape(image)
+    filters = w.shape(weights)[0]
+    shape = [filters, height * width]
+    a, b = w.value(weights, [filters, channels]), w.value(image, [channels, height * width])
+    m_tiles, k_tiles, n_tiles = cube_tiles(filters, channels, height * width,
+                                           itemsize_of(w.dtype(image)))
+    w.emit(f"pypto.set_cube_tile_shapes({m_tiles}, {k_tiles}, {n_tiles})")
+    value = _let(w, f"pypto.matmul({a}, {b}, {pypto_dtype(w.dtype(out))})")
+    if len(op.inputs) > 2 and op.inputs[2]:
+        bias = w.value(op.inputs[2], [filters, 1])
+        w.tile(shape, w.dtype(out))
+        value = f"pypto.add({value}, {bias})"
+    w.assign(out, value, shape)
+
+
 def _depth_to_space(w: _Writer, op: RegionOp) -> None:
     """DepthToSpace and SpaceToDepth as the reshape-transpose-reshape ONNX defines them; the
     6-D transpose folds to rank 4 (``fold_transpose``) for DCR DepthToSpace and SpaceToDepth."""
@@ -847,7 +866,7 @@ _LOWERINGS: dict[str, Callable[[_Writer, RegionOp], None]] = {
     "Slice": _view, "Pad": _pad, "Tile": _tile, "Expand": _expand, "Concat": _concat,
     "Split": _split, "Transpose": _transpose, "Reshape": _reshape, "Identity": _identity,
     "Gather": _gather, "Cast": _cast, "Where": _where, "Reciprocal": _reciprocal, "Clip": _clip,
-    "Roll": _roll, "Pow": _pow, "Erf": _erf, "Tanh": _tanh, "HardSigmoid": _hard_sigmoid, "HardSwish": _hard_sigmoid, "MatMul": _matmul, "Softmax": _softmax, "LogSoftmax": _softmax,
+    "Roll": _roll, "Pow": _pow, "Erf": _erf, "Tanh": _tanh, "HardSigmoid": _hard_sigmoid, "HardSwish": _hard_sigmoid, "MatMul": _matmul, "Conv": _pointwise_conv, "Softmax": _softmax, "LogSoftmax": _softmax,
     "LayerNormalization": _layer_normalization, "DepthToSpace": _depth_to_space,
     "SpaceToDepth": _depth_to_space, **{op: _reduce for op in REDUCTIONS},
 }
