@@ -13,7 +13,10 @@ from pathlib import Path
 
 from bench import corpus
 import pypto_offline
+from pypto_offline.importer.ops import MATMUL, kind_of
 from pypto_offline.offline_compiler.summary import kernels_below_lower_bound, shown
+from pypto_offline.pypto_kernels.baseline import slower_fused
+from pypto_offline.targets import TARGETS
 
 
 def build_one(name: str, target: str, out: Path, cache_dir: Path, jobs: int) -> dict:
@@ -26,7 +29,29 @@ def build_one(name: str, target: str, out: Path, cache_dir: Path, jobs: int) -> 
     blob = compiled.save(out / f"{name}.{target}.ptom")
     return {**compiled.summary(), "blob": blob.name,
             "gm_below_lower_bound": kernels_below_lower_bound(compiled.message),
+            "shipped": shipped_kernel_figures(compiled.message),
             "compile_seconds": round(time.perf_counter() - started, 1)}
+
+
+GM_SLACK = 1.05  # issue 18: a fused kernel's GM bytes within 5 % of its lower bound
+
+
+def shipped_kernel_figures(message) -> dict:
+    """Per shipped kernel, against its region's bounds: how many move at most ``GM_SLACK`` times
+    their GM lower bound, which the cost model finds slower than their ops unfused with the
+    launches saved (the arbiter drops those: empty unless it is broken), the kernels it
+    dropped, and how many hold a matmul or a 1x1 convolution."""
+    launch = TARGETS[message.target.name].launch_overhead_us.value
+    shipped = [k for k in message.kernels if k.compiled]
+    within = [k.id for k in shipped
+              if k.gm_bytes_read + k.gm_bytes_written <= GM_SLACK * k.gm_bytes_lower_bound]
+    slower = [k.id for k in shipped if k.HasField("cost_us_unfused") and slower_fused(
+        k.tuned_tile.aicore_us, k.cost_us_unfused, k.kernels_unfused, launch)]
+    dropped = [k.id for k in message.kernels if k.fallback_reason.startswith("slower fused")]
+    return {"kernels": len(shipped), "gm_within_slack": len(within), "slower_than_unfused":
+            slower, "dropped_as_slower": dropped,
+            "with_matmul": sum(any(kind_of(o.op_type) == MATMUL for o in k.simplified)
+                               for k in shipped)}
 
 
 def invariant_broken(row: dict) -> str | None:
@@ -39,8 +64,8 @@ def invariant_broken(row: dict) -> str | None:
 def table(rows: list[dict]) -> str:
     lines = ["| model | target | kernels | fused (ops) | PyPTO compiled / fell back | GM MB before → "
              "after (lower bound) | kernels GM < LB | est. µs before → after | PyPTO µs fused / "
-             "unfused | check |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "unfused | GM ≤ 1.05 LB | slower / dropped | check |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         p, v = r["pypto"], r["verification"]
         lines.append(
@@ -50,9 +75,18 @@ def table(rows: list[dict]) -> str:
             f"({r['gm_bytes_lower_bound'] / 1e6:.2f}) | {below_cell(r)} | "
             f"{r['est_time_us_before']:.0f} → {r['est_time_us_after']:.0f} | "
             f"{shown(p['cost_us_fused'], '.1f')} / {shown(p['cost_us_unfused'], '.1f')} | "
+            f"{shipped_cell(r)} | "
             f"{v['status']} ({shown(v['max_abs_diff'], '.1e')}; kernels {v['kernels_passed']}/"
             f"{v['kernels_checked']}) |")
     return "\n".join(lines)
+
+
+def shipped_cell(row: dict) -> str:
+    figures = row.get("shipped")
+    if figures is None:
+        return "— | —"
+    return (f"{figures['gm_within_slack']}/{figures['kernels']} | "
+            f"{len(figures['slower_than_unfused'])} / {len(figures['dropped_as_slower'])}")
 
 
 def below_cell(row: dict) -> str:

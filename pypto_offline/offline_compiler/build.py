@@ -23,7 +23,7 @@ from pypto_offline.importer.ops import MATMUL, kind_of
 from pypto_offline.offline_compiler import ptom_pb2
 from pypto_offline.progress import SILENT, Progress, Timings
 from pypto_offline.pypto_kernels import Kernel, compile_kernels
-from pypto_offline.pypto_kernels.baseline import (ESTIMATED, MEASURED,
+from pypto_offline.pypto_kernels.baseline import (ESTIMATED, MEASURED, slower_fused,
                                                   estimated_unfused_costs)
 from pypto_offline.pypto_kernels.compiler import (DEFAULT_TIMEOUT_S, PYPTO_VERSION,
                                                   unfused_costs)
@@ -156,20 +156,18 @@ def _matmuls_to_split(plan: FusionPlan, kernels: Sequence[Kernel]) -> dict[str, 
 def slower_than_unfused(kernels: Sequence[Kernel], regions: Mapping[str, Region],
                         baseline: "Baseline", target: Target) -> dict[str, str]:
     """Region id -> why, for each compiled kernel that PyPTO's cost model finds slower than its
-    ops as one kernel each, the launches that fusing saves counted at the target's launch cost
-    (IREE and TVM fuse by rule; here the measured or estimated baseline decides)."""
-    launch = target.launch_overhead_us.value
+    ops unfused (``baseline.slower_fused``; IREE and TVM fuse by rule, here the build's measured
+    or estimated baseline decides)."""
     slower = {}
     for kernel in kernels:
         unfused = baseline.of(kernel.region_id)
         fused = kernel.tuned_tile.aicore_us if kernel.compiled else None
         if unfused is None or fused is None:
             continue
-        launches = (regions[kernel.region_id].unfused.kernels - 1) * launch
-        if fused > unfused + launches:
-            slower[kernel.region_id] = (
-                f"slower fused: PyPTO's cost model gives {fused:.2f} us against {unfused:.2f} us "
-                f"for its ops unfused ({baseline.basis}) and {launches:.1f} us of launches saved")
+        why = slower_fused(fused, unfused, regions[kernel.region_id].unfused.kernels,
+                           target.launch_overhead_us.value)
+        if why:
+            slower[kernel.region_id] = f"{why} ({baseline.basis})"
     return slower
 
 

@@ -51,6 +51,18 @@ def op_class(op_type: str) -> str:
     return "elementwise" if op_type in POINTWISE_OPS else "data"
 
 
+def slower_fused(fused_us: float, unfused_us: float, unfused_kernels: int,
+                 launch_us: float) -> str | None:
+    """Why a kernel does not pay under PyPTO's cost model, or None: its AICore time against its
+    ops' as one kernel each, the launches fusing saves counted ((ops - 1) x ``launch_us``, the
+    target's launch overhead). The arbiter of what ships (docs/baseline.md)."""
+    launches = (unfused_kernels - 1) * launch_us
+    if fused_us <= unfused_us + launches:
+        return None
+    return (f"slower fused: PyPTO's cost model gives {fused_us:.2f} us against {unfused_us:.2f} "
+            f"us for its ops unfused and {launches:.1f} us of launches saved")
+
+
 def cost_model_family(cost_model: tuple[str, str] | None) -> str:
     """The cost tables a target compiles against (compiler.COST_MODEL): A5, or the 910B default."""
     return cost_model[0] if cost_model else "910B"

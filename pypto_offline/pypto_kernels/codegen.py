@@ -824,7 +824,8 @@ def _matmul(w: _Writer, op: RegionOp) -> None:
             raise CannotExpress(f"a rank-{len(left_shape)} batched MatMul")
         shapes = (left_shape, right_shape, left_shape[:-1] + [n])
     a, b = w.value(left, shapes[0]), w.value(right, shapes[1])
-    m_tiles, k_tiles, n_tiles = cube_tiles(shapes[2][-2], k, n, itemsize_of(w.dtype(left)))
+    m_tiles, k_tiles, n_tiles = cube_tiles(shapes[2][-2], k, n, itemsize_of(w.dtype(left)),
+                                           w.policy.budget_bytes)
     w.emit(f"pypto.set_cube_tile_shapes({m_tiles}, {k_tiles}, {n_tiles})")
     w.assign(out, f"pypto.matmul({a}, {b}, {pypto_dtype(w.dtype(out))})", shapes[2])
 
@@ -838,7 +839,7 @@ def _pointwise_conv(w: _Writer, op: RegionOp) -> None:
     shape = [filters, height * width]
     a, b = w.value(weights, [filters, channels]), w.value(image, [channels, height * width])
     m_tiles, k_tiles, n_tiles = cube_tiles(filters, channels, height * width,
-                                           itemsize_of(w.dtype(image)))
+                                           itemsize_of(w.dtype(image)), w.policy.budget_bytes)
     w.emit(f"pypto.set_cube_tile_shapes({m_tiles}, {k_tiles}, {n_tiles})")
     value = _let(w, f"pypto.matmul({a}, {b}, {pypto_dtype(w.dtype(out))})")
     if len(op.inputs) > 2 and op.inputs[2]:

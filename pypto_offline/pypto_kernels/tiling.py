@@ -108,18 +108,25 @@ class TilePolicy:
 # for: every side a multiple of 16 elements (32 bytes in fp16; fp32 asks 16 elements too), and
 # an L0A/L0B tile (side x K side x itemsize) within 64 KiB. 128-element M and N sides with a
 # 128-element (fp16) or 64-element (fp32) K side fit every buffer; [256, 256] K/N tiles overflow
-# L0B (docs/pypto-ops.md, "MatMul"). L1 and L0 take the same tile.
+# L0B. L1 and L0 take the same tile. The UB a matmul's kernel needs grows with its K side
+# (whisper's 3000x201x80: 273 KiB at K 64, 143 KiB at K 32), so the K side follows the tile
+# candidate's budget and the search finds one that fits (docs/pypto-ops.md, "MatMul").
 CUBE_ALIGN = 16
 CUBE_SIDE = 128
 CUBE_K_BYTES = 256
 
 
-def cube_tiles(m: int, k: int, n: int, itemsize: int) -> tuple[list[int], list[int], list[int]]:
-    """The ``set_cube_tile_shapes`` arguments (M, K, N; each [L0, L1]) for an m x k x n matmul."""
+def cube_tiles(m: int, k: int, n: int, itemsize: int, budget_bytes: int
+               ) -> tuple[list[int], list[int], list[int]]:
+    """The ``set_cube_tile_shapes`` arguments (M, K, N; each [L0, L1]) for an m x k x n matmul
+    under a tile candidate of ``budget_bytes``: a K side of budget / (128 x itemsize) elements,
+    16 at the least and 256 bytes at the most."""
     def side(extent: int, cap: int) -> int:
         return min(-(-extent // CUBE_ALIGN) * CUBE_ALIGN, cap)
-    m_tile, k_tile = side(m, CUBE_SIDE), side(k, CUBE_K_BYTES // max(itemsize, 2))
-    n_tile = side(n, CUBE_SIDE)
+    itemsize = max(itemsize, 2)
+    k_cap = max(CUBE_ALIGN, min(CUBE_K_BYTES // itemsize, budget_bytes // (CUBE_SIDE * itemsize))
+                // CUBE_ALIGN * CUBE_ALIGN)
+    m_tile, k_tile, n_tile = side(m, CUBE_SIDE), side(k, k_cap), side(n, CUBE_SIDE)
     return [m_tile, m_tile], [k_tile, k_tile], [n_tile, n_tile]
 
 
