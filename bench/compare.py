@@ -176,8 +176,11 @@ def ours(name: str, target: str, cache: Path, folder: Path) -> dict:
     kernels = [k for k in message.kernels if k.compiled]
     ratios = [k.tuned_tile.aicore_us / k.default_tile.aicore_us for k in kernels
               if k.default_tile.aicore_us]
+    from bench.corpus_build import shipped_kernel_figures
+
     return {**summary, "tile_ratios": ratios,
             "gm_below_lower_bound": kernels_below_lower_bound(message),
+            "shipped": shipped_kernel_figures(message),
             "tile_better": sum(r <= 1 - TILE_GAIN for r in ratios)}
 
 

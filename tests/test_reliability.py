@@ -88,7 +88,9 @@ def test_a_kernel_that_crashes_or_hangs_falls_back_and_the_report_says_why(
     compiled = pypto_offline.load(out)
     (kernel,) = compiled.message.kernels
     assert not kernel.compiled and expected in kernel.fallback_reason
-    assert {u.category for u in compiled.message.unfused} == {"failed check"}
+    categories = {u.op_type: u.category for u in compiled.message.unfused}
+    assert categories.pop("Conv") == "boundary"  # a 3x3 convolution: no kernel takes it
+    assert set(categories.values()) == {"failed check"}
     report = Path(summary["report"]).read_text()
     assert "fell back" in report and expected in report
 
