@@ -384,7 +384,8 @@ def main(argv: list[str] | None = None) -> int:
     cache = args.cache_dir or default_cache_dir()
     targets = args.targets.split(",")
     cold = set(filter(None, args.cold_models.split(",")))
-    rows = []
+    rows: list[dict] = []
+    written, shown_targets = rows, targets
     for name in args.models.split(","):
         rows.append(bench_model(name, targets, cache, name in cold, not args.no_iree,
                                 args.keep_cold_caches, not args.no_tvm))
@@ -394,16 +395,27 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr, flush=True)
         for line in invariant_broken(rows[-1:]):
             print(line, file=sys.stderr, flush=True)
-    args.out.mkdir(parents=True, exist_ok=True)
-    if args.update and (args.out / "compare.json").exists():
-        rows = merged(json.loads((args.out / "compare.json").read_text()), rows)
+        written, shown_targets = write_results(rows, targets, args.out, args.update)
+    plots(written, shown_targets, args.out)
+    print(markdown(written, shown_targets))
+    return 1 if invariant_broken(written) else 0  # flagged above, model by model
+
+
+def write_results(rows: list[dict], targets: list[str], out: Path, update: bool
+                  ) -> tuple[list[dict], list[str]]:
+    """compare.json and compare.md with the rows so far (after every model, so a long run
+    that stops keeps what it measured), merged into the rows already there with ``update``.
+    Each file is written to a temporary name and renamed into place."""
+    out.mkdir(parents=True, exist_ok=True)
+    if update and (out / "compare.json").exists():
+        rows = merged(json.loads((out / "compare.json").read_text()), rows)
         targets = list(dict.fromkeys(t for row in rows for t in row["targets"]))
-    (args.out / "compare.json").write_text(json.dumps(rows, indent=1, default=str))
-    table = markdown(rows, targets)
-    (args.out / "compare.md").write_text(table + "\n")
-    plots(rows, targets, args.out)
-    print(table)
-    return 1 if invariant_broken(rows) else 0  # flagged above, model by model
+    for name, text in (("compare.json", json.dumps(rows, indent=1, default=str)),
+                       ("compare.md", markdown(rows, targets) + "\n")):
+        partial = out / f".{name}.partial"
+        partial.write_text(text)
+        partial.replace(out / name)
+    return rows, targets
 
 
 if __name__ == "__main__":

@@ -96,12 +96,17 @@ def test_the_default_tile_keeps_the_own_shape_layout():
     assert default_candidate(fitting, 8192) == {"budget": 8192, "swapped": False, "flat": False}
 
 
-def test_ub_peak_reads_the_highest_range_a_leaf_allocates():
-    leaf = {"graphtype": 3, "tensors": [{"mem_id": 15, "mem_range": [0, 0]},
-                                        {"mem_id": 39, "mem_range": [0, 7680]},
-                                        {"mem_id": 88, "mem_range": [7680, 23040]},
-                                        {"mem_id": -1, "mem_range": [0, 99999]}]}
-    tile_graph = {"graphtype": 1, "tensors": [{"mem_id": 1, "mem_range": [0, 50000]}]}
+def test_ub_peak_reads_the_highest_range_a_leaf_allocates_in_ub():
+    def tensor(mem_id, mem_range, mem_type):
+        return {"mem_id": mem_id, "mem_range": mem_range,
+                "mem_type": {"asis": mem_type, "tobe": mem_type}}
+    ub, l1, l0c, gm = 0, 1, 4, 15
+    leaf = {"graphtype": 3, "tensors": [tensor(15, [0, 0], gm), tensor(39, [0, 7680], ub),
+                                        tensor(88, [7680, 23040], ub),
+                                        tensor(-1, [0, 99999], ub),
+                                        tensor(90, [0, 131072], l0c),  # a cube leaf's product
+                                        tensor(91, [0, 65536], l1)]}
+    tile_graph = {"graphtype": 1, "tensors": [tensor(1, [0, 50000], ub)]}
     assert ub_peak({"functions": [tile_graph, leaf]}) == 23040
 
 

@@ -1,6 +1,7 @@
 """Each rewrite rule fires on its pattern, and the simplified region computes the same result."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from tests.fusion_helpers import assert_compiled_matches, fuse
@@ -145,3 +146,36 @@ def test_the_issue_chain_simplifies_to_one_view_op_per_axis_group():
     region = simplified(b.model(b.op("Relu", [y])))
     assert len(region.original) == 8
     assert ops_of(region) == ["Slice", "Reshape", "Relu"]
+
+
+def _linear(bias_shape, residual=False, weight_rank=2):
+    """x @ W + bias (+ a residual read of the product when ``residual``), then a Relu."""
+    b = GraphBuilder()
+    x = b.input("x", [1, 8, 16])
+    weight = np.ones((16, 32) if weight_rank == 2 else (1, 16, 32), np.float32) * 0.1
+    product = b.op("MatMul", [x, b.const(weight)])
+    y = b.op("Add", [product, b.const(np.arange(np.prod(bias_shape), dtype=np.float32)
+                                      .reshape(bias_shape))])
+    if residual:
+        y = b.op("Add", [y, product])
+    return b.model(b.op("Relu", [y]))
+
+
+def test_a_per_column_bias_joins_its_matmul():
+    region = simplified(_linear([32]))
+    assert "bias_into_matmul" in region.rules_applied
+    assert ops_of(region) == ["MatMul", "Relu"] and len(region.simplified[0].inputs) == 3
+
+
+@pytest.mark.parametrize("bias_shape, residual, weight_rank", [
+    ([8, 1], False, 2),    # one value per row: the cube adds a bias per column only
+    ([1, 8, 32], False, 2),  # a full tensor, not a bias
+    ([32], True, 2),       # the product is read again: the Add cannot take its place
+    ([32], False, 3),      # a batched weight: codegen's folded 2-D form is the only one
+])
+def test_no_bias_joins_a_matmul_it_does_not_fit(bias_shape, residual, weight_rank):
+    graph, plan = fuse(_linear(bias_shape, residual, weight_rank))
+    assert_compiled_matches(graph, plan)
+    for region in plan.regions:
+        assert "bias_into_matmul" not in region.rules_applied
+        assert all(len(op.inputs) == 2 for op in region.simplified if op.op_type == "MatMul")

@@ -1,12 +1,15 @@
-"""Issue 18's patterns: a reduction with its elementwise neighbours, and a matmul (or a 1x1
-convolution) with its epilogue, each compile into exactly one kernel with the real PyPTO 0.2.0, pass the functional
-check against onnxruntime, and the whole compiled graph matches the original. All patterns are
+"""Issue 18's patterns: a reduction with its elementwise neighbours, a matmul (or a 1x1
+convolution) with its epilogue, and comparisons with their casts, each compile into exactly one
+kernel with the real PyPTO 0.2.0, pass the functional check against onnxruntime, and the whole
+compiled graph matches the original. All patterns are
 compiled in one build (one shared cache, both worker threads busy) to keep the suite short."""
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import pytest
 
+from pypto_offline.fusion.cost import cube_handoff_bytes
 from pypto_offline.importer.ops import MATMUL, REDUCTION, kind_of
 from pypto_offline.pypto_kernels import compile_kernels
 from pypto_offline.pypto_kernels.compiler import unfused_costs
@@ -88,6 +91,19 @@ def matmul_bias_residual():
     return b.model(b.op("Add", [h, residual]))
 
 
+def gemm_gelu_tanh():
+    """GPT-2's MLP as its exporter writes it: a Gemm with a transposed weight, then gelu_new
+    (the tanh approximation, with Pow)."""
+    b = GraphBuilder()
+    x = b.input("x", [TOKENS, HIDDEN])
+    h = b.op("Gemm", [x, b.const(_weights(2 * HIDDEN, HIDDEN)), b.const(_weights(2 * HIDDEN))],
+             transB=1)
+    cubic = b.op("Mul", [b.op("Pow", [h, _scalar(b, 3.0)]), _scalar(b, 0.044715)])
+    inner = b.op("Mul", [b.op("Add", [h, cubic]), _scalar(b, 0.7978845608)])
+    half = b.op("Mul", [h, _scalar(b, 0.5)])
+    return b.model(b.op("Mul", [half, b.op("Add", [b.op("Tanh", [inner]), _scalar(b, 1.0)])]))
+
+
 def pointwise_conv_hardswish():
     """A MobileNetV3 expansion: a 1x1 convolution with bias, then HardSwish."""
     b = GraphBuilder()
@@ -96,15 +112,38 @@ def pointwise_conv_hardswish():
     return b.model(b.op("HardSwish", [conv]))
 
 
+def comparisons():
+    """Every comparison, a scalar on either side, summed as floats."""
+    b = GraphBuilder()
+    x, y = b.input("x", [2, 8, 32]), b.input("y", [2, 8, 32])
+    flags = [b.op("Equal", [x, y]), b.op("Less", [_scalar(b, 0.25), x]),
+             b.op("Greater", [x, y]), b.op("LessOrEqual", [x, _scalar(b, -0.5)]),
+             b.op("GreaterOrEqual", [y, x])]
+    total = b.op("Cast", [flags[0]], to=onnx.TensorProto.FLOAT)
+    for flag in flags[1:]:
+        total = b.op("Add", [total, b.op("Cast", [flag], to=onnx.TensorProto.FLOAT)])
+    return b.model(total)
+
+
+def one_hot():
+    """magika's one-hot of its input bytes, as jax2tf writes it: int32 Equal, then Cast."""
+    b = GraphBuilder()
+    x = b.input("bytes", [1, 64], onnx.TensorProto.INT32)
+    column = b.op("Expand", [b.op("Reshape", [x, b.const([1, 64, 1])]), b.const([1, 64, 257])])
+    equal = b.op("Equal", [column, b.const(np.arange(257).reshape(1, 1, 257), dtype=np.int32)])
+    return b.model(b.op("Cast", [equal], to=onnx.TensorProto.FLOAT))
+
+
 PATTERNS = {build.__name__: build for build in (
     decomposed_layer_norm, layer_normalization_op, llama_rms_norm, attention_softmax,
-    matmul_bias_gelu, matmul_bias_residual, pointwise_conv_hardswish)}
+    matmul_bias_gelu, matmul_bias_residual, gemm_gelu_tanh, pointwise_conv_hardswish)}
+COMPARISON_PATTERNS = {build.__name__: build for build in (comparisons, one_hot)}
 
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     cache = tmp_path_factory.mktemp("kernel-cache")
-    planned = {name: fuse(build()) for name, build in PATTERNS.items()}
+    planned = {name: fuse(build()) for name, build in {**PATTERNS, **COMPARISON_PATTERNS}.items()}
     kernels = {}
     for name, (graph, plan) in planned.items():
         kernels[name] = compile_kernels(graph, plan, TARGETS["kirin9050"], cache_dir=cache)
@@ -125,6 +164,29 @@ def test_the_pattern_is_one_kernel_that_passes_its_check(built, name):
     kinds = {kind_of(op.op_type) for op in region.simplified}
     assert kinds & {REDUCTION, MATMUL}, kinds
     assert_compiled_matches(graph, plan)
+
+
+@pytest.mark.parametrize("name", sorted(COMPARISON_PATTERNS))
+def test_comparisons_fuse_with_their_casts_and_match_onnxruntime(built, name):
+    planned, kernels = built
+    graph, plan = planned[name]
+    assert plan.totals.kernels_after == 1, plan.unfused
+    (kernel,) = kernels[name]
+    assert kernel.compiled and kernel.functional_ok, (kernel.fallback_reason, kernel.verdicts)
+    assert_compiled_matches(graph, plan)
+
+
+def test_a_matmul_moves_its_lower_bound_plus_the_cube_to_vector_hand_off(built):
+    """The bias joins the cube (no hand-off for it); the residual add is a vector op, so the
+    product crosses to a vector core through GM once (docs/figures.md, "The platform bound")."""
+    planned, kernels = built
+    (region,) = planned["matmul_bias_residual"][1].regions
+    (kernel,) = kernels["matmul_bias_residual"]
+    assert [op.op_type for op in region.simplified] == ["MatMul", "Add"]
+    handoff = cube_handoff_bytes(region.simplified, region.tensor_types)
+    assert handoff == 2 * TOKENS * HIDDEN * 4
+    moved = kernel.gm_bytes_read + kernel.gm_bytes_written
+    assert region.fused.gm_bytes < moved <= 1.05 * (region.fused.gm_bytes + handoff)
 
 
 def test_a_decomposed_layer_norm_is_at_least_three_times_faster_fused(built, tmp_path):

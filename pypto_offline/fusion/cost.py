@@ -16,7 +16,8 @@ import numpy as np
 from pypto_offline.fusion.classify import node_tensors
 from pypto_offline.fusion.records import Cost, RegionOp
 from pypto_offline.importer import ImportedGraph, Node
-from pypto_offline.importer.ops import POINTWISE_OPS, VIEW_ONLY_OPS
+from pypto_offline.importer.input_shapes import tensor_bytes as bytes_of
+from pypto_offline.importer.ops import MATMUL, POINTWISE_OPS, VIEW_ONLY_OPS, kind_of
 from pypto_offline.targets import Target
 
 
@@ -56,6 +57,25 @@ def fused_cost(inputs: Iterable[str], outputs: Iterable[str], graph: ImportedGra
     gm_bytes = sum(needed[name] * graph.tensors[name].np_dtype.itemsize for name in read
                    if name in needed) + tensor_bytes(graph, outputs)
     return Cost(1, gm_bytes, time_us(1, gm_bytes, target))
+
+
+def cube_handoff_bytes(ops: Sequence[RegionOp], tensor_types) -> int:
+    """GM bytes a kernel moves beyond its lower bound because PyPTO 0.2.0 compiles for the
+    Ascend 910B, whose cube and vector cores are separate: a matmul product that a vector op
+    reads is written to GM by the cube core and read back by a vector core (a Conv's bias is
+    such a vector op). Nothing a kernel generator can avoid; a matmul whose product is the
+    kernel's output alone, or whose bias the cube adds, moves none (docs/pypto-ops.md,
+    "MatMul")."""
+    readers = {name for op in ops for name in op.inputs}
+    handoff = 0
+    for op in ops:
+        if kind_of(op.op_type) != MATMUL:
+            continue
+        product = op.outputs[0]
+        vector_bias = op.op_type == "Conv" and len(op.inputs) > 2 and bool(op.inputs[2])
+        if product in readers or vector_bias:
+            handoff += 2 * bytes_of(*tensor_types[product])
+    return handoff
 
 
 def _immediate(name: str, graph: ImportedGraph) -> bool:

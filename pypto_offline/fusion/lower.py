@@ -40,10 +40,28 @@ def roll_as_slices(op: RegionOp, shapes) -> list[RegionOp]:
     return parts + [concat]
 
 
+def matmul_with_bias_as_add(op: RegionOp, program: Program) -> list[RegionOp]:
+    """A MatMul with a bias (``rules.bias_into_matmul``) is ONNX's MatMul, then Add."""
+    product = f"{op.outputs[0]}__product"
+    program.shapes[product] = program.shapes[op.outputs[0]]
+    program.dtypes[product] = program.dtypes[op.outputs[0]]
+    return [RegionOp("MatMul", op.inputs[:2], (product,), op.params),
+            RegionOp("Add", (product, op.inputs[2]), op.outputs, MappingProxyType({}))]
+
+
+def _as_onnx_ops(op: RegionOp, program: Program) -> list[RegionOp]:
+    """The program op as ops ONNX has."""
+    if op.op_type == "Roll":
+        return roll_as_slices(op, program.shapes)
+    if op.op_type == "MatMul" and len(op.inputs) > 2:
+        return matmul_with_bias_as_add(op, program)
+    return [op]
+
+
 def function_body(program: Program, opset: int) -> list[onnx.NodeProto]:
     nodes: list[onnx.NodeProto] = []
     for op in program.ops:
-        for step in (roll_as_slices(op, program.shapes) if op.op_type == "Roll" else [op]):
+        for step in _as_onnx_ops(op, program):
             nodes.extend(_encode_with_constants(step, program, opset))
     return nodes
 

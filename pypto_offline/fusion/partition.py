@@ -19,7 +19,8 @@ from pypto_offline.fusion.classify import node_id, node_tensors
 from pypto_offline.fusion.program import region_op
 from pypto_offline.fusion.rows import NotRows, row_layout
 from pypto_offline.importer import ImportedGraph, Node
-from pypto_offline.importer.ops import MATMUL, REDUCTION, data_inputs, kind_of, op_def
+from pypto_offline.importer.ops import (MATMUL, REDUCTION, data_inputs, kind_of,
+                                        matmul_extents, op_def)
 from pypto_offline.targets import Target
 
 # PyPTO's data-movement tiles need a last dimension of a multiple of 32 bytes.
@@ -83,13 +84,8 @@ def _matmul_is_root(graph: ImportedGraph, members: list[Node], target: Target) -
 
 
 def _aligned_matmul(graph: ImportedGraph, matmul: Node, target: Target) -> bool:
-    out = graph.tensors[matmul.outputs[0]].shape
-    if matmul.op_type == "Conv":  # W[Cout, Cin] @ x[Cin, H*W]
-        rows, columns = out[1], out[2] * out[3]
-    elif len(graph.tensors[matmul.inputs[1]].shape) == 2:  # the left operand's axes fold to M
-        rows, columns = prod(out[:-1]), out[-1]
-    else:
-        rows, columns = out[-2], out[-1]
+    rows, columns = matmul_extents(matmul.op_type, graph.tensors[matmul.outputs[0]].shape,
+                                   len(graph.tensors[matmul.inputs[1]].shape))
     align = target.kernels.matmul_reorder_align
     return rows % align == 0 and columns % align == 0
 

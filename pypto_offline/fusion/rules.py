@@ -246,8 +246,34 @@ def expand_into_broadcast(prog: Program, op: RegionOp) -> list[RegionOp] | None:
     return None
 
 
+def _row_vector(shape: tuple[int, ...], columns: int) -> bool:
+    """A shape that broadcasts one value per column: ``[N]``, ``[1, N]``, ``[1, 1, N]``..."""
+    return len(shape) >= 1 and shape[-1] == columns and all(d == 1 for d in shape[:-1])
+
+
+def bias_into_matmul(prog: Program, op: RegionOp) -> list[RegionOp] | None:
+    """``Add(MatMul(a, W), bias)`` with a per-column bias becomes one MatMul that adds the bias
+    in the cube's write-out (PyPTO's ``bias_tensor``): the product never crosses to a vector
+    tile through GM, so a MatMul with its bias alone moves its lower bound (2.8 us against
+    6.7 us for 16x64x128 fp32; docs/pypto-ops.md, "MatMul"). Only a 2-D weight (the folded
+    form codegen writes), a product read by this Add alone, and a bias of the product's dtype."""
+    if op.op_type != "Add":
+        return None
+    for product, bias in (op.inputs, op.inputs[::-1]):
+        matmul = prog.producer(product)
+        if matmul is None or matmul.op_type != "MatMul" or len(matmul.inputs) != 2 \
+                or product in prog.outputs or len(prog.consumers(product)) != 1:
+            continue
+        shape = prog.shapes[product]
+        if len(prog.shapes[matmul.inputs[1]]) == 2 and _row_vector(prog.shapes[bias], shape[-1]) \
+                and prog.shapes[op.outputs[0]] == shape \
+                and prog.dtypes[bias] == prog.dtypes[product]:
+            return [RegionOp("MatMul", (*matmul.inputs, bias), op.outputs, matmul.params)]
+    return None
+
+
 RULES: tuple[Rule, ...] = (
     no_op, view_chain, slice_of_slice, pad_of_pad, slice_of_pad, transpose_of_transpose,
     slice_before_transpose, reshape_of_reshape, slices_concat_roll, split_then_concat,
-    expand_into_broadcast,
+    expand_into_broadcast, bias_into_matmul,
 )

@@ -422,6 +422,24 @@ def _matmul(ctx: NodeContext) -> dict[str, Any]:
     return {}
 
 
+GEMM_FORM = "the kernel generator takes a Gemm A @ B(^T) + C with a per-column C"
+
+
+@normaliser("Gemm")
+def _gemm(ctx: NodeContext) -> dict[str, Any]:
+    """Canonical: ``A @ B + C`` or ``A @ B^T + C`` (PyPTO's ``b_trans``), alpha and beta 1, C
+    absent or one value per column (the cube adds it, docs/pypto-ops.md "MatMul"). Parameter:
+    ``transB``, ONNX's own name, so the compiled graph writes the Gemm back as it is."""
+    n = ctx.in_shape(1)[0 if ctx.attr("transB", 0) else 1]
+    bias = ctx.in_shape(2) if len(ctx.node.input) > 2 and ctx.node.input[2] else None
+    if ctx.attr("transA", 0) or ctx.attr("alpha", 1.0) != 1.0 or ctx.attr("beta", 1.0) != 1.0:
+        raise NotCanonical(f"{GEMM_FORM} (transA, alpha or beta)")
+    if bias is not None and (len(bias) not in (1, 2) or bias[-1] != n
+                             or any(d != 1 for d in bias[:-1])):
+        raise NotCanonical(f"{GEMM_FORM} (C of shape {list(bias)})")
+    return {"transB": int(ctx.attr("transB", 0))}
+
+
 CONV_FORM = "the kernel generator takes a 1x1 convolution of one image as a matmul"
 
 

@@ -13,6 +13,7 @@ model for the kinds; what each kind may share a region with is in docs/regions.m
 from __future__ import annotations
 
 from dataclasses import dataclass
+from math import prod
 from types import MappingProxyType
 
 # Kinds, in TVM's order of how freely they fuse.
@@ -68,7 +69,7 @@ OPS: MappingProxyType = MappingProxyType({
     **_defs(BROADCAST,
             "Add Sub Mul Div Mod Max Min Sum Mean Equal Less Greater LessOrEqual "
             "GreaterOrEqual And Or Xor PRelu BitShift Where",
-            "Add Sub Mul Div Max Min Where"),
+            "Add Sub Mul Div Max Min Where Equal Less Greater LessOrEqual GreaterOrEqual"),
     # Pow by a constant exponent, a parameter: one data input
     **_defs(ELEMENTWISE, "Pow", "Pow", data_inputs=1),
     # Reductions over trailing axes (their canonical form makes the axes explicit); Softmax,
@@ -81,8 +82,19 @@ OPS: MappingProxyType = MappingProxyType({
     # Matrices (equal batch axes, or a 2-D right operand) and 1x1 convolutions (the weights
     # times the pixels; no other convolution is canonical): compute-bound, so a kernel of its
     # own unless its elementwise epilogue joins it (TVM's kOutEWiseFusable, IREE's root op).
-    **_defs(MATMUL, "MatMul Conv", "MatMul Conv"),
+    **_defs(MATMUL, "MatMul Gemm Conv", "MatMul Gemm Conv"),
 })
+
+
+def matmul_extents(op_type: str, out_shape, right_rank: int) -> tuple[int, int]:
+    """The rows and columns (M, N) of the product a matmul-kind op computes, as the kernel
+    generator writes it: a 1x1 Conv as ``W[Cout, Cin] @ x[Cin, H*W]``, a 2-D right operand with
+    the left operand's leading axes folded into M, else a batch of ``out[-2:]`` matrices."""
+    if op_type == "Conv":
+        return out_shape[1], out_shape[2] * out_shape[3]
+    if right_rank == 2:
+        return prod(out_shape[:-1]), out_shape[-1]
+    return out_shape[-2], out_shape[-1]
 
 
 def op_def(op_type: str, domain: str = "") -> OpDef | None:

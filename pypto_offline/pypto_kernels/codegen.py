@@ -26,7 +26,7 @@ import onnx
 
 from pypto_offline.fusion.records import Region, RegionOp
 from pypto_offline.fusion.rows import NotRows, RowLayout, has_reduction, row_layout
-from pypto_offline.importer.ops import POINTWISE_OPS, VIEW_ONLY_OPS
+from pypto_offline.importer.ops import POINTWISE_OPS, VIEW_ONLY_OPS, matmul_extents
 from pypto_offline.pypto_kernels.folding import fold_broadcast, fold_transpose
 from pypto_offline.pypto_kernels.tiling import BLOCK_BYTES, TilePolicy, cube_tiles
 
@@ -37,11 +37,18 @@ PYPTO_DTYPES = {
     onnx.TensorProto.UINT8: "pypto.DT_UINT8", onnx.TensorProto.INT16: "pypto.DT_INT16",
     onnx.TensorProto.BOOL: "pypto.DT_BOOL",
 }
+FLOAT_DTYPES = frozenset({onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16,
+                          onnx.TensorProto.BFLOAT16})
 UNARY = {"Relu": "relu", "Sigmoid": "sigmoid", "Exp": "exp", "Neg": "neg", "Abs": "abs",
          "Sqrt": "sqrt", "Log": "log"}
 BINARY = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "Max": "maximum",
           "Min": "minimum"}
 COMMUTATIVE = frozenset({"Add", "Mul", "Max", "Min"})
+# A comparison as (PyPTO compare, negated?) and the op that reads its operands swapped; PyPTO has
+# eq, lt and gt, and logical_not (each checked in fp32 and int32, docs/pypto-ops.md).
+COMPARISONS = {"Equal": ("eq", False, "Equal"), "Less": ("lt", False, "Greater"),
+               "Greater": ("gt", False, "Less"), "LessOrEqual": ("gt", True, "GreaterOrEqual"),
+               "GreaterOrEqual": ("lt", True, "LessOrEqual")}
 # Ops that map element i of their inputs to element i of their output, whatever the layout.
 FLAT_OPS = (POINTWISE_OPS - {"Expand"}) | {"Reshape", "Identity"}
 # The row length hardly matters (256 B to 2 KiB rows gave the same tasks and times on nudenet's
@@ -691,6 +698,27 @@ def _binary_operands(w: _Writer, op: RegionOp, shape, owns) -> list[str]:
     return operands
 
 
+def _compare(w: _Writer, op: RegionOp) -> None:
+    """A bool tensor, tiled by its operands' dtype. PyPTO takes a scalar only on the right and
+    only a float one: an integer scalar is a full tile."""
+    out, names = op.outputs[0], list(op.inputs)
+    if all(is_scalar_constant(name, w.constants) for name in names):
+        raise CannotExpress("an op on compile-time constants only")
+    function, negated, mirrored = COMPARISONS[op.op_type]
+    if is_scalar_constant(names[0], w.constants):
+        names.reverse()
+        function, negated, _ = COMPARISONS[mirrored]
+    dtype = w.dtype(names[0])
+    shape, owns = _compute_shape(w, out, names)
+    left, right = _binary_operands(w, RegionOp(op.op_type, tuple(names), op.outputs), shape,
+                                   owns)
+    if is_scalar_constant(names[1], w.constants) and dtype not in FLOAT_DTYPES:
+        right = _full(w, shape, np.asarray(w.constants[names[1]]).reshape(-1)[0], dtype)
+    expression = f"pypto.{function}({left}, {right})"
+    w.tile(shape, dtype)
+    w.assign(out, f"pypto.logical_not({expression})" if negated else expression, shape)
+
+
 def _roll(w: _Writer, op: RegionOp) -> None:
     source, out = op.inputs[0], op.outputs[0]
     axis, shift = op.params["axis"], op.params["shift"]
@@ -812,22 +840,27 @@ def _matmul(w: _Writer, op: RegionOp) -> None:
     """A 2-D matmul when the right operand is a matrix (a weight: the left one's leading axes
     fold into M), else a batched one on the operands' own shapes (``importer/canonical.py``
     admits equal batch axes only; PyPTO 0.2.0 fails to compile a matmul of reshaped batched
-    operands, docs/pypto-ops.md "MatMul"). The epilogue runs on vector tiles as any op."""
+    operands, docs/pypto-ops.md "MatMul"). A Gemm's ``transB`` is the cube's ``b_trans``. A
+    third input is a per-column bias the cube adds as it writes out (a Gemm's C, or
+    ``fusion/rules.bias_into_matmul``); the rest of the epilogue runs on vector tiles."""
     left, right, out = op.inputs[0], op.inputs[1], op.outputs[0]
     left_shape, right_shape = list(w.shape(left)), list(w.shape(right))
-    (m, k), n = left_shape[-2:], right_shape[-1]
+    rows, n = matmul_extents(op.op_type, list(w.shape(out)), len(right_shape))
+    k = left_shape[-1]
     if len(right_shape) == 2:
-        rows = prod(left_shape[:-1])
-        shapes = ([rows, k], [k, n], [rows, n])
+        shapes = ([rows, k], right_shape, [rows, n])
     else:
         if len(left_shape) > MAX_RANK:
             raise CannotExpress(f"a rank-{len(left_shape)} batched MatMul")
         shapes = (left_shape, right_shape, left_shape[:-1] + [n])
     a, b = w.value(left, shapes[0]), w.value(right, shapes[1])
-    m_tiles, k_tiles, n_tiles = cube_tiles(shapes[2][-2], k, n, itemsize_of(w.dtype(left)),
+    m_tiles, k_tiles, n_tiles = cube_tiles(rows, k, n, itemsize_of(w.dtype(left)),
                                            w.policy.budget_bytes)
     w.emit(f"pypto.set_cube_tile_shapes({m_tiles}, {k_tiles}, {n_tiles})")
-    w.assign(out, f"pypto.matmul({a}, {b}, {pypto_dtype(w.dtype(out))})", shapes[2])
+    extra = ", b_trans=True" if op.params.get("transB") else ""
+    if len(op.inputs) > 2 and op.inputs[2]:
+        extra += f", extend_params={{'bias_tensor': {w.value(op.inputs[2], [1, n])}}}"
+    w.assign(out, f"pypto.matmul({a}, {b}, {pypto_dtype(w.dtype(out))}{extra})", shapes[2])
 
 
 def _pointwise_conv(w: _Writer, op: RegionOp) -> None:
@@ -867,7 +900,9 @@ _LOWERINGS: dict[str, Callable[[_Writer, RegionOp], None]] = {
     "Slice": _view, "Pad": _pad, "Tile": _tile, "Expand": _expand, "Concat": _concat,
     "Split": _split, "Transpose": _transpose, "Reshape": _reshape, "Identity": _identity,
     "Gather": _gather, "Cast": _cast, "Where": _where, "Reciprocal": _reciprocal, "Clip": _clip,
-    "Roll": _roll, "Pow": _pow, "Erf": _erf, "Tanh": _tanh, "HardSigmoid": _hard_sigmoid, "HardSwish": _hard_sigmoid, "MatMul": _matmul, "Conv": _pointwise_conv, "Softmax": _softmax, "LogSoftmax": _softmax,
+    "Roll": _roll, "Pow": _pow, "Erf": _erf, "Tanh": _tanh, "HardSigmoid": _hard_sigmoid,
+    "HardSwish": _hard_sigmoid, "MatMul": _matmul, "Gemm": _matmul, "Conv": _pointwise_conv,
+    "Softmax": _softmax, "LogSoftmax": _softmax, **{op: _compare for op in COMPARISONS},
     "LayerNormalization": _layer_normalization, "DepthToSpace": _depth_to_space,
     "SpaceToDepth": _depth_to_space, **{op: _reduce for op in REDUCTIONS},
 }

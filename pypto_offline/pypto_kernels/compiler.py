@@ -54,8 +54,9 @@ from pypto_offline.runtime import TOLERANCE, run_model
 from pypto_offline.targets import Target
 
 PYPTO_VERSION = "0.2.0"
-KERNEL_FORMAT = 17  # bump when the generator changes what a cached entry means (17: compiles
-# after a failed one in the same process were cached as failed, docs/workers.md)
+KERNEL_FORMAT = 18  # bump when the generator changes what a cached entry means (18: a matmul's
+# L0C and L1 tensors were counted as UB; 17: compiles after a failed one in the same process
+# were cached as failed, docs/workers.md)
 DEFAULT_TIMEOUT_S = 300
 TIMED_OUT = "PyPTO compile did not finish within"
 # ascend950: the cost model can use its A5 tables (pypto-cpu.md §6); everything else is 910B.

@@ -46,6 +46,7 @@ from pypto_offline.pypto_kernels.compiler import PR_SET_PDEATHSIG, SERVER_READY,
 TILE_GRAPH, LEAF_GRAPH = 1, 3  # program.json graphtypes: the tile graph, a leaf (AICore) function
 CYCLES_PER_US = 1800.0  # the simulator's swim-lane time base (1.8 GHz)
 MEM_DEVICE_DDR = 15  # program.json mem_type of a global-memory tensor (tilefwk/data_type.h)
+MEM_UB = 0  # ... and of a Unified Buffer one (pypto.pypto_impl.MemoryType.MEM_UB)
 # pypto DataType codes (pypto.DT_*) → bytes per element, for counting copies in program.json
 DT_BYTES = {0: 0.5, 1: 1, 2: 2, 3: 4, 4: 8, 5: 1, 6: 2, 7: 4, 8: 2, 11: 1, 12: 2, 13: 4, 14: 8,
             15: 1, 16: 8, 17: 1, 18: 1, 19: 1}
@@ -189,13 +190,17 @@ def _elements(tensor: dict) -> int:
 
 def ub_peak(program: dict) -> int:
     """The most Unified Buffer any leaf function of the compiled program allocates: the end of
-    the highest UB range its local tensors occupy."""
+    the highest UB range its local tensors occupy. Only UB (``MemoryType.MEM_UB``): a cube
+    leaf's L1, L0A/L0B/L0C and bias-table tensors have ranges of their own, which PyPTO checks
+    against those buffers when it compiles (a 196x128 fp32 product's L0C tile ends at 128 KiB
+    and once refused 16 matmul kernels of swin as if it were UB; docs/pypto-ops.md)."""
     peak = 0
     for function in program["functions"]:
         if function.get("graphtype") != LEAF_GRAPH:
             continue
         for tensor in function["tensors"]:
-            if tensor.get("mem_id", -1) >= 0 and tensor.get("mem_range"):
+            if tensor.get("mem_id", -1) >= 0 and tensor.get("mem_range") \
+                    and tensor.get("mem_type", {}).get("tobe") == MEM_UB:
                 peak = max(peak, int(tensor["mem_range"][1]))
     return peak
 
