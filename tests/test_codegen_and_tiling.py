@@ -9,8 +9,11 @@ import pytest
 
 from pypto_offline.pypto_kernels.codegen import float_literal, flat_row, kernel_source, swaps_for
 from pypto_offline.pypto_kernels.compiler import compile_order, default_candidate, distinct_sources
-from pypto_offline.pypto_kernels.tiling import (MAX_TILES, TilePolicy, candidate_policies,
-                                                default_policy, fits_ub, search_rounds)
+from pypto_offline.fusion.rows import conv_rows
+from pypto_offline.pypto_kernels.tiling import (BIAS_TABLE_COLUMNS, L0_BYTES, MAX_TILES,
+                                                PRODUCT_TILES, TilePolicy, candidate_policies,
+                                                cube_tiles, default_policy, fits_ub,
+                                                search_rounds)
 from pypto_offline.targets import TARGETS
 from pypto_offline.pypto_kernels.worker import ub_peak
 from tests.fusion_helpers import fuse
@@ -379,3 +382,57 @@ def test_a_checked_round_whose_worker_crashes_is_searched_again_unchecked(monkey
         ("search", True), ("search-unchecked", False), ("final", True)]
     assert jobs[0][2] == jobs[1][2] > 1 and jobs[2][2] == 1
     assert kernel.compiled and kernel.functional_ok, kernel.fallback_reason
+
+
+@pytest.mark.parametrize("m,k,n,itemsize", [
+    (64, 64, 1600, 4), (128, 256, 400, 4), (16, 64, 6400, 4), (196, 32, 128, 4),
+    (3000, 201, 80, 4), (65, 16, 65, 4), (128, 256, 6400, 2), (16, 16, 16, 2)])
+def test_cube_tiles_fit_the_cube_buffers(m, k, n, itemsize):
+    (m_tile, _), (k_tile, _), (n_tile, _) = cube_tiles(m, k, n, itemsize, 16384)
+    assert all(side % 16 == 0 for side in (m_tile, k_tile, n_tile))
+    assert max(m_tile, n_tile) * k_tile * max(itemsize, 2) <= L0_BYTES  # L0A and L0B
+    assert (m_tile, n_tile) in PRODUCT_TILES or (m_tile <= 128 and n_tile <= 128) \
+        or m_tile * n_tile <= max(a * b for a, b in PRODUCT_TILES)
+
+
+def test_cube_tiles_cover_the_long_side_of_a_pointwise_convolution():
+    """nudenet's 64-filter 1x1 convolution of 1600 pixels: the 16 KiB weight is read once per
+    N tile, so N 512 (4 reads) beats N 128 (13 reads); x is read once either way."""
+    (m_tile, _), _, (n_tile, _) = cube_tiles(64, 64, 1600, 4, 16384)
+    assert (m_tile, n_tile) == (64, 512)
+    assert cube_tiles(16, 16, 16, 4, 16384) == ([16, 16], [16, 16], [16, 16])
+
+
+def test_a_bias_keeps_the_n_tile_within_the_bias_table():
+    """swin's 16x128x512 fc1 with its bias failed to compile at N 512 (FFFFFF)."""
+    assert cube_tiles(16, 128, 512, 4, 16384)[2][0] == 512
+    assert cube_tiles(16, 128, 512, 4, 16384, bias=True)[2][0] <= BIAS_TABLE_COLUMNS
+
+
+def _conv_region(consumer):
+    b = GraphBuilder()
+    x = b.input("x", [1, 32, 8, 8])
+    rng = np.random.default_rng(0)
+    conv = b.op("Conv", [x, b.const(rng.standard_normal((64, 32, 1, 1)).astype(np.float32)),
+                         b.const(rng.standard_normal(64).astype(np.float32))])
+    graph, plan = fuse(b.model(*consumer(b, conv)))
+    (region,) = plan.regions
+    return region, graph.constant_values()
+
+
+def test_a_pointwise_convolution_epilogue_runs_on_the_products_rows():
+    """The product is [Cout, H*W] as the cube writes it; the SiLU runs on it, and only the
+    output is reshaped to 4-D (fusion/rows.conv_rows)."""
+    region, constants = _conv_region(lambda b, y: [b.op("Mul", [y, b.op("Sigmoid", [y])])])
+    source = kernel_source(region, TilePolicy(8192), constants)
+    compile(source, "kernel.py", "exec")
+    assert "pypto.sigmoid(t" in source and "[1, 64, 8, 8]" in source
+    body = source.split("pypto.matmul(")[1]
+    assert body.count("pypto.reshape(t") == 1  # of a computed value: the output's, at the end
+
+
+def test_a_convolution_whose_channels_split_keeps_its_own_layout():
+    region, _ = _conv_region(lambda b, y: b.op("Split", [b.op("Relu", [y])], outputs=2,
+                                               axis=1, split=[32, 32]))
+    assert conv_rows(region.simplified, {t: s for t, (s, _) in region.tensor_types.items()}) \
+        is None

@@ -25,7 +25,8 @@ import numpy as np
 import onnx
 
 from pypto_offline.fusion.records import Region, RegionOp
-from pypto_offline.fusion.rows import NotRows, RowLayout, has_reduction, row_layout
+from pypto_offline.fusion.rows import (NotRows, RowLayout, conv_rows, has_reduction,
+                                       row_layout)
 from pypto_offline.importer.ops import POINTWISE_OPS, VIEW_ONLY_OPS, matmul_extents
 from pypto_offline.pypto_kernels.folding import fold_broadcast, fold_transpose
 from pypto_offline.pypto_kernels.tiling import BLOCK_BYTES, TilePolicy, cube_tiles
@@ -162,7 +163,7 @@ class _Writer:
         self.lines.append(f"    {line}")
 
     def tile(self, shape, dtype: int, whole_axes=()) -> None:
-        if self.rows is not None and len(shape) == 2:
+        if self.rows is not None and self.rows.whole_rows and len(shape) == 2:
             # one tile of whole rows for every op of a row region, the reduced results
             # included: a reduction never splits its axis (fusion/rows.py)
             shape, whole_axes = (self.rows.rows, self.rows.columns), (1,)
@@ -204,6 +205,9 @@ def kernel_source(region: Region, policy: TilePolicy, constants: Mapping[str, np
         w.row = flat_row(region, constants)
     if has_reduction(region.simplified):
         w.rows = _row_layout(region)
+    else:
+        w.rows = conv_rows(region.simplified, {t: shape for t, (shape, _) in
+                                               region.tensor_types.items()})
     arguments = []
     for index, tensor in enumerate(region.inputs):
         if is_scalar_constant(tensor, constants):
@@ -854,11 +858,12 @@ def _matmul(w: _Writer, op: RegionOp) -> None:
             raise CannotExpress(f"a rank-{len(left_shape)} batched MatMul")
         shapes = (left_shape, right_shape, left_shape[:-1] + [n])
     a, b = w.value(left, shapes[0]), w.value(right, shapes[1])
+    bias = len(op.inputs) > 2 and bool(op.inputs[2])
     m_tiles, k_tiles, n_tiles = cube_tiles(rows, k, n, itemsize_of(w.dtype(left)),
-                                           w.policy.budget_bytes)
+                                           w.policy.budget_bytes, bias)
     w.emit(f"pypto.set_cube_tile_shapes({m_tiles}, {k_tiles}, {n_tiles})")
     extra = ", b_trans=True" if op.params.get("transB") else ""
-    if len(op.inputs) > 2 and op.inputs[2]:
+    if bias:
         extra += f", extend_params={{'bias_tensor': {w.value(op.inputs[2], [1, n])}}}"
     w.assign(out, f"pypto.matmul({a}, {b}, {pypto_dtype(w.dtype(out))}{extra})", shapes[2])
 

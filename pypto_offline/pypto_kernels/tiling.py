@@ -114,19 +114,50 @@ class TilePolicy:
 CUBE_ALIGN = 16
 CUBE_SIDE = 128
 CUBE_K_BYTES = 256
+L0_BYTES = 64 * 1024  # each of L0A and L0B
+# (M, N) sides of the product tile, accumulated in fp32 in L0C: up to 128 KiB (128 x 256,
+# 256 x 128, 32 x 512 and 16 x 1024 compiled and checked, docs/pypto-ops.md "MatMul"). A side
+# also sets an L0A or L0B tile with the 16-element K side at the least. The vector epilogue
+# takes the product in tiles as large, so the product tile follows the candidate's budget
+# (``PRODUCT_BYTES_PER_BUDGET``): magika's 2048x257x128 matmul with its epilogue needed 192 KiB
+# of UB at 256 x 128 whatever the vector tile.
+PRODUCT_TILES = tuple((1 << i, 1 << j) for i in range(4, 11) for j in range(4, 11)
+                      if (1 << i) * (1 << j) * 4 <= 128 * 1024)
+PRODUCT_BYTES_PER_BUDGET = 8
+MIN_PRODUCT_BYTES = 16 * 1024
+BIAS_TABLE_COLUMNS = 256
 
 
-def cube_tiles(m: int, k: int, n: int, itemsize: int, budget_bytes: int
+def cube_tiles(m: int, k: int, n: int, itemsize: int, budget_bytes: int, bias: bool = False
                ) -> tuple[list[int], list[int], list[int]]:
     """The ``set_cube_tile_shapes`` arguments (M, K, N; each [L0, L1]) for an m x k x n matmul
-    under a tile candidate of ``budget_bytes``: a K side of budget / (128 x itemsize) elements,
-    16 at the least and 256 bytes at the most."""
+    under a tile candidate of ``budget_bytes``. The cube reads the left operand once per N tile
+    and the right one once per M tile, so of the (M, N) sides in ``PRODUCT_TILES`` within the
+    budget's product bytes the one that re-reads the fewest bytes is taken, the fuller on a
+    tie. A 1x1 convolution's weight was
+    read once per 128 pixels: 13 times on nudenet's 64x64x1600; a 128x256x400 matmul read
+    934 KB in 16.5 us with 128 x 128, 672 KB in 16.2 us with 128 x 256 (docs/pypto-ops.md
+    "MatMul"). The K side is budget / (128 x itemsize) elements, 16 at the least and 256 bytes
+    at the most, and within L0A and L0B. With a ``bias`` the N side holds in the cube's bias
+    table (``BIAS_TABLE_COLUMNS``)."""
     def side(extent: int, cap: int) -> int:
-        return min(-(-extent // CUBE_ALIGN) * CUBE_ALIGN, cap)
+        return max(CUBE_ALIGN, min(-(-extent // CUBE_ALIGN) * CUBE_ALIGN, cap))
     itemsize = max(itemsize, 2)
-    k_cap = max(CUBE_ALIGN, min(CUBE_K_BYTES // itemsize, budget_bytes // (CUBE_SIDE * itemsize))
-                // CUBE_ALIGN * CUBE_ALIGN)
-    m_tile, k_tile, n_tile = side(m, CUBE_SIDE), side(k, k_cap), side(n, CUBE_SIDE)
+
+    def rereads(sides: tuple[int, int]) -> tuple[int, int]:
+        m_side, n_side = side(m, sides[0]), side(n, sides[1])
+        extra = m * k * (-(-n // n_side) - 1) + k * n * (-(-m // m_side) - 1)
+        return extra, -m_side * n_side
+    product_bytes = min(max(budget_bytes * PRODUCT_BYTES_PER_BUDGET, MIN_PRODUCT_BYTES),
+                        128 * 1024)
+    fitting = [t for t in PRODUCT_TILES if CUBE_ALIGN * max(t) * itemsize <= L0_BYTES
+               and (not bias or t[1] <= BIAS_TABLE_COLUMNS)
+               and side(m, t[0]) * side(n, t[1]) * 4 <= product_bytes]
+    m_cap, n_cap = min(fitting, key=rereads)
+    m_tile, n_tile = side(m, m_cap), side(n, n_cap)
+    k_cap = min(CUBE_K_BYTES // itemsize, budget_bytes // (CUBE_SIDE * itemsize),
+                L0_BYTES // (max(m_tile, n_tile) * itemsize))
+    k_tile = side(k, max(CUBE_ALIGN, k_cap // CUBE_ALIGN * CUBE_ALIGN))
     return [m_tile, m_tile], [k_tile, k_tile], [n_tile, n_tile]
 
 
