@@ -38,8 +38,8 @@ PYPTO_DTYPES = {
     onnx.TensorProto.UINT8: "pypto.DT_UINT8", onnx.TensorProto.INT16: "pypto.DT_INT16",
     onnx.TensorProto.BOOL: "pypto.DT_BOOL",
 }
-FLOAT_DTYPES = frozenset({onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16,
-                          onnx.TensorProto.BFLOAT16})
+HALF_DTYPES = frozenset({onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16})
+FLOAT_DTYPES = HALF_DTYPES | {onnx.TensorProto.FLOAT}
 UNARY = {"Relu": "relu", "Sigmoid": "sigmoid", "Exp": "exp", "Neg": "neg", "Abs": "abs",
          "Sqrt": "sqrt", "Log": "log"}
 BINARY = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "Max": "maximum",
@@ -206,8 +206,7 @@ def kernel_source(region: Region, policy: TilePolicy, constants: Mapping[str, np
     if has_reduction(region.simplified):
         w.rows = _row_layout(region)
     else:
-        w.rows = conv_rows(region.simplified, {t: shape for t, (shape, _) in
-                                               region.tensor_types.items()})
+        w.rows = conv_rows(region.simplified, _shapes(region))
     arguments = []
     for index, tensor in enumerate(region.inputs):
         if is_scalar_constant(tensor, constants):
@@ -243,10 +242,13 @@ def kernel_source(region: Region, policy: TilePolicy, constants: Mapping[str, np
     return "\n".join(header + w.lines) + "\n"
 
 
+def _shapes(region: Region) -> dict[str, tuple[int, ...]]:
+    return {tensor: shape for tensor, (shape, _) in region.tensor_types.items()}
+
+
 def _row_layout(region: Region) -> RowLayout:
     try:
-        return row_layout(region.simplified, {t: shape for t, (shape, _) in
-                                              region.tensor_types.items()})
+        return row_layout(region.simplified, _shapes(region))
     except NotRows as why:
         raise CannotExpress(f"a reduction region that does not run as rows: {why}") from None
 
@@ -592,13 +594,13 @@ ERF_A = (0.254829592, -0.284496736, 1.421413741, -1.453152027, 1.061405429)
 
 def _in_fp32(w: _Writer, value: str, dtype: int) -> str:
     """``value`` cast to fp32 when it is half precision: a polynomial in fp16 loses digits."""
-    if dtype not in (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16):
+    if dtype not in HALF_DTYPES:
         return value
     return _let(w, f"pypto.cast({value}, pypto.DT_FP32)")
 
 
 def _back_from_fp32(value: str, dtype: int) -> str:
-    if dtype not in (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16):
+    if dtype not in HALF_DTYPES:
         return value
     return f"pypto.cast({value}, {pypto_dtype(dtype)})"
 
@@ -770,7 +772,7 @@ def _compute_dtype(w: _Writer, op: RegionOp, stash: bool) -> int:
     stash_type 1): fp16 LayerNorm accumulated in fp32 is 4x closer to the reference
     (docs/pypto-ops.md, "Reductions")."""
     dtype = w.dtype(op.inputs[0])
-    half = dtype in (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
+    half = dtype in HALF_DTYPES
     return onnx.TensorProto.FLOAT if half and stash else dtype
 
 
@@ -872,11 +874,11 @@ def _pointwise_conv(w: _Writer, op: RegionOp) -> None:
     """A 1x1 convolution of one image as ``W[Cout, Cin] @ x[Cin, H*W]`` plus the bias as a
     ``[Cout, 1]`` column (``importer/canonical.py`` admits no other)."""
     image, weights, out = op.inputs[0], op.inputs[1], op.outputs[0]
-    _, channels, height, width = w.shape(image)
-    filters = w.shape(weights)[0]
-    shape = [filters, height * width]
-    a, b = w.value(weights, [filters, channels]), w.value(image, [channels, height * width])
-    m_tiles, k_tiles, n_tiles = cube_tiles(filters, channels, height * width,
+    channels = w.shape(image)[1]
+    filters, pixels = matmul_extents("Conv", list(w.shape(out)), 2)
+    shape = [filters, pixels]
+    a, b = w.value(weights, [filters, channels]), w.value(image, [channels, pixels])
+    m_tiles, k_tiles, n_tiles = cube_tiles(filters, channels, pixels,
                                            itemsize_of(w.dtype(image)), w.policy.budget_bytes)
     w.emit(f"pypto.set_cube_tile_shapes({m_tiles}, {k_tiles}, {n_tiles})")
     value = _let(w, f"pypto.matmul({a}, {b}, {pypto_dtype(w.dtype(out))})")
