@@ -436,3 +436,63 @@ def test_a_convolution_whose_channels_split_keeps_its_own_layout():
                                                axis=1, split=[32, 32]))
     assert conv_rows(region.simplified, {t: s for t, (s, _) in region.tensor_types.items()}) \
         is None
+
+
+def _only_region(model):
+    graph, plan = fuse(model)
+    (region,) = plan.regions
+    return region, graph.constant_values()
+
+
+def test_a_batched_matmul_is_a_loop_of_2d_matmuls_assembled_into_the_output():
+    """[1, 4, 16, 16] x [1, 4, 16, 8], heads moved behind the tokens: one 2-D matmul per head,
+    each assembled at column block h of the [16, 32] output; no 4-D matmul, no transpose."""
+    b = GraphBuilder()
+    p, v = b.input("p", [1, 4, 16, 16]), b.input("v", [1, 4, 16, 8])
+    merged = b.op("Transpose", [b.op("MatMul", [p, v])], perm=[0, 2, 1, 3])
+    region, constants = _only_region(b.model(b.op("Reshape", [merged, b.const([1, 16, 32])])))
+    source = kernel_source(region, TilePolicy(8192), constants)
+    compile(source, "kernel.py", "exec")
+    assert "ARGUMENT_SHAPES = [(64, 16), (64, 8), (16, 32)]" in source
+    assert "for b1 in range(4):" in source and "pypto.transpose(" not in source
+    assert "pypto.assemble(t3, [0 * 16, b1 * 8], out0)" in source
+
+
+def test_a_batched_matmul_whose_epilogue_the_loop_cannot_hold_stays_one_matmul():
+    """Erf has a lowering of its own (a polynomial), not a PyPTO elementwise call: the 4-D form
+    stays (codegen.batched_matmul_loop takes UNARY and BINARY ops only)."""
+    b = GraphBuilder()
+    q, k = b.input("q", [1, 2, 16, 16]), b.input("k", [1, 2, 16, 16])
+    region, constants = _only_region(b.model(b.op("Erf", [b.op("MatMul", [q, k])])))
+    source = kernel_source(region, TilePolicy(8192), constants)
+    assert "ARGUMENT_SHAPES" not in source and "for b" not in source
+    assert source.count("pypto.matmul(") == 1
+
+
+def test_a_concat_output_is_assembled_part_by_part_and_a_shared_input_read_once():
+    b = GraphBuilder()
+    x, y = b.input("x", [1, 16, 8, 8]), b.input("y", [1, 16, 8, 8])
+    silu = b.op("Mul", [x, b.op("Sigmoid", [x])])
+    region, constants = _only_region(b.model(b.op("Concat", [y, b.op("Add", [y, silu])],
+                                                  axis=1)))
+    source = kernel_source(region, TilePolicy(8192), constants)
+    compile(source, "kernel.py", "exec")
+    assert "pypto.concat(" not in source and "out0[:]" not in source
+    assert source.count("pypto.assemble(") == 2 and ", [0, 16, 0, 0], out0)" in source
+    copy = source.split(" = pypto.add(in1, 0.0)")[0].split()[-1]  # y, read once from GM
+    assert f"pypto.assemble({copy}, [0, 0, 0, 0], out0)" in source
+
+
+def test_the_worker_views_arguments_in_their_declared_shapes_and_refuses_others():
+    import torch
+
+    from pypto_offline.pypto_kernels.worker import _as_arguments
+
+    tensor = torch.arange(6.0)
+    (viewed,) = _as_arguments([tensor], [(2, 3)])
+    assert tuple(viewed.shape) == (2, 3) and viewed.data_ptr() == tensor.data_ptr()
+    assert _as_arguments([tensor], None) == [tensor]
+    with pytest.raises(ValueError, match="declares arguments"):
+        _as_arguments([tensor], [(4, 2)])
+    with pytest.raises(ValueError, match="declares arguments"):
+        _as_arguments([tensor], [(2, 3), (1,)])

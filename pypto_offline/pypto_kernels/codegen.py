@@ -73,6 +73,9 @@ class CannotExpress(Exception):
 # Every kernel's function has this one name, so that two regions doing the same work give the
 # same module text: one cache entry and one compile for both (IREE's dispatch deduplication).
 KERNEL_FUNCTION = "kernel"
+# The module constant listing every argument's shape when some argument is declared in a shape
+# other than its tensor's (``_Writer.declared``): the worker passes the same elements viewed so.
+ARGUMENT_SHAPES = "ARGUMENT_SHAPES"
 MAX_RANK = 4  # PyPTO 0.2.0's code generation: "exceed dimension limit" above this
 
 
@@ -91,6 +94,14 @@ class _Writer:
     # Variables that are views of another variable (``view``), and their copies (``_owned``).
     _views: set[str] = field(default_factory=set)
     _copies: dict[str, str] = field(default_factory=dict)
+    # Region outputs a Concat writes part by part (``assembled_outputs``): tensor -> argument.
+    assembled: dict[str, str] = field(default_factory=dict)
+    # Region inputs and outputs whose kernel argument is declared in another shape of the same
+    # elements (a batched matmul's operands as 2-D rows: ``_batched_matmul_loop``).
+    declared: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    # Tensors held per slice inside a loop (``_batched_matmul_loop``): the slice's shape.
+    sliced: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    indent: int = 1
     _count: int = 0
     # The row length, in elements, of a purely elementwise region the policy lays out in rows
     # (``flat_row``); None: each op runs on its own (rank-folded) shape. All its tensors have
@@ -104,6 +115,8 @@ class _Writer:
         return [prod(self.shape(tensor)) // self.row, self.row]
 
     def shape(self, tensor: str) -> tuple[int, ...]:
+        if tensor in self.sliced:
+            return self.sliced[tensor]
         return tuple(self.region.tensor_types[tensor][0])
 
     def dtype(self, tensor: str) -> int:
@@ -160,7 +173,7 @@ class _Writer:
         return f"t{self._count}"
 
     def emit(self, line: str) -> None:
-        self.lines.append(f"    {line}")
+        self.lines.append("    " * self.indent + line)
 
     def tile(self, shape, dtype: int, whole_axes=()) -> None:
         if self.rows is not None and self.rows.whole_rows and len(shape) == 2:
@@ -207,21 +220,23 @@ def kernel_source(region: Region, policy: TilePolicy, constants: Mapping[str, np
         w.rows = _row_layout(region)
     else:
         w.rows = conv_rows(region.simplified, _shapes(region))
-    arguments = []
+    inputs = {}
     for index, tensor in enumerate(region.inputs):
         if is_scalar_constant(tensor, constants):
             w.hold(tensor, float_literal(np.asarray(constants[tensor]).reshape(-1)[0]), ())
             continue
+        inputs[tensor] = f"in{index}"
         w.hold(tensor, f"in{index}", w.shape(tensor))
-        arguments.append(f"in{index}: {_annotation(w, tensor)}")
     outputs = {tensor: f"out{index}" for index, tensor in enumerate(region.outputs)}
-    arguments += [f"{name}: {_annotation(w, tensor)}" for tensor, name in outputs.items()]
-    for op in region.simplified:
-        _lower(w, op)
-    for tensor, name in outputs.items():
-        value = _as_tensor(w, tensor)
-        w.tile(w.shape(tensor) or (1,), w.dtype(tensor))
-        w.emit(f"{name}[:] = {value}")
+    w.assembled = assembled_outputs(region)
+    _share_assembled_inputs(w)
+    loop = batched_matmul_loop(region, constants)
+    if loop is not None:
+        _batched_matmul_loop(w, loop, inputs, outputs[loop.output])
+    else:
+        _lower_program(w, outputs)
+    arguments = [f"{name}: {_annotation(w, tensor)}"
+                 for tensor, name in [*inputs.items(), *outputs.items()]]
     header = [
         f'"""PyPTO kernel: {", ".join(op.op_type for op in region.original)}.',
         "",
@@ -234,12 +249,78 @@ def kernel_source(region: Region, policy: TilePolicy, constants: Mapping[str, np
         "VERIFY = {\"enable_pass_verify\": os.environ.get(\"PYPTO_OFFLINE_VERIFY_DIR\") is not None,",
         f"          \"pass_verify_pass_filter\": {list(VERIFIED_PASSES)!r},",
         "          \"pass_verify_save_tensor_dir\": os.environ.get(\"PYPTO_OFFLINE_VERIFY_DIR\", \"\")}",
+    ]
+    if w.declared:
+        shapes = [_argument_shape(w, tensor) for tensor in [*inputs, *outputs]]
+        header.append(f"{ARGUMENT_SHAPES} = {shapes!r}")
+    header += [
         "",
         "",
         "@pypto.frontend.jit(runtime_options={\"run_mode\": pypto.RunMode.SIM}, verify_options=VERIFY)",
         f"def {KERNEL_FUNCTION}({', '.join(arguments)}):",
     ]
     return "\n".join(header + w.lines) + "\n"
+
+
+def _lower_program(w: _Writer, outputs: Mapping[str, str]) -> None:
+    """One statement per op, then ``out[:] = value`` for each output not assembled already."""
+    for op in w.region.simplified:
+        _lower(w, op)
+    for tensor, name in outputs.items():
+        if tensor in w.assembled:
+            continue
+        value = _as_tensor(w, tensor)
+        w.tile(_argument_shape(w, tensor), w.dtype(tensor))
+        w.emit(f"{name}[:] = {value}")
+
+
+def assembled_outputs(region: Region) -> dict[str, str]:
+    """Region outputs that a Concat makes and no op of the region reads, by output argument.
+    Each part is assembled into the argument at its offset instead: a concat of a computed part
+    made PyPTO stage that part through GM (nudenet's SiLU then Concat of 3 x 1x64x20x20 fp32:
+    409,600 B read and written, 15.2 us; assembled, the lower bound's 307,200 each way and
+    5.5 us). Not beside a convolution: ppocrv4_det's 1x1 Conv, HardSwish and Concat needed
+    133,824 B of UB so (122,880 planned), and its Conv split off; tf_gpt2's Gemm with its KV
+    cache Concat gained (9.75 -> 9.16 us). docs/pypto-ops.md, "Concat outputs"."""
+    if any(op.op_type == "Conv" for op in region.simplified):
+        return {}
+    read = {tensor for op in region.simplified for tensor in op.inputs}
+    arguments = {tensor: f"out{index}" for index, tensor in enumerate(region.outputs)}
+    return {op.outputs[0]: arguments[op.outputs[0]] for op in region.simplified
+            if op.op_type == "Concat" and op.outputs[0] in arguments
+            and op.outputs[0] not in read and region.outputs.count(op.outputs[0]) == 1
+            and _aligned_parts(region, op)}
+
+
+def _aligned_parts(region: Region, op: RegionOp) -> bool:
+    """Whether every part of a Concat starts on a 32-byte block along its axis, or the axis is
+    not the innermost (an fp16 concat of ``[.., 5]`` and ``[.., 3]`` failed on alignment)."""
+    shape, dtype = region.tensor_types[op.outputs[0]]
+    if op.params["axis"] != len(shape) - 1:
+        return True
+    offsets = np.cumsum([region.tensor_types[t][0][-1] for t in op.inputs])[:-1]
+    return all(int(o) * itemsize_of(dtype) % BLOCK_BYTES == 0 for o in offsets)
+
+
+def _share_assembled_inputs(w: _Writer) -> None:
+    """A kernel input assembled into an output and read by elementwise ops too is read from GM
+    by each: ``add(x, 0.0)`` once, then every use reads that copy in UB (nudenet's C2f Concat of
+    ``x`` and ``x + SiLU(y)``: 409,600 B read against 307,200)."""
+    region = w.region
+    parts = {tensor for op in region.simplified if op.outputs[0] in w.assembled
+             for tensor in op.inputs}
+    for tensor in region.inputs:
+        readers = [op for op in region.simplified if tensor in op.inputs]
+        if tensor not in parts or is_scalar_constant(tensor, w.constants) \
+                or w.dtype(tensor) not in FLOAT_DTYPES \
+                or sum(op.inputs.count(tensor) for op in readers) < 2 \
+                or not all(op.outputs[0] in w.assembled or (
+                    op.op_type in POINTWISE_OPS and w.shape(op.outputs[0]) == w.shape(tensor))
+                    for op in readers):
+            continue
+        name, shape = w.names[tensor]
+        w.tile(shape, w.dtype(tensor))
+        w.assign(tensor, f"pypto.add({name}, 0.0)", shape)
 
 
 def _shapes(region: Region) -> dict[str, tuple[int, ...]]:
@@ -301,9 +382,13 @@ def _tiling(shape: Sequence[int], tile: Sequence[int]) -> tuple[int, int]:
     return prod(-(-extent // side) for extent, side in zip(shape, tile)), prod(tile)
 
 
+def _argument_shape(w: _Writer, tensor: str) -> tuple[int, ...]:
+    # PyPTO has no rank-0 tensors: scalars travel as [1]
+    return tuple(w.declared.get(tensor, w.shape(tensor))) or (1,)
+
+
 def _annotation(w: _Writer, tensor: str) -> str:
-    shape = w.shape(tensor) or (1,)  # PyPTO has no rank-0 tensors: scalars travel as [1]
-    return f"pypto.Tensor({tuple(shape)!r}, {pypto_dtype(w.dtype(tensor))})"
+    return f"pypto.Tensor({_argument_shape(w, tensor)!r}, {pypto_dtype(w.dtype(tensor))})"
 
 
 def is_scalar_constant(tensor: str, constants: Mapping[str, np.ndarray]) -> bool:
@@ -316,7 +401,7 @@ def _as_tensor(w: _Writer, tensor: str) -> str:
     copied through a full view: PyPTO refuses ``out[:] = in``."""
     if is_scalar_constant(tensor, w.constants):
         raise CannotExpress(f"output {tensor!r} is a compile-time constant")
-    value = w.value(tensor)
+    value = w.value(tensor, w.declared.get(tensor))
     if value.startswith("in"):
         shape = list(w.shape(tensor)) or [1]
         return f"pypto.view({value}, {shape}, {[0] * len(shape)})"
@@ -461,14 +546,32 @@ def _expand(w: _Writer, op: RegionOp) -> None:
 
 
 def _concat(w: _Writer, op: RegionOp) -> None:
+    axis, out = op.params["axis"], op.outputs[0]
+    if out in w.assembled:
+        _assemble_concat(w, op, w.assembled[out])
+        return
     if len(op.inputs) > MAX_CONCAT_INPUTS:
         raise CannotExpress(f"Concat of {len(op.inputs)} inputs")
-    axis, out = op.params["axis"], op.outputs[0]
     # the inputs first: a reshaped or broadcast input sets its own tile, which must not be the
     # one the concat runs under (nudenet's YOLO head: the last input's tile, 193,568 B of UB)
     parts = ", ".join(_broadcast_to(w, name, w.shape(name)) for name in op.inputs)
     w.tile(w.shape(out), w.dtype(out), whole_axes=(axis,))
     w.assign(out, f"pypto.concat([{parts}], {axis})")
+
+
+def _assemble_concat(w: _Writer, op: RegionOp, target: str) -> None:
+    """A Concat that is a region output, written into the output argument part by part
+    (``assembled_outputs``); no output statement follows it (PyPTO refuses an ``out[:] =``
+    beside an ``assemble`` into the same ``out``, F21005)."""
+    axis, offset = op.params["axis"], 0
+    for tensor in op.inputs:
+        shape, dtype = list(w.shape(tensor)), w.dtype(tensor)
+        part = _full(w, shape, np.asarray(w.constants[tensor]).reshape(-1)[0], dtype) \
+            if is_scalar_constant(tensor, w.constants) else _broadcast_to(w, tensor, shape)
+        w.tile(shape, dtype)
+        offsets = [offset if a == axis else 0 for a in range(len(shape))]
+        w.emit(f"pypto.assemble({part}, {offsets}, {target})")
+        offset += shape[axis]
 
 
 def _split(w: _Writer, op: RegionOp) -> None:
@@ -868,6 +971,141 @@ def _matmul(w: _Writer, op: RegionOp) -> None:
     if bias:
         extra += f", extend_params={{'bias_tensor': {w.value(op.inputs[2], [1, n])}}}"
     w.assign(out, f"pypto.matmul({a}, {b}, {pypto_dtype(w.dtype(out))}{extra})", shapes[2])
+
+
+# The most 2-D matmuls a batched one unrolls into (``batched_matmul_loop``): each is one cube
+# task, and the loop is unrolled when PyPTO traces the kernel.
+MAX_UNROLLED_MATMULS = 64
+HEADS_OUTWARD = (0, 2, 1, 3)  # [B, H, S, D] -> [B, S, H, D]: attention's heads merged back
+
+
+@dataclass(frozen=True)
+class BatchedLoop:
+    """A region that is one batched MatMul of two region inputs, an elementwise epilogue on
+    region inputs and scalars, and the output, maybe with the heads moved behind the rows."""
+    matmul: RegionOp
+    epilogue: tuple[RegionOp, ...]
+    heads_outward: bool
+    output: str
+
+
+def batched_matmul_loop(region: Region, constants: Mapping[str, np.ndarray]
+                        ) -> BatchedLoop | None:
+    """The region as a loop of 2-D matmuls, each slice's epilogue applied in UB and the result
+    assembled at its place in the output, or None. As one 4-D matmul, PyPTO wrote the product
+    to GM and read it back for the epilogue or the transpose: tf_swin's attention (16 windows x
+    2 heads of 16x16x16 fp32) times V then the heads moved behind the rows read 131,072 B and
+    wrote 98,304 in 17.6 us; as 32 matmuls assembled, the lower bound's 65,536 and 32,768 in
+    7.6 us (docs/pypto-ops.md, "MatMul")."""
+    ops = list(region.simplified)
+    shapes = _shapes(region)
+    if not ops or ops[0].op_type != "MatMul" or len(ops[0].inputs) != 2 \
+            or not all(t in region.inputs for t in ops[0].inputs):
+        return None
+    left, right = (shapes[t] for t in ops[0].inputs)
+    batch = left[:-2]
+    if len(left) < 3 or len(right) != len(left) or right[:-2] != batch \
+            or not 2 <= prod(batch) <= MAX_UNROLLED_MATMULS:
+        return None
+    current, product_shape, epilogue = ops[0].outputs[0], shapes[ops[0].outputs[0]], []
+    rest = ops[1:]
+    while rest and (rest[0].op_type in UNARY or rest[0].op_type in BINARY):
+        op = rest.pop(0)
+        others = [t for t in op.inputs if t != current]
+        if op.inputs.count(current) != 1 or shapes[op.outputs[0]] != product_shape or not all(
+                is_scalar_constant(t, constants) or (
+                    t in region.inputs and _slices_along(shapes[t], product_shape))
+                for t in others):
+            return None
+        epilogue.append(op)
+        current = op.outputs[0]
+    heads_outward = bool(rest) and rest[0].op_type == "Transpose" \
+        and rest[0].inputs[0] == current and tuple(rest[0].params["perm"]) == HEADS_OUTWARD
+    if heads_outward:
+        current = rest.pop(0).outputs[0]
+    if rest and rest[0].op_type == "Reshape" and rest[0].inputs[0] == current:
+        current = rest.pop(0).outputs[0]
+    if rest or list(region.outputs) != [current]:
+        return None
+    return BatchedLoop(ops[0], tuple(epilogue), heads_outward, current)
+
+
+def _slices_along(shape: Sequence[int], product: Sequence[int]) -> bool:
+    """Whether an epilogue operand broadcasts to the product with whole or unit batch axes and
+    a [rows, columns] slice of unit or whole extents (and so has a 2-D slice per matmul)."""
+    if len(shape) > len(product):
+        return False
+    own = [1] * (len(product) - len(shape)) + list(shape)
+    return all(have in (1, want) for have, want in zip(own, product))
+
+
+def _batched_matmul_loop(w: _Writer, loop: BatchedLoop, inputs: Mapping[str, str],
+                         target: str) -> None:
+    """``batched_matmul_loop``'s region: its operands and output declared as 2-D rows, one
+    2-D matmul per batch index on views, the epilogue lowered on the slice, each result
+    assembled into the output."""
+    (left, right), product = loop.matmul.inputs, loop.matmul.outputs[0]
+    *batch, m, k = w.shape(left)
+    n = w.shape(right)[-1]
+    count = prod(batch)
+    w.declared[left], w.declared[right] = (count * m, k), (count * k, n)
+    heads = batch[-1] if loop.heads_outward else 1
+    w.declared[loop.output] = (count // heads * m, heads * n)
+    operands = {t for op in loop.epilogue for t in op.inputs
+                if t in inputs and t != product and not is_scalar_constant(t, w.constants)}
+    for tensor in sorted(operands):
+        own = w.shape(tensor)
+        w.declared[tensor] = (prod(own[:-1]), own[-1])
+    m_tiles, k_tiles, n_tiles = cube_tiles(m, k, n, itemsize_of(w.dtype(left)),
+                                           w.policy.budget_bytes)
+    w.emit(f"pypto.set_cube_tile_shapes({m_tiles}, {k_tiles}, {n_tiles})")
+    indexes = [f"b{axis}" if extent > 1 else "0" for axis, extent in enumerate(batch)]
+    loops = [(index, extent) for index, extent in zip(indexes, batch) if extent > 1]
+    for index, extent in loops:
+        w.emit(f"for {index} in range({extent}):")
+        w.indent += 1
+    a, b = w.fresh(), w.fresh()
+    w.emit(f"{a} = pypto.view({inputs[left]}, [{m}, {k}], [{_flat_index(indexes, batch)} * {m}, 0])")
+    w.emit(f"{b} = pypto.view({inputs[right]}, [{k}, {n}], [{_flat_index(indexes, batch)} * {k}, 0])")
+    w.sliced[product] = (m, n)
+    w.assign(product, f"pypto.matmul({a}, {b}, {pypto_dtype(w.dtype(product))})", (m, n))
+    for tensor in sorted(operands):
+        _hold_slice(w, tensor, inputs[tensor], indexes, batch)
+    for op in loop.epilogue:
+        w.sliced[op.outputs[0]] = (m, n)
+        _lower(w, op)
+    result = w.value((loop.epilogue[-1].outputs[0] if loop.epilogue else product), (m, n))
+    if loop.heads_outward:
+        offsets = f"[{_flat_index(indexes[:-1], batch[:-1])} * {m}, {indexes[-1]} * {n}]"
+    else:
+        offsets = f"[{_flat_index(indexes, batch)} * {m}, 0]"
+    w.tile((m, n), w.dtype(product))
+    w.emit(f"pypto.assemble({result}, {offsets}, {target})")
+    w.indent -= len(loops)
+
+
+def _flat_index(indexes: Sequence[str], extents: Sequence[int]) -> str:
+    """The row-major position of a batch index as an expression of the loop variables."""
+    terms = [f"{index} * {prod(extents[axis + 1:])}" if prod(extents[axis + 1:]) > 1 else index
+             for axis, index in enumerate(indexes) if index != "0"]
+    return f"({' + '.join(terms)})" if terms else "0"
+
+
+def _hold_slice(w: _Writer, tensor: str, argument: str, indexes, batch) -> None:
+    """An epilogue operand's 2-D slice for the loop's batch index (a unit batch axis of the
+    operand stays at 0: the slice broadcasts)."""
+    own = list(w.shape(tensor))
+    own = [1] * (len(batch) + 2 - len(own)) + own
+    used = [index if extent > 1 else "0" for index, extent in zip(indexes, own[:-2])]
+    rows, columns = own[-2:]
+    w.sliced[tensor] = (rows, columns)
+    if prod(own[:-2]) == 1:  # the whole operand, declared as its 2-D slice
+        w.hold(tensor, argument, (rows, columns))
+        return
+    name = w.fresh()
+    w.emit(f"{name} = pypto.view({argument}, [{rows}, {columns}], "
+           f"[{_flat_index(used, own[:-2])} * {rows}, 0])")
+    w.hold(tensor, name, (rows, columns))
 
 
 def _pointwise_conv(w: _Writer, op: RegionOp) -> None:

@@ -41,6 +41,7 @@ from pathlib import Path
 import numpy as np
 
 from pypto_offline.pypto_kernels import host_compiler_cache
+from pypto_offline.pypto_kernels.codegen import ARGUMENT_SHAPES
 from pypto_offline.pypto_kernels.compiler import PR_SET_PDEATHSIG, SERVER_READY, STARTED_MARKER
 
 TILE_GRAPH, LEAF_GRAPH = 1, 3  # program.json graphtypes: the tile graph, a leaf (AICore) function
@@ -261,7 +262,19 @@ def _load_kernel(candidate: dict, name: str):
     # pypto.Tensor annotations into strings, which PyPTO then takes for non-tensor parameters
     code = compile(text, filename, "exec", dont_inherit=True)
     exec(code, module.__dict__)  # noqa: S102 - the generated kernel, from this build's job
-    return getattr(module, name)
+    return getattr(module, name), getattr(module, ARGUMENT_SHAPES, None)
+
+
+def _as_arguments(tensors: list, declared) -> list:
+    """The argument tensors in the shapes the kernel declares (``codegen.ARGUMENT_SHAPES``, when
+    some argument is declared folded): the same elements in the same order, viewed."""
+    if declared is None:
+        return tensors
+    if len(declared) != len(tensors) or any(
+            int(np.prod(shape)) != t.numel() for t, shape in zip(tensors, declared)):
+        raise ValueError(f"the kernel declares arguments {declared}, not the job's "
+                         f"{[tuple(t.shape) for t in tensors]}")
+    return [t.reshape(tuple(shape)) for t, shape in zip(tensors, declared)]
 
 
 def _compile_once(job: dict, candidate: dict, folder: Path, arrays: list, torch,
@@ -276,15 +289,16 @@ def _compile_once(job: dict, candidate: dict, folder: Path, arrays: list, torch,
     before = set(run_root.glob("output_*"))
     started = time.perf_counter()
     try:
-        kernel = _load_kernel(candidate, job["function"])
+        kernel, declared = _load_kernel(candidate, job["function"])
+        arguments = _as_arguments(inputs + outputs, declared)
         if job.get("verify"):  # PyPTO compares its interpreted outputs with onnxruntime's too
             import pypto
 
             reference = np.load(folder / "reference.npz")
             goldens = [torch.from_numpy(np.ascontiguousarray(reference[f"out{i}"]).reshape(
-                tuple(o["shape"]) or (1,))) for i, o in enumerate(job["outputs"])]
+                tuple(argument.shape))) for i, argument in enumerate(arguments[len(inputs):])]
             pypto.set_verify_golden_data(goldens=[None] * len(inputs) + goldens)
-        kernel(*inputs, *outputs)
+        kernel(*arguments)
     except MemoryError:
         raise  # the machine's state, not the kernel's: the worker dies, nothing is cached
     except Exception as error:  # noqa: BLE001 - any failure is this candidate's verdict
