@@ -41,14 +41,15 @@ def shipped_kernel_figures(message) -> dict:
     their GM lower bound, which the cost model finds slower than their ops unfused with the
     launches saved (the arbiter drops those: empty unless it is broken), the kernels it
     dropped, and how many hold a matmul or a 1x1 convolution. ``gm_within_slack_of_platform``
-    counts against the lower bound plus the cube-to-vector hand-off the 910B platform forces
-    (``fusion/cost.cube_handoff_bytes``), beside the count against the bare lower bound."""
+    counts against the lower bound plus what the 910B platform forces: the cube-to-vector
+    hand-off (``fusion/cost.cube_handoff_bytes``) and the least re-reads of the cube's operands
+    (``cube_reread_bytes``), beside the count against the bare lower bound."""
     launch = TARGETS[message.target.name].launch_overhead_us.value
     shipped = [k for k in message.kernels if k.compiled]
     moved = {k.id: k.gm_bytes_read + k.gm_bytes_written for k in shipped}
     within = [k.id for k in shipped if moved[k.id] <= GM_SLACK * k.gm_bytes_lower_bound]
     within_platform = [k.id for k in shipped if moved[k.id] <= GM_SLACK * (
-        k.gm_bytes_lower_bound + k.gm_bytes_handoff)]
+        k.gm_bytes_lower_bound + k.gm_bytes_handoff + k.gm_bytes_cube_rereads)]
     slower = [k.id for k in shipped if k.HasField("cost_us_unfused") and slower_fused(
         k.tuned_tile.aicore_us, k.cost_us_unfused, k.kernels_unfused, launch)]
     dropped = [k.id for k in message.kernels if k.fallback_reason.startswith("slower fused")]

@@ -330,7 +330,8 @@ def run_inspect(argv: list[str]) -> int:
                             "default_us": tile_us(k, "default_tile"),
                             "gm_bytes": k.gm_bytes_read + k.gm_bytes_written,
                             "gm_bytes_lower_bound": k.gm_bytes_lower_bound,
-                            "gm_bytes_handoff": k.gm_bytes_handoff}
+                            "gm_bytes_handoff": k.gm_bytes_handoff,
+                            "gm_bytes_cube_rereads": k.gm_bytes_cube_rereads}
                            for k in compiled.message.kernels]}
 
     def human(s):

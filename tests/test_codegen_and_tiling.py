@@ -11,7 +11,7 @@ from pypto_offline.pypto_kernels.codegen import float_literal, flat_row, kernel_
 from pypto_offline.pypto_kernels.compiler import compile_order, default_candidate, distinct_sources
 from pypto_offline.fusion.rows import conv_rows
 from pypto_offline.pypto_kernels.tiling import (BIAS_TABLE_COLUMNS, L0_BYTES, MAX_TILES,
-                                                PRODUCT_TILES, TilePolicy, candidate_policies,
+                                                L0C_BYTES, TilePolicy, candidate_policies,
                                                 cube_tiles, default_policy, fits_ub,
                                                 search_rounds)
 from pypto_offline.targets import TARGETS
@@ -66,19 +66,40 @@ def test_the_flat_row_layout_is_tried_from_the_default_budget_up():
         {p.budget_bytes for p in policies if p.budget_bytes >= 8192}
 
 
-def test_a_swapped_transpose_tile_exchanges_the_swapped_axes_only():
-    out_shape = (1, 64, 16, 128)  # Transpose(1,2) of 1x16x64x128 fp32, the bundled example's
-    assert TilePolicy(32768).transpose_tile(out_shape, 4, 1, 2) == (1, 4, 16, 128)
-    assert TilePolicy(32768, True).transpose_tile(out_shape, 4, 1, 2) == (1, 16, 4, 128)
+def _transposing_source(swap: bool, shape=(1, 16, 64, 128), perm=(0, 2, 1, 3)):
+    b = GraphBuilder()
+    x = b.op("Relu", [b.input("x", list(shape))])
+    region, constants = _only_region(b.model(b.op("Neg", [b.op("Transpose", [x], perm=perm)])))
+    return kernel_source(region, TilePolicy(32768, swap), constants)
 
 
-@pytest.mark.parametrize("budget", [1024, 8192, 32768])
-def test_a_swap_with_the_last_axis_gets_a_square_block_aligned_on_both_sides(budget):
-    out_shape = (1, 80, 3000)  # whisper's log-mel Transpose(1,2): rows of 3000 fp32
-    assert TilePolicy(budget).transpose_tile(out_shape, 4, 1, 2)[2] == 3000  # whole rows
-    tile = TilePolicy(budget, True).transpose_tile(out_shape, 4, 1, 2)
-    assert tile[1] * 4 % 32 == 0 and tile[2] * 4 % 32 == 0  # each is the last axis on one side
-    assert tile[1] * tile[2] * 4 <= budget and tile[1] <= 80 and tile[2] < 3000
+def _tiles_before(source: str, statement: str) -> str:
+    return source.split(statement)[0].rsplit("pypto.set_vec_tile_shapes(", 1)[1].split(")")[0]
+
+
+def test_the_default_orientation_tiles_a_transpose_as_its_output():
+    source = _transposing_source(False)
+    assert _tiles_before(source, "pypto.transpose(") == "1, 4, 16, 128"  # over 1x64x16x128
+
+
+def test_the_other_orientation_runs_a_transpose_under_its_inputs_tile_and_its_reader_swapped():
+    """PyPTO tiles a transpose over its input; the op reading the result follows the swapped
+    tile and the output statement too (docs/pypto-ops.md, "Transposes")."""
+    source = _transposing_source(True)
+    relu = _tiles_before(source, "pypto.relu(")
+    assert _tiles_before(source, "pypto.transpose(") == relu == "1, 1, 64, 128"  # over 1x16x64x128
+    assert _tiles_before(source, "pypto.neg(") == _tiles_before(source, "out0[:]") \
+        == "1, 64, 1, 128"
+
+
+@pytest.mark.parametrize("swap", [False, True])
+def test_a_transpose_with_the_last_axis_keeps_the_new_last_axis_aligned(swap):
+    """whisper's log-mel Transpose(1, 2) of rows of 80 fp32 frames: whatever the producer's tile,
+    the axis that becomes the innermost stays a whole number of 32-byte blocks."""
+    source = _transposing_source(swap, shape=(1, 3000, 80), perm=(0, 2, 1))
+    tile = [int(v) for v in _tiles_before(source, "pypto.transpose(").split(", ")]
+    inner = tile[1] if swap else tile[2]  # over the input (swapped) or the output
+    assert inner * 4 % 32 == 0 or inner == 3000
 
 
 def test_a_candidate_fits_only_if_its_measured_ub_does():
@@ -391,8 +412,7 @@ def test_cube_tiles_fit_the_cube_buffers(m, k, n, itemsize):
     (m_tile, _), (k_tile, _), (n_tile, _) = cube_tiles(m, k, n, itemsize, 16384)
     assert all(side % 16 == 0 for side in (m_tile, k_tile, n_tile))
     assert max(m_tile, n_tile) * k_tile * max(itemsize, 2) <= L0_BYTES  # L0A and L0B
-    assert (m_tile, n_tile) in PRODUCT_TILES or (m_tile <= 128 and n_tile <= 128) \
-        or m_tile * n_tile <= max(a * b for a, b in PRODUCT_TILES)
+    assert m_tile * n_tile * 4 <= L0C_BYTES  # the fp32 product tile, in L0C
 
 
 def test_cube_tiles_cover_the_long_side_of_a_pointwise_convolution():
@@ -496,3 +516,40 @@ def test_the_worker_views_arguments_in_their_declared_shapes_and_refuses_others(
         _as_arguments([tensor], [(4, 2)])
     with pytest.raises(ValueError, match="declares arguments"):
         _as_arguments([tensor], [(2, 3), (1,)])
+
+
+def _tile_rereads(m, k, n, itemsize, budget):
+    (m_tile, _), _, (n_tile, _) = cube_tiles(m, k, n, itemsize, budget)
+    return itemsize * (m * k * (-(-n // n_tile) - 1) + k * n * (-(-m // m_tile) - 1))
+
+
+@pytest.mark.parametrize("m,k,n", [(192, 192, 1600), (64, 64, 1600), (384, 192, 400),
+                                   (128, 256, 400), (2048, 257, 64), (16, 16, 16)])
+def test_cube_tiles_reread_no_more_than_any_tile_within_l0c_must(m, k, n):
+    """At a budget whose product tile may fill L0C, the generator's cube tiles re-read exactly
+    the platform's floor (fusion/cost.cube_reread_bytes): ppocrv4_det's 192x192x1600 fp32
+    convolution reads its 147 KiB weight 10 times (192 x 160 tiles), not 13 (192 x 128)."""
+    from pypto_offline.fusion.cost import cube_reread_bytes
+    from pypto_offline.fusion.records import RegionOp
+
+    types = {"a": ((m, k), 1), "b": ((k, n), 1), "p": ((m, n), 1)}
+    floor = cube_reread_bytes([RegionOp("MatMul", ("a", "b"), ("p",))], types)
+    assert _tile_rereads(m, k, n, 4, 16384) == floor
+    if (m, k, n) == (192, 192, 1600):
+        assert floor == 9 * 192 * 192 * 4
+    if (m, k, n) == (16, 16, 16):
+        assert floor == 0
+
+
+def test_a_convolution_and_a_batched_matmul_reread_per_filter_block_and_per_slice():
+    from pypto_offline.fusion.cost import cube_reread_bytes
+    from pypto_offline.fusion.records import RegionOp
+
+    conv = {"x": ((1, 192, 40, 40), 1), "w": ((192, 192, 1, 1), 1), "y": ((1, 192, 40, 40), 1)}
+    assert cube_reread_bytes([RegionOp("Conv", ("x", "w"), ("y",))], conv) == 9 * 192 * 192 * 4
+    batched = {"q": ((1, 4, 16, 16), 1), "k": ((1, 4, 16, 16), 1), "s": ((1, 4, 16, 16), 1)}
+    assert cube_reread_bytes([RegionOp("MatMul", ("q", "k"), ("s",))], batched) == 0
+    wide = {"q": ((2, 64, 64), 1), "k": ((2, 64, 1024), 1), "s": ((2, 64, 1024), 1)}
+    n_tile = 512  # 64 x 512 fp32 products fill L0C: the right operand is read once
+    per_slice = 64 * 64 * 4 * (-(-1024 // n_tile) - 1)
+    assert cube_reread_bytes([RegionOp("MatMul", ("q", "k"), ("s",))], wide) == 2 * per_slice

@@ -179,3 +179,37 @@ def test_no_bias_joins_a_matmul_it_does_not_fit(bias_shape, residual, weight_ran
     for region in plan.regions:
         assert "bias_into_matmul" not in region.rules_applied
         assert all(len(op.inputs) == 2 for op in region.simplified if op.op_type == "MatMul")
+
+
+def _layer_scale_residual(residual_shape, scale_shape=(16,), read_twice=False):
+    """ConvNeXt's block tail: NHWC product times a layer scale, to NCHW, plus the residual, and
+    back to NHWC for the next block."""
+    b = GraphBuilder()
+    x, r = b.input("x", [1, 4, 4, 16]), b.input("r", residual_shape)
+    scaled = b.op("Mul", [b.op("Relu", [x]), b.const(np.full(scale_shape, 0.5, np.float32))])
+    nchw = b.op("Transpose", [scaled], perm=[0, 3, 1, 2])
+    total = b.op("Add", [r, nchw])
+    outputs = [b.op("Transpose", [total], perm=[0, 2, 3, 1])]
+    if read_twice:
+        outputs.append(b.op("Relu", [nchw]))
+    return b.model(*outputs)
+
+
+def test_a_transpose_undone_after_an_elementwise_op_moves_to_the_other_operand():
+    region = simplified(_layer_scale_residual([1, 16, 4, 4]))
+    assert "transpose_back_through_binary" in region.rules_applied
+    assert ops_of(region) == ["Relu", "Mul", "Transpose", "Add"]
+    transpose, add = region.simplified[2:]
+    assert transpose.inputs == ("r",) and transpose.params["perm"] == (0, 2, 3, 1)
+    assert add.inputs[0] == transpose.outputs[0]  # the operands keep their order
+
+
+@pytest.mark.parametrize("residual_shape, read_twice", [
+    ([1, 16, 1, 1], False),  # a broadcast residual: its transpose would not have the shape
+    ([1, 16, 4, 4], True),   # the NCHW tensor is read again: both layouts are needed
+])
+def test_a_transpose_stays_where_moving_it_saves_nothing(residual_shape, read_twice):
+    graph, plan = fuse(_layer_scale_residual(residual_shape, read_twice=read_twice))
+    assert_compiled_matches(graph, plan)
+    for region in plan.regions:
+        assert "transpose_back_through_binary" not in region.rules_applied

@@ -12,13 +12,20 @@ from __future__ import annotations
 from typing import Iterable, Sequence
 
 import numpy as np
+import onnx
 
 from pypto_offline.fusion.classify import node_tensors
 from pypto_offline.fusion.records import Cost, RegionOp
 from pypto_offline.importer import ImportedGraph, Node
 from pypto_offline.importer.input_shapes import tensor_bytes as bytes_of
-from pypto_offline.importer.ops import MATMUL, POINTWISE_OPS, VIEW_ONLY_OPS, kind_of
-from pypto_offline.targets import Target
+from pypto_offline.importer.ops import (MATMUL, POINTWISE_OPS, VIEW_ONLY_OPS, kind_of,
+                                        matmul_extents)
+from pypto_offline.targets import ASCEND910B, Target
+
+# The cube of the 910B that PyPTO 0.2.0 compiles for: product tiles accumulate in fp32 in L0C,
+# and each side is a whole number of 16-element fractals (targets/ascend, docs/figures.md).
+CUBE_FRACTAL = 16
+CUBE_ACCUMULATOR_BYTES = 4
 
 
 def time_us(kernels: int, gm_bytes: int, target: Target) -> float:
@@ -57,6 +64,57 @@ def fused_cost(inputs: Iterable[str], outputs: Iterable[str], graph: ImportedGra
     gm_bytes = sum(needed[name] * graph.tensors[name].np_dtype.itemsize for name in read
                    if name in needed) + tensor_bytes(graph, outputs)
     return Cost(1, gm_bytes, time_us(1, gm_bytes, target))
+
+
+def cube_reread_bytes(ops: Sequence[RegionOp], tensor_types) -> int:
+    """GM bytes a kernel's matmuls must read beyond each operand once, on the 910B PyPTO 0.2.0
+    compiles for: the cube reads the left operand once per N tile of the product and the right
+    one once per M tile, each cube task on its own, and a product tile accumulates in L0C
+    (128 KiB). The least over every tile that fits L0C (and L0A/L0B with a one-fractal K
+    side), per matmul (per slice of a batched one): a 1x1 convolution of 192 filters over a
+    1600-pixel image in fp32 re-reads its 147 KiB weight at least 12 times. What the kernel's
+    own tiles re-read beyond this floor is the generator's (``tiling.cube_tiles``); the floor is
+    the platform's (docs/figures.md, "The platform bound")."""
+    total = 0
+    for op in ops:
+        if kind_of(op.op_type) != MATMUL:
+            continue
+        (left, left_dtype), (right, right_dtype) = (tensor_types[t] for t in op.inputs[:2])
+        out = list(tensor_types[op.outputs[0]][0])
+        if op.op_type == "Conv":  # W[Cout, Cin] @ x[Cin, H*W] (codegen._pointwise_conv)
+            (m, n), k, slices = matmul_extents("Conv", out, 2), left[1], 1
+            left_bytes, right_bytes = _itemsize(right_dtype), _itemsize(left_dtype)
+        elif len(right) == 2:  # the left operand's leading axes fold into M
+            (m, n), k, slices = matmul_extents(op.op_type, out, 2), left[-1], 1
+            left_bytes, right_bytes = _itemsize(left_dtype), _itemsize(right_dtype)
+        else:  # a batched matmul: one 2-D matmul per slice
+            m, n, k, slices = out[-2], out[-1], left[-1], int(np.prod(out[:-2]))
+            left_bytes, right_bytes = _itemsize(left_dtype), _itemsize(right_dtype)
+        total += slices * _least_rereads(m, k, n, left_bytes, right_bytes)
+    return total
+
+
+def _least_rereads(m: int, k: int, n: int, left_bytes: int, right_bytes: int) -> int:
+    def fractals(extent: int) -> int:
+        return -(-extent // CUBE_FRACTAL)
+    l0c = ASCEND910B.l0c_bytes.value // CUBE_ACCUMULATOR_BYTES  # product elements per tile
+    side_cap = min(ASCEND910B.l0a_bytes.value // (CUBE_FRACTAL * left_bytes),
+                   ASCEND910B.l0b_bytes.value // (CUBE_FRACTAL * right_bytes))
+    best = None
+    for m_tile in range(CUBE_FRACTAL, min(fractals(m) * CUBE_FRACTAL, side_cap) + 1,
+                        CUBE_FRACTAL):
+        n_tile = min(l0c // m_tile // CUBE_FRACTAL * CUBE_FRACTAL, fractals(n) * CUBE_FRACTAL,
+                     side_cap)
+        if n_tile < CUBE_FRACTAL:
+            break
+        extra = m * k * left_bytes * (-(-n // n_tile) - 1) \
+            + k * n * right_bytes * (-(-m // m_tile) - 1)
+        best = extra if best is None else min(best, extra)
+    return best or 0
+
+
+def _itemsize(dtype: int) -> int:
+    return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(dtype)).itemsize
 
 
 def cube_handoff_bytes(ops: Sequence[RegionOp], tensor_types) -> int:

@@ -17,7 +17,7 @@ import onnx
 
 from pypto_offline.errors import UsageError
 from pypto_offline.fusion import FusionPlan, Region, plan_fusion, without_regions
-from pypto_offline.fusion.cost import cube_handoff_bytes
+from pypto_offline.fusion.cost import cube_handoff_bytes, cube_reread_bytes
 from pypto_offline.fusion.records import CANNOT_EXPRESS, DOES_NOT_PAY, FAILED_CHECK, RegionOp
 from pypto_offline.importer import ImportedGraph, import_model
 from pypto_offline.importer.ops import MATMUL, kind_of
@@ -265,6 +265,7 @@ def _kernel_message(region: Region, kernel: Kernel, baseline: Baseline) -> ptom_
         gm_bytes_unfused=region.unfused.gm_bytes, gm_bytes_lower_bound=region.fused.gm_bytes,
         gm_bytes_read=kernel.gm_bytes_read, gm_bytes_written=kernel.gm_bytes_written,
         gm_bytes_handoff=cube_handoff_bytes(region.simplified, region.tensor_types),
+        gm_bytes_cube_rereads=cube_reread_bytes(region.simplified, region.tensor_types),
         kernels_unfused=region.unfused.kernels, est_time_us_unfused=region.unfused.time_us,
         est_time_us_fused=region.fused.time_us, functional_ok=kernel.functional_ok,
         platform=kernel.platform, **_present(max_abs_diff=kernel.max_abs_diff),

@@ -102,6 +102,10 @@ class _Writer:
     # Tensors held per slice inside a loop (``_batched_matmul_loop``): the slice's shape.
     sliced: dict[str, tuple[int, ...]] = field(default_factory=dict)
     indent: int = 1
+    # The tile a transpose's result was made under, and the ops that follow it (``follow``).
+    tiles: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    current_tile: tuple[int, ...] | None = None
+    _following: bool = False  # the current tile is a transpose result's (``follow``)
     _count: int = 0
     # The row length, in elements, of a purely elementwise region the policy lays out in rows
     # (``flat_row``); None: each op runs on its own (rank-folded) shape. All its tensors have
@@ -182,16 +186,32 @@ class _Writer:
             shape, whole_axes = (self.rows.rows, self.rows.columns), (1,)
         self._set_tile(self.policy.tile(tuple(shape), itemsize_of(dtype), tuple(whole_axes)))
 
-    def transpose_tile(self, out_shape, dtype: int, i: int, j: int) -> None:
-        self._set_tile(self.policy.transpose_tile(tuple(out_shape), itemsize_of(dtype), i, j))
-
     def _set_tile(self, tile: tuple[int, ...]) -> None:
+        self.current_tile, self._following = tuple(tile), False
         self.emit(f"pypto.set_vec_tile_shapes({', '.join(map(str, tile))})")
+
+    def follow(self, shape, dtype: int, tensors: Sequence[str]) -> None:
+        """The tile for an op on ``shape``: the one a transpose's result among ``tensors`` was
+        made under, held in that shape, else the policy's. PyPTO tiles a transpose over its
+        input, so its result comes in the input's tile swapped; an op after it under any other
+        tile made PyPTO stage the result through GM (a [64, 400] fp32 transpose then an add:
+        167,936 B read under the own tile, 102,400 under the swapped one; docs/pypto-ops.md,
+        "Transposes")."""
+        for tensor in tensors:
+            name, held = self.names.get(tensor, ("", ()))
+            tile = self.tiles.get(name)
+            if tile is not None and held == tuple(shape) and len(tile) == len(shape):
+                self._set_tile(tile)
+                self._following = True
+                return
+        self.tile(shape, dtype)
 
     def assign(self, tensor: str, expression: str, shape: Sequence[int] | None = None) -> str:
         name = self.fresh()
         self.emit(f"{name} = {expression}")
         self.hold(tensor, name, self.shape(tensor) if shape is None else shape)
+        if self._following:  # its result comes in the same tile: whoever reads it follows too
+            self.tiles[name] = self.current_tile
         return name
 
 
@@ -270,7 +290,7 @@ def _lower_program(w: _Writer, outputs: Mapping[str, str]) -> None:
         if tensor in w.assembled:
             continue
         value = _as_tensor(w, tensor)
-        w.tile(_argument_shape(w, tensor), w.dtype(tensor))
+        w.follow(_argument_shape(w, tensor), w.dtype(tensor), [tensor])
         w.emit(f"{name}[:] = {value}")
 
 
@@ -281,7 +301,9 @@ def assembled_outputs(region: Region) -> dict[str, str]:
     409,600 B read and written, 15.2 us; assembled, the lower bound's 307,200 each way and
     5.5 us). Not beside a convolution: ppocrv4_det's 1x1 Conv, HardSwish and Concat needed
     133,824 B of UB so (122,880 planned), and its Conv split off; tf_gpt2's Gemm with its KV
-    cache Concat gained (9.75 -> 9.16 us). docs/pypto-ops.md, "Concat outputs"."""
+    cache Concat gained (9.75 -> 9.16 us). Not of kernel inputs only: nothing is staged then,
+    and silero's Concat of two 1x1x128 inputs took 2.6 us as one concat, 5.3 as two assembles.
+    docs/pypto-ops.md, "Concat outputs"."""
     if any(op.op_type == "Conv" for op in region.simplified):
         return {}
     read = {tensor for op in region.simplified for tensor in op.inputs}
@@ -289,7 +311,7 @@ def assembled_outputs(region: Region) -> dict[str, str]:
     return {op.outputs[0]: arguments[op.outputs[0]] for op in region.simplified
             if op.op_type == "Concat" and op.outputs[0] in arguments
             and op.outputs[0] not in read and region.outputs.count(op.outputs[0]) == 1
-            and _aligned_parts(region, op)}
+            and _aligned_parts(region, op) and not set(op.inputs) <= set(region.inputs)}
 
 
 def _aligned_parts(region: Region, op: RegionOp) -> bool:
@@ -531,12 +553,33 @@ def _compute_shape(w: _Writer, out: str, inputs) -> tuple[list[int], list]:
     if w.rows is not None:
         return w.rows.shape(out), [w.rows.shape(name) for name in inputs]
     shape = list(w.shape(out)) or [1]
+    held = _held_fold(w, shape, inputs)
+    if held is not None:
+        return held
     if len(shape) <= MAX_RANK:
         return shape, [None] * len(inputs)
     folded, operands = fold_broadcast(shape, [w.shape(n) for n in inputs])
     if len(folded) > MAX_RANK:
         raise CannotExpress(f"rank {len(shape)} broadcast does not fold to {MAX_RANK} axes")
     return folded, operands
+
+
+def _held_fold(w: _Writer, shape: list[int], inputs) -> tuple[list[int], list] | None:
+    """Where a broadcasting op runs on the shape a computed operand is held in
+    (``_held_shape``): that operand's shape when nothing broadcasts, or the folded broadcast
+    when it is the held one; None when no operand is held so."""
+    tensors = [name for name in inputs if not is_scalar_constant(name, w.constants)]
+    aligned = [[1] * (len(shape) - len(w.shape(n))) + list(w.shape(n)) for n in tensors]
+    for name in tensors:
+        held = _held_shape(w, name)
+        if held is None or len(held) > MAX_RANK:
+            continue
+        if all(a == shape for a in aligned) and prod(held) == prod(shape):
+            return held, [held if n in tensors else None for n in inputs]
+        folded, operands = fold_broadcast(shape, [w.shape(n) for n in inputs])
+        if operands[list(inputs).index(name)] == held and len(folded) <= MAX_RANK:
+            return folded, operands
+    return None
 
 
 def _expand(w: _Writer, op: RegionOp) -> None:
@@ -601,19 +644,50 @@ def _transpose(w: _Writer, op: RegionOp) -> None:
 
 
 def _permute(w: _Writer, source: str, out: str, shape: list[int], perm: list[int]) -> None:
-    """``out`` = ``source`` viewed as ``shape`` with its axes permuted by ``perm``."""
-    if len(shape) > MAX_RANK:
-        shape, perm = fold_transpose(shape, perm)
+    """``out`` = ``source`` viewed as ``shape`` with its axes permuted by ``perm``: folded
+    (``fold_transpose``) above PyPTO's rank and wherever that takes fewer swaps, since each
+    swap of a computed tensor is a GM round trip: tf_swin's key projection, a 256x32x32 matmul
+    reshaped to [16, 16, 2, 16] and swapped (1, 2) then (2, 3), read 102,528 B and wrote 98,304
+    in 14.8 us; folded to one swap of [16, 16, 32], 69,760 and 65,536 (the lower bound plus
+    the hand-off) in 8.1 us (docs/pypto-ops.md, "MatMul")."""
+    folded_shape, folded_perm = fold_transpose(shape, perm)
+    if len(shape) > MAX_RANK or len(swaps_for(folded_perm)) < len(swaps_for(perm)):
+        shape, perm = folded_shape, folded_perm
         if len(shape) > MAX_RANK:
             raise CannotExpress(f"rank {len(perm)} transpose does not fold to {MAX_RANK} axes")
     current = w.value(source, shape)
+    dtype = w.dtype(out)
     for i, j in swaps_for(perm):
+        if w.policy.swap_transpose_tiles:  # the search's other orientation: the input's tile
+            w._set_tile(_transpose_input_tile(w, current, shape, dtype, i, j))
         shape[i], shape[j] = shape[j], shape[i]
-        w.transpose_tile(shape, w.dtype(out), i, j)  # bounded: whole swapped axes overflow UB
+        if not w.policy.swap_transpose_tiles:  # the output's own tile
+            w._set_tile(w.policy.tile(tuple(shape), itemsize_of(dtype)))
         name = w.fresh()
         w.emit(f"{name} = pypto.transpose({current}, {i}, {j})")
+        if w.policy.swap_transpose_tiles:
+            tile = list(w.current_tile)
+            tile[i], tile[j] = tile[j], tile[i]
+            w.tiles[name] = tuple(tile)
         current = name
     w.hold(out, current, shape)
+
+
+def _transpose_input_tile(w: _Writer, value: str, shape: Sequence[int], dtype: int, i: int,
+                          j: int) -> tuple[int, ...]:
+    """A transpose's tile, over its input (PyPTO's reading): the tile ``value`` was made under
+    where it came from a transpose (``_Writer.tiles``), else the policy's for its shape, which
+    is what its producer ran under. Where the axis that becomes the innermost would not be a
+    whole number of 32-byte blocks, it is rounded up to one (a tile that no longer matches its
+    producer's, which costs a round trip, but compiles). docs/pypto-ops.md, "Transposes"."""
+    tile = list(w.tiles.get(value) or w.policy.tile(tuple(shape), itemsize_of(dtype)))
+    last = len(shape) - 1
+    if last in (i, j):
+        inner = i + j - last
+        align = max(BLOCK_BYTES // itemsize_of(dtype), 1)
+        if tile[inner] < shape[inner] and tile[inner] % align:
+            tile[inner] = min(-(-tile[inner] // align) * align, -(-shape[inner] // align) * align)
+    return tuple(tile)
 
 
 def _reshape(w: _Writer, op: RegionOp) -> None:
@@ -655,26 +729,47 @@ def _where(w: _Writer, op: RegionOp) -> None:
     out = op.outputs[0]
     shape, owns = _compute_shape(w, out, op.inputs)
     args = [_broadcast_to(w, name, shape, own) for name, own in zip(op.inputs, owns)]
-    w.tile(shape, w.dtype(out))
+    w.follow(shape, w.dtype(out), op.inputs)
     w.assign(out, f"pypto.where({', '.join(args)})", shape)
 
 
-def _elementwise_shape(w: _Writer, tensor: str) -> list[int]:
-    """An elementwise op runs on any row-major shape of its tensor: fold the leading axes."""
+def _elementwise_shape(w: _Writer, tensor: str, source: str | None = None) -> list[int]:
+    """An elementwise op runs on any row-major shape of its tensor: the shape its computed
+    ``source`` is held in (``_held_shape``), else its own with the leading axes folded."""
     if w.row is not None:
         return w.flat(tensor)
     if w.rows is not None:
         return w.rows.shape(tensor)
+    held = _held_shape(w, source) if source is not None else None
+    if held is not None and prod(held) == prod(w.shape(tensor)):
+        return held
     shape = list(w.shape(tensor)) or [1]
     return shape if len(shape) <= MAX_RANK else [prod(shape[:-3])] + shape[-3:]
+
+
+def _held_shape(w: _Writer, tensor: str) -> list[int] | None:
+    """The shape a computed tensor is held in when it differs from its own, else None. An op
+    on it runs in that shape where it can: a reshape of a computed tensor can cost PyPTO a GM
+    round trip (tf_convnext's layer scale on a [64, 16] product reshaped to [1, 8, 8, 16] and
+    back for the transpose to NCHW; docs/pypto-ops.md, "MatMul"). Not in a convolution's
+    region: its layout is ``conv_rows``'s choice, and where that keeps the 4-D layout (a Split
+    or Concat of the channels) ppocrv4_det's Conv, HardSigmoid and Concat failed to compile
+    with its epilogue on the 2-D product (FFFFFF)."""
+    if tensor not in w.names or is_scalar_constant(tensor, w.constants) \
+            or any(op.op_type == "Conv" for op in w.region.simplified):
+        return None
+    name, held = w.names[tensor]
+    if name.startswith("in") or held == (tuple(w.shape(tensor)) or (1,)):
+        return None
+    return list(held)
 
 
 def _per_element(w: _Writer, op: RegionOp, expression: Callable[[str, list[int]], str]) -> None:
     """A one-input elementwise op: computed on a folded shape when above PyPTO's rank."""
     out = op.outputs[0]
-    shape = _elementwise_shape(w, out)
+    shape = _elementwise_shape(w, out, op.inputs[0])
     value = w.value(op.inputs[0], shape)
-    w.tile(shape, w.dtype(out))
+    w.follow(shape, w.dtype(out), op.inputs)
     w.assign(out, expression(value, shape), shape)
 
 
@@ -786,7 +881,7 @@ def _binary(w: _Writer, op: RegionOp) -> None:
     expression = operands[0]
     for operand in operands[1:]:
         expression = f"pypto.{function}({expression}, {operand})"
-    w.tile(shape, w.dtype(out))
+    w.follow(shape, w.dtype(out), op.inputs)
     w.assign(out, expression, shape)
 
 
@@ -824,7 +919,7 @@ def _compare(w: _Writer, op: RegionOp) -> None:
     if is_scalar_constant(names[1], w.constants) and dtype not in FLOAT_DTYPES:
         right = _full(w, shape, np.asarray(w.constants[names[1]]).reshape(-1)[0], dtype)
     expression = f"pypto.{function}({left}, {right})"
-    w.tile(shape, dtype)
+    w.follow(shape, dtype, names)
     w.assign(out, f"pypto.logical_not({expression})" if negated else expression, shape)
 
 

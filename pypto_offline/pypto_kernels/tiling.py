@@ -3,7 +3,7 @@
 A policy is a byte budget per operand tile. For an output shape it fills the tile from the
 innermost axis outwards: the last axis rounded up to 32 bytes (PyPTO's data-movement tiles need
 ``lastDimBytes % 32 == 0``), then outer axes while the budget lasts. Axes an op needs whole (the
-concat axis) are taken whole first; a transpose has two orientations (``transpose_tile``); a purely
+concat axis) are taken whole first; a transpose has two orientations (``swap_transpose_tiles``); a purely
 elementwise region may also run on rows of its elements (``flat_rows``). The cost
 model charges per task, so the best budget is found by compiling candidates (``search``).
 
@@ -22,7 +22,7 @@ too, and shrinks when its leaves need more.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from math import isqrt, prod
+from math import prod
 
 BLOCK_BYTES = 32
 # The fewest operand tiles a leaf can hold (one in, one out): bounds the largest candidate. Whether
@@ -40,12 +40,12 @@ MAX_TILES = 1024
 @dataclass(frozen=True)
 class TilePolicy:
     budget_bytes: int
-    # The other transpose-tile orientation. Without the last axis: the tile filled for the output
-    # with the two swapped axes' extents exchanged, so it walks the input the way its producer's
-    # tiles do (the bundled example's Transpose(1,2) of 1x16x64x128 fp32 at 32 KiB: 23.6 ->
-    # 17.1 us). With the last axis: a square block of the two axes, aligned on both (each is the
-    # last axis on one side), where the output-filled tile keeps whole rows: whisper's 80x3000
-    # Transpose then takes 1x3000 rows of the output, whose input side pads to 195 KiB of UB.
+    # The other transpose-tile orientation: a transpose under the tile its input was made under,
+    # and every op reading its result under that tile swapped (``codegen._transpose_input_tile``,
+    # ``_Writer.follow``), where PyPTO keeps the data in UB; the default tiles the output as any
+    # op's. On [64, 400] fp32, mul and relu then the transpose: 102,400 B read in 3.4 us against
+    # 167,936; ppocrv4_rec's SiLU then transpose of 1x120x80: 17.8 us against 8.6 with the
+    # default, so the search compiles both (docs/pypto-ops.md, "Transposes").
     swap_transpose_tiles: bool = False
     # Run a purely elementwise region on its elements laid out as rows of ``FLAT_ROW_BYTES``
     # (axes fused, then split: TVM's fuse + split) instead of its own shape, whose last axis pads
@@ -56,32 +56,6 @@ class TilePolicy:
     def name(self) -> str:
         return (f"{self.budget_bytes}{'-swapped' if self.swap_transpose_tiles else ''}"
                 f"{'-flat' if self.flat_rows else ''}")
-
-    def transpose_tile(self, out_shape: tuple[int, ...], itemsize: int, i: int, j: int
-                       ) -> tuple[int, ...]:
-        """The tile of a transpose swapping axes ``i`` and ``j``, given its output shape."""
-        tile = list(self.tile(out_shape, itemsize))
-        last = len(out_shape) - 1
-        if not self.swap_transpose_tiles:
-            return tuple(tile)
-        if last in (i, j):
-            return self._square_tile(out_shape, itemsize, i + j - last)
-        tile[i], tile[j] = min(tile[j], out_shape[i]), min(tile[i], out_shape[j])
-        return tuple(tile)
-
-    def _square_tile(self, shape: tuple[int, ...], itemsize: int, other: int) -> tuple[int, ...]:
-        """A block of the last axis and ``other``, both multiples of 32 bytes, within the budget;
-        the axes before them filled with what is left."""
-        align = max(BLOCK_BYTES // itemsize, 1)
-        side = max(align, isqrt(self.budget_bytes // itemsize) // align * align)
-        tile = [1] * len(shape)
-        for axis in (len(shape) - 1, other):
-            tile[axis] = min(side, -(-shape[axis] // align) * align)
-        for axis in range(len(shape) - 2, -1, -1):
-            if axis != other:
-                room = (self.budget_bytes // itemsize) // max(prod(tile), 1)
-                tile[axis] = max(1, min(shape[axis], room))
-        return tuple(tile)
 
     def tile(self, shape: tuple[int, ...], itemsize: int, whole_axes: tuple[int, ...] = ()
              ) -> tuple[int, ...]:
@@ -115,14 +89,13 @@ CUBE_ALIGN = 16
 CUBE_SIDE = 128
 CUBE_K_BYTES = 256
 L0_BYTES = 64 * 1024  # each of L0A and L0B
-# (M, N) sides of the product tile, accumulated in fp32 in L0C: up to 128 KiB (128 x 256,
-# 256 x 128, 32 x 512 and 16 x 1024 compiled and checked, docs/pypto-ops.md "MatMul"). A side
-# also sets an L0A or L0B tile with the 16-element K side at the least. The vector epilogue
-# takes the product in tiles as large, so the product tile follows the candidate's budget
-# (``PRODUCT_BYTES_PER_BUDGET``): magika's 2048x257x128 matmul with its epilogue needed 192 KiB
-# of UB at 256 x 128 whatever the vector tile.
-PRODUCT_TILES = tuple((1 << i, 1 << j) for i in range(4, 11) for j in range(4, 11)
-                      if (1 << i) * (1 << j) * 4 <= 128 * 1024)
+# The product tile, accumulated in fp32 in L0C: up to 128 KiB, any sides of whole 16-element
+# fractals (128 x 256, 256 x 128, 32 x 512, 16 x 1024, 192 x 160 and 96 x 336 compiled and
+# checked, docs/pypto-ops.md "MatMul"). A side also sets an L0A or L0B tile with the 16-element
+# K side at the least. The vector epilogue takes the product in tiles as large, so the product
+# tile follows the candidate's budget (``PRODUCT_BYTES_PER_BUDGET``): magika's 2048x257x128
+# matmul with its epilogue needed 192 KiB of UB at 256 x 128 whatever the vector tile.
+L0C_BYTES = 128 * 1024
 PRODUCT_BYTES_PER_BUDGET = 8
 MIN_PRODUCT_BYTES = 16 * 1024
 BIAS_TABLE_COLUMNS = 256
@@ -132,12 +105,13 @@ def cube_tiles(m: int, k: int, n: int, itemsize: int, budget_bytes: int, bias: b
                ) -> tuple[list[int], list[int], list[int]]:
     """The ``set_cube_tile_shapes`` arguments (M, K, N; each [L0, L1]) for an m x k x n matmul
     under a tile candidate of ``budget_bytes``. The cube reads the left operand once per N tile
-    and the right one once per M tile, so of the (M, N) sides in ``PRODUCT_TILES`` within the
-    budget's product bytes the one that re-reads the fewest bytes is taken, the fuller on a
-    tie. A 1x1 convolution's weight was
-    read once per 128 pixels: 13 times on nudenet's 64x64x1600; a 128x256x400 matmul read
-    934 KB in 16.5 us with 128 x 128, 672 KB in 16.2 us with 128 x 256 (docs/pypto-ops.md
-    "MatMul"). The K side is budget / (128 x itemsize) elements, 16 at the least and 256 bytes
+    and the right one once per M tile, so of the (M, N) sides within the budget's product bytes
+    (``product_tiles``) the one that re-reads the fewest bytes is taken, the fuller on a tie. A
+    1x1 convolution's weight was read once per 128 pixels: 13 times on nudenet's 64x64x1600; a
+    128x256x400 matmul read 934 KB in 16.5 us with 128 x 128, 672 KB in 16.2 us with 128 x 256;
+    ppocrv4_det's 192x192x1600 fp32 read 4.38 MB at 192 x 128 and 3.93 MB (the least any tile
+    within L0C reads, ``fusion/cost.cube_reread_bytes``) at 192 x 160 in the same 32.0 us
+    (docs/pypto-ops.md "MatMul"). The K side is budget / (128 x itemsize) elements, 16 at the least and 256 bytes
     at the most, and within L0A and L0B. With a ``bias`` the N side holds in the cube's bias
     table (``BIAS_TABLE_COLUMNS``)."""
     def side(extent: int, cap: int) -> int:
@@ -149,16 +123,28 @@ def cube_tiles(m: int, k: int, n: int, itemsize: int, budget_bytes: int, bias: b
         extra = m * k * (-(-n // n_side) - 1) + k * n * (-(-m // m_side) - 1)
         return extra, -m_side * n_side
     product_bytes = min(max(budget_bytes * PRODUCT_BYTES_PER_BUDGET, MIN_PRODUCT_BYTES),
-                        128 * 1024)
-    fitting = [t for t in PRODUCT_TILES if CUBE_ALIGN * max(t) * itemsize <= L0_BYTES
-               and (not bias or t[1] <= BIAS_TABLE_COLUMNS)
-               and side(m, t[0]) * side(n, t[1]) * 4 <= product_bytes]
+                        L0C_BYTES)
+    fitting = product_tiles(product_bytes, itemsize, BIAS_TABLE_COLUMNS if bias else None)
     m_cap, n_cap = min(fitting, key=rereads)
     m_tile, n_tile = side(m, m_cap), side(n, n_cap)
     k_cap = min(CUBE_K_BYTES // itemsize, budget_bytes // (CUBE_SIDE * itemsize),
                 L0_BYTES // (max(m_tile, n_tile) * itemsize))
     k_tile = side(k, max(CUBE_ALIGN, k_cap // CUBE_ALIGN * CUBE_ALIGN))
     return [m_tile, m_tile], [k_tile, k_tile], [n_tile, n_tile]
+
+
+def product_tiles(product_bytes: int, itemsize: int, n_cap: int | None = None
+                  ) -> list[tuple[int, int]]:
+    """Each M side of whole fractals with the widest N side whose fp32 product tile holds in
+    ``product_bytes``, both within L0A and L0B (a side by the 16-element K side at the least)."""
+    widest = L0_BYTES // (CUBE_ALIGN * itemsize) // CUBE_ALIGN * CUBE_ALIGN
+    tiles = []
+    for m_side in range(CUBE_ALIGN, widest + 1, CUBE_ALIGN):
+        n_side = min(widest, n_cap or widest,
+                     product_bytes // (4 * m_side) // CUBE_ALIGN * CUBE_ALIGN)
+        if n_side >= CUBE_ALIGN:
+            tiles.append((m_side, n_side))
+    return tiles
 
 
 def fitting_budgets(ub_plan_bytes: int, operands: int = CANDIDATE_OPERANDS) -> list[int]:

@@ -90,7 +90,7 @@ def kernel_cards(message: ptom_pb2.CompiledModel) -> list[dict]:
         "bytes": {"unfused": k.gm_bytes_unfused, "lower_bound": k.gm_bytes_lower_bound,
                   "read": k.gm_bytes_read, "written": k.gm_bytes_written,
                   "measured": k.gm_bytes_read + k.gm_bytes_written,
-                  "handoff": k.gm_bytes_handoff},
+                  "handoff": k.gm_bytes_handoff, "rereads": k.gm_bytes_cube_rereads},
         "kernels_unfused": k.kernels_unfused,
         "est_us": {"unfused": k.est_time_us_unfused, "fused": k.est_time_us_fused},
         "cost_us_unfused": measured(k, "cost_us_unfused"), "cost_basis": k.cost_us_unfused_basis,
