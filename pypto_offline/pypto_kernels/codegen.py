@@ -106,6 +106,9 @@ class _Writer:
     tiles: dict[str, tuple[int, ...]] = field(default_factory=dict)
     current_tile: tuple[int, ...] | None = None
     _following: bool = False  # the current tile is a transpose result's (``follow``)
+    # A 2-D matmul's product rows and the cube's M tile over them (``_rows_within_cube_tile``).
+    product_rows: int | None = None
+    cube_rows: int | None = None
     _count: int = 0
     # The row length, in elements, of a purely elementwise region the policy lays out in rows
     # (``flat_row``); None: each op runs on its own (rank-folded) shape. All its tensors have
@@ -184,7 +187,8 @@ class _Writer:
             # one tile of whole rows for every op of a row region, the reduced results
             # included: a reduction never splits its axis (fusion/rows.py)
             shape, whole_axes = (self.rows.rows, self.rows.columns), (1,)
-        self._set_tile(self.policy.tile(tuple(shape), itemsize_of(dtype), tuple(whole_axes)))
+        tile = self.policy.tile(tuple(shape), itemsize_of(dtype), tuple(whole_axes))
+        self._set_tile(_rows_within_cube_tile(self, tuple(shape), tile))
 
     def _set_tile(self, tile: tuple[int, ...]) -> None:
         self.current_tile, self._following = tuple(tile), False
@@ -213,6 +217,20 @@ class _Writer:
         if self._following:  # its result comes in the same tile: whoever reads it follows too
             self.tiles[name] = self.current_tile
         return name
+
+
+def _rows_within_cube_tile(w: _Writer, shape: tuple[int, ...], tile: tuple[int, ...]
+                           ) -> tuple[int, ...]:
+    """A vector tile over a matmul's product rows, with its rows dividing the cube's M tile: a
+    vector tile across two cube tiles made PyPTO stage the product through GM once more
+    (ppocrv4_det's 384x192x400 fp32 Conv with HardSwish, cube M tile 192: 2,723,072 B read and
+    2,451,200 written under vector tiles of 10 rows, 2,115,072 and 1,228,800, the platform
+    bound, under 8 or 16; docs/pypto-ops.md, "MatMul")."""
+    if w.cube_rows is None or len(shape) != 2 or shape[0] != w.product_rows \
+            or tile[0] >= shape[0] or w.cube_rows % tile[0] == 0:
+        return tile
+    rows = next(d for d in range(min(tile[0], w.cube_rows), 0, -1) if w.cube_rows % d == 0)
+    return (rows, *tile[1:])
 
 
 def float_literal(value) -> str:
@@ -1062,6 +1080,8 @@ def _matmul(w: _Writer, op: RegionOp) -> None:
     m_tiles, k_tiles, n_tiles = cube_tiles(rows, k, n, itemsize_of(w.dtype(left)),
                                            w.policy.budget_bytes, bias)
     w.emit(f"pypto.set_cube_tile_shapes({m_tiles}, {k_tiles}, {n_tiles})")
+    if len(right_shape) == 2:
+        w.product_rows, w.cube_rows = rows, m_tiles[0]
     extra = ", b_trans=True" if op.params.get("transB") else ""
     if bias:
         extra += f", extend_params={{'bias_tensor': {w.value(op.inputs[2], [1, n])}}}"
@@ -1214,6 +1234,7 @@ def _pointwise_conv(w: _Writer, op: RegionOp) -> None:
     m_tiles, k_tiles, n_tiles = cube_tiles(filters, channels, pixels,
                                            itemsize_of(w.dtype(image)), w.policy.budget_bytes)
     w.emit(f"pypto.set_cube_tile_shapes({m_tiles}, {k_tiles}, {n_tiles})")
+    w.product_rows, w.cube_rows = filters, m_tiles[0]
     value = _let(w, f"pypto.matmul({a}, {b}, {pypto_dtype(w.dtype(out))})")
     if len(op.inputs) > 2 and op.inputs[2]:
         bias = w.value(op.inputs[2], [filters, 1])

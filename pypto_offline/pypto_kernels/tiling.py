@@ -124,7 +124,9 @@ def cube_tiles(m: int, k: int, n: int, itemsize: int, budget_bytes: int, bias: b
         return extra, -m_side * n_side
     product_bytes = min(max(budget_bytes * PRODUCT_BYTES_PER_BUDGET, MIN_PRODUCT_BYTES),
                         L0C_BYTES)
-    fitting = product_tiles(product_bytes, itemsize, BIAS_TABLE_COLUMNS if bias else None)
+    n_cap = BIAS_TABLE_COLUMNS if bias else None
+    fitting = product_tiles(product_bytes, itemsize, n_cap, m) \
+        or product_tiles(product_bytes, itemsize, n_cap)  # no side divides m: whisper's 3000
     m_cap, n_cap = min(fitting, key=rereads)
     m_tile, n_tile = side(m, m_cap), side(n, n_cap)
     k_cap = min(CUBE_K_BYTES // itemsize, budget_bytes // (CUBE_SIDE * itemsize),
@@ -133,13 +135,18 @@ def cube_tiles(m: int, k: int, n: int, itemsize: int, budget_bytes: int, bias: b
     return [m_tile, m_tile], [k_tile, k_tile], [n_tile, n_tile]
 
 
-def product_tiles(product_bytes: int, itemsize: int, n_cap: int | None = None
-                  ) -> list[tuple[int, int]]:
+def product_tiles(product_bytes: int, itemsize: int, n_cap: int | None = None,
+                  m: int | None = None) -> list[tuple[int, int]]:
     """Each M side of whole fractals with the widest N side whose fp32 product tile holds in
-    ``product_bytes``, both within L0A and L0B (a side by the 16-element K side at the least)."""
+    ``product_bytes``, both within L0A and L0B (a side by the 16-element K side at the least);
+    with ``m``, only sides that divide it or cover it: ppocrv4_det's 384-filter Conv under M
+    tiles of 224 and 160 wrote its product once more than under two of 192 (docs/pypto-ops.md,
+    "MatMul")."""
     widest = L0_BYTES // (CUBE_ALIGN * itemsize) // CUBE_ALIGN * CUBE_ALIGN
     tiles = []
     for m_side in range(CUBE_ALIGN, widest + 1, CUBE_ALIGN):
+        if m is not None and m % m_side and m_side < m:
+            continue  # M tiles of one size: a last, partial one staged the product through GM
         n_side = min(widest, n_cap or widest,
                      product_bytes // (4 * m_side) // CUBE_ALIGN * CUBE_ALIGN)
         if n_side >= CUBE_ALIGN:
