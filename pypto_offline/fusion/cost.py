@@ -12,7 +12,6 @@ from __future__ import annotations
 from typing import Iterable, Sequence
 
 import numpy as np
-import onnx
 
 from pypto_offline.fusion.classify import node_tensors
 from pypto_offline.fusion.records import Cost, RegionOp
@@ -23,9 +22,12 @@ from pypto_offline.importer.ops import (MATMUL, POINTWISE_OPS, VIEW_ONLY_OPS, ki
 from pypto_offline.targets import ASCEND910B, Target
 
 # The cube of the 910B that PyPTO 0.2.0 compiles for: product tiles accumulate in fp32 in L0C,
-# and each side is a whole number of 16-element fractals (targets/ascend, docs/figures.md).
+# each side a whole number of 16-element fractals, an operand tile within L0A or L0B
+# (targets/ascend, docs/figures.md). The kernel generator's cube tiles use the same figures.
 CUBE_FRACTAL = 16
 CUBE_ACCUMULATOR_BYTES = 4
+L0C_BYTES = ASCEND910B.l0c_bytes.value
+L0_BYTES = min(ASCEND910B.l0a_bytes.value, ASCEND910B.l0b_bytes.value)
 
 
 def time_us(kernels: int, gm_bytes: int, target: Target) -> float:
@@ -81,40 +83,46 @@ def cube_reread_bytes(ops: Sequence[RegionOp], tensor_types) -> int:
             continue
         (left, left_dtype), (right, right_dtype) = (tensor_types[t] for t in op.inputs[:2])
         out = list(tensor_types[op.outputs[0]][0])
+        left_bytes, right_bytes = bytes_of((), left_dtype), bytes_of((), right_dtype)
         if op.op_type == "Conv":  # W[Cout, Cin] @ x[Cin, H*W] (codegen._pointwise_conv)
             (m, n), k, slices = matmul_extents("Conv", out, 2), left[1], 1
-            left_bytes, right_bytes = _itemsize(right_dtype), _itemsize(left_dtype)
+            left_bytes, right_bytes = right_bytes, left_bytes
         elif len(right) == 2:  # the left operand's leading axes fold into M
             (m, n), k, slices = matmul_extents(op.op_type, out, 2), left[-1], 1
-            left_bytes, right_bytes = _itemsize(left_dtype), _itemsize(right_dtype)
         else:  # a batched matmul: one 2-D matmul per slice
             m, n, k, slices = out[-2], out[-1], left[-1], int(np.prod(out[:-2]))
-            left_bytes, right_bytes = _itemsize(left_dtype), _itemsize(right_dtype)
-        total += slices * _least_rereads(m, k, n, left_bytes, right_bytes)
+        total += slices * min(
+            operand_rereads(m, k, n, m_side, n_side, left_bytes, right_bytes)
+            for m_side, n_side in product_tiles(L0C_BYTES, max(left_bytes, right_bytes)))
     return total
 
 
-def _least_rereads(m: int, k: int, n: int, left_bytes: int, right_bytes: int) -> int:
-    def fractals(extent: int) -> int:
-        return -(-extent // CUBE_FRACTAL)
-    l0c = ASCEND910B.l0c_bytes.value // CUBE_ACCUMULATOR_BYTES  # product elements per tile
-    side_cap = min(ASCEND910B.l0a_bytes.value // (CUBE_FRACTAL * left_bytes),
-                   ASCEND910B.l0b_bytes.value // (CUBE_FRACTAL * right_bytes))
-    best = None
-    for m_tile in range(CUBE_FRACTAL, min(fractals(m) * CUBE_FRACTAL, side_cap) + 1,
-                        CUBE_FRACTAL):
-        n_tile = min(l0c // m_tile // CUBE_FRACTAL * CUBE_FRACTAL, fractals(n) * CUBE_FRACTAL,
-                     side_cap)
-        if n_tile < CUBE_FRACTAL:
-            break
-        extra = m * k * left_bytes * (-(-n // n_tile) - 1) \
-            + k * n * right_bytes * (-(-m // m_tile) - 1)
-        best = extra if best is None else min(best, extra)
-    return best or 0
+def operand_rereads(m: int, k: int, n: int, m_side: int, n_side: int, left_bytes: int,
+                    right_bytes: int) -> int:
+    """Bytes an m x k x n matmul's cube reads beyond each operand once under product tiles of
+    ``m_side`` x ``n_side``: the left operand once per N tile, the right one once per M tile."""
+    return m * k * left_bytes * (-(-n // n_side) - 1) \
+        + k * n * right_bytes * (-(-m // m_side) - 1)
 
 
-def _itemsize(dtype: int) -> int:
-    return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(dtype)).itemsize
+def product_tiles(product_bytes: int, itemsize: int, n_cap: int | None = None,
+                  m: int | None = None) -> list[tuple[int, int]]:
+    """Each M side of whole fractals with the widest N side whose fp32 product tile holds in
+    ``product_bytes``, both within L0A and L0B (a side by the 16-element K side at the least);
+    with ``m``, only sides that divide it or cover it: ppocrv4_det's 384-filter Conv under M
+    tiles of 224 and 160 wrote its product once more than under two of 192 (docs/pypto-ops.md,
+    "MatMul")."""
+    widest = L0_BYTES // (CUBE_FRACTAL * itemsize) // CUBE_FRACTAL * CUBE_FRACTAL
+    tiles = []
+    for m_side in range(CUBE_FRACTAL, widest + 1, CUBE_FRACTAL):
+        if m is not None and m % m_side and m_side < m:
+            continue  # M tiles of one size: a last, partial one staged the product through GM
+        n_side = min(widest, n_cap or widest,
+                     product_bytes // (CUBE_ACCUMULATOR_BYTES * m_side) // CUBE_FRACTAL
+                     * CUBE_FRACTAL)
+        if n_side >= CUBE_FRACTAL:
+            tiles.append((m_side, n_side))
+    return tiles
 
 
 def cube_handoff_bytes(ops: Sequence[RegionOp], tensor_types) -> int:

@@ -18,6 +18,7 @@ A pattern outside these limits raises ``CannotExpress`` and the region falls bac
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from math import prod
 from typing import Callable, Mapping, Sequence
 
@@ -28,7 +29,7 @@ from pypto_offline.fusion.records import Region, RegionOp
 from pypto_offline.fusion.rows import (NotRows, RowLayout, conv_rows, has_reduction,
                                        row_layout)
 from pypto_offline.importer.ops import POINTWISE_OPS, VIEW_ONLY_OPS, matmul_extents
-from pypto_offline.pypto_kernels.folding import fold_broadcast, fold_transpose
+from pypto_offline.pypto_kernels.folding import fold_broadcast, fold_transpose, right_aligned
 from pypto_offline.pypto_kernels.tiling import BLOCK_BYTES, TilePolicy, cube_tiles
 
 PYPTO_DTYPES = {
@@ -116,6 +117,11 @@ class _Writer:
     row: int | None = None
     # The rows a region with reductions runs on (``fusion/rows.py``); None: it has none.
     rows: RowLayout | None = None
+
+    @cached_property
+    def convolution(self) -> bool:
+        """Whether the region holds a 1x1 convolution (``has_convolution``), asked per op."""
+        return has_convolution(self.region)
 
     def flat(self, tensor: str) -> list[int]:
         """The tensor as rows of ``row`` elements."""
@@ -312,6 +318,10 @@ def _lower_program(w: _Writer, outputs: Mapping[str, str]) -> None:
         w.emit(f"{name}[:] = {value}")
 
 
+def has_convolution(region: Region) -> bool:
+    return any(op.op_type == "Conv" for op in region.simplified)
+
+
 def assembled_outputs(region: Region) -> dict[str, str]:
     """Region outputs that a Concat makes and no op of the region reads, by output argument.
     Each part is assembled into the argument at its offset instead: a concat of a computed part
@@ -322,7 +332,7 @@ def assembled_outputs(region: Region) -> dict[str, str]:
     cache Concat gained (9.75 -> 9.16 us). Not of kernel inputs only: nothing is staged then,
     and silero's Concat of two 1x1x128 inputs took 2.6 us as one concat, 5.3 as two assembles.
     docs/pypto-ops.md, "Concat outputs"."""
-    if any(op.op_type == "Conv" for op in region.simplified):
+    if has_convolution(region):
         return {}
     read = {tensor for op in region.simplified for tensor in op.inputs}
     arguments = {tensor: f"out{index}" for index, tensor in enumerate(region.outputs)}
@@ -346,21 +356,25 @@ def _share_assembled_inputs(w: _Writer) -> None:
     """A kernel input assembled into an output and read by elementwise ops too is read from GM
     by each: ``add(x, 0.0)`` once, then every use reads that copy in UB (nudenet's C2f Concat of
     ``x`` and ``x + SiLU(y)``: 409,600 B read against 307,200)."""
-    region = w.region
-    parts = {tensor for op in region.simplified if op.outputs[0] in w.assembled
+    parts = {tensor for op in w.region.simplified if op.outputs[0] in w.assembled
              for tensor in op.inputs}
-    for tensor in region.inputs:
-        readers = [op for op in region.simplified if tensor in op.inputs]
-        if tensor not in parts or is_scalar_constant(tensor, w.constants) \
-                or w.dtype(tensor) not in FLOAT_DTYPES \
-                or sum(op.inputs.count(tensor) for op in readers) < 2 \
-                or not all(op.outputs[0] in w.assembled or (
-                    op.op_type in POINTWISE_OPS and w.shape(op.outputs[0]) == w.shape(tensor))
-                    for op in readers):
-            continue
-        name, shape = w.names[tensor]
-        w.tile(shape, w.dtype(tensor))
-        w.assign(tensor, f"pypto.add({name}, 0.0)", shape)
+    for tensor in w.region.inputs:
+        if tensor in parts and _read_again_elementwise(w, tensor):
+            name, shape = w.names[tensor]
+            w.tile(shape, w.dtype(tensor))
+            w.assign(tensor, f"pypto.add({name}, 0.0)", shape)
+
+
+def _read_again_elementwise(w: _Writer, tensor: str) -> bool:
+    """Whether a float kernel input is read more than once, each time by an assembled output
+    or an elementwise op on its own shape (which can all share one copy in UB)."""
+    if is_scalar_constant(tensor, w.constants) or w.dtype(tensor) not in FLOAT_DTYPES:
+        return False
+    readers = [op for op in w.region.simplified if tensor in op.inputs]
+    return sum(op.inputs.count(tensor) for op in readers) >= 2 and all(
+        op.outputs[0] in w.assembled
+        or (op.op_type in POINTWISE_OPS and w.shape(op.outputs[0]) == w.shape(tensor))
+        for op in readers)
 
 
 def _shapes(region: Region) -> dict[str, tuple[int, ...]]:
@@ -551,7 +565,7 @@ def _broadcast_to(w: _Writer, tensor: str, shape, own=None) -> str:
         return w.value(tensor)
     shape = list(shape)
     own = list(own) if own is not None else \
-        [1] * (len(shape) - len(w.shape(tensor))) + list(w.shape(tensor))
+        right_aligned(w.shape(tensor), len(shape))
     current = w.value(tensor, own)
     dtype = w.dtype(tensor)
     for axis, (have, want) in enumerate(zip(own, shape)):
@@ -587,7 +601,7 @@ def _held_fold(w: _Writer, shape: list[int], inputs) -> tuple[list[int], list] |
     (``_held_shape``): that operand's shape when nothing broadcasts, or the folded broadcast
     when it is the held one; None when no operand is held so."""
     tensors = [name for name in inputs if not is_scalar_constant(name, w.constants)]
-    aligned = [[1] * (len(shape) - len(w.shape(n))) + list(w.shape(n)) for n in tensors]
+    aligned = [right_aligned(w.shape(n), len(shape)) for n in tensors]
     for name in tensors:
         held = _held_shape(w, name)
         if held is None or len(held) > MAX_RANK:
@@ -674,21 +688,26 @@ def _permute(w: _Writer, source: str, out: str, shape: list[int], perm: list[int
         if len(shape) > MAX_RANK:
             raise CannotExpress(f"rank {len(perm)} transpose does not fold to {MAX_RANK} axes")
     current = w.value(source, shape)
-    dtype = w.dtype(out)
+    dtype, over_input = w.dtype(out), w.policy.swap_transpose_tiles
     for i, j in swaps_for(perm):
-        if w.policy.swap_transpose_tiles:  # the search's other orientation: the input's tile
-            w._set_tile(_transpose_input_tile(w, current, shape, dtype, i, j))
+        before = tuple(shape)
         shape[i], shape[j] = shape[j], shape[i]
-        if not w.policy.swap_transpose_tiles:  # the output's own tile
-            w._set_tile(w.policy.tile(tuple(shape), itemsize_of(dtype)))
+        # the search's other orientation runs under the input's tile, the default the output's
+        tile = _transpose_input_tile(w, current, before, dtype, i, j) if over_input \
+            else w.policy.tile(tuple(shape), itemsize_of(dtype))
+        w._set_tile(tile)
         name = w.fresh()
         w.emit(f"{name} = pypto.transpose({current}, {i}, {j})")
-        if w.policy.swap_transpose_tiles:
-            tile = list(w.current_tile)
-            tile[i], tile[j] = tile[j], tile[i]
-            w.tiles[name] = tuple(tile)
+        if over_input:  # its result comes in the input's tile swapped (``_Writer.follow``)
+            w.tiles[name] = _swapped(tile, i, j)
         current = name
     w.hold(out, current, shape)
+
+
+def _swapped(tile: Sequence[int], i: int, j: int) -> tuple[int, ...]:
+    tile = list(tile)
+    tile[i], tile[j] = tile[j], tile[i]
+    return tuple(tile)
 
 
 def _transpose_input_tile(w: _Writer, value: str, shape: Sequence[int], dtype: int, i: int,
@@ -774,7 +793,7 @@ def _held_shape(w: _Writer, tensor: str) -> list[int] | None:
     or Concat of the channels) ppocrv4_det's Conv, HardSigmoid and Concat failed to compile
     with its epilogue on the 2-D product (FFFFFF)."""
     if tensor not in w.names or is_scalar_constant(tensor, w.constants) \
-            or any(op.op_type == "Conv" for op in w.region.simplified):
+            or w.convolution:
         return None
     name, held = w.names[tensor]
     if name.startswith("in") or held == (tuple(w.shape(tensor)) or (1,)):
@@ -1150,8 +1169,8 @@ def _slices_along(shape: Sequence[int], product: Sequence[int]) -> bool:
     a [rows, columns] slice of unit or whole extents (and so has a 2-D slice per matmul)."""
     if len(shape) > len(product):
         return False
-    own = [1] * (len(product) - len(shape)) + list(shape)
-    return all(have in (1, want) for have, want in zip(own, product))
+    return all(have in (1, want) for have, want in zip(right_aligned(shape, len(product)),
+                                                        product))
 
 
 def _batched_matmul_loop(w: _Writer, loop: BatchedLoop, inputs: Mapping[str, str],
@@ -1179,9 +1198,9 @@ def _batched_matmul_loop(w: _Writer, loop: BatchedLoop, inputs: Mapping[str, str
     for index, extent in loops:
         w.emit(f"for {index} in range({extent}):")
         w.indent += 1
-    a, b = w.fresh(), w.fresh()
-    w.emit(f"{a} = pypto.view({inputs[left]}, [{m}, {k}], [{_flat_index(indexes, batch)} * {m}, 0])")
-    w.emit(f"{b} = pypto.view({inputs[right]}, [{k}, {n}], [{_flat_index(indexes, batch)} * {k}, 0])")
+    a, b, slice_index = w.fresh(), w.fresh(), _flat_index(indexes, batch)
+    w.emit(f"{a} = pypto.view({inputs[left]}, [{m}, {k}], [{slice_index} * {m}, 0])")
+    w.emit(f"{b} = pypto.view({inputs[right]}, [{k}, {n}], [{slice_index} * {k}, 0])")
     w.sliced[product] = (m, n)
     w.assign(product, f"pypto.matmul({a}, {b}, {pypto_dtype(w.dtype(product))})", (m, n))
     for tensor in sorted(operands):
@@ -1193,7 +1212,7 @@ def _batched_matmul_loop(w: _Writer, loop: BatchedLoop, inputs: Mapping[str, str
     if loop.heads_outward:
         offsets = f"[{_flat_index(indexes[:-1], batch[:-1])} * {m}, {indexes[-1]} * {n}]"
     else:
-        offsets = f"[{_flat_index(indexes, batch)} * {m}, 0]"
+        offsets = f"[{slice_index} * {m}, 0]"
     w.tile((m, n), w.dtype(product))
     w.emit(f"pypto.assemble({result}, {offsets}, {target})")
     w.indent -= len(loops)
@@ -1209,8 +1228,7 @@ def _flat_index(indexes: Sequence[str], extents: Sequence[int]) -> str:
 def _hold_slice(w: _Writer, tensor: str, argument: str, indexes, batch) -> None:
     """An epilogue operand's 2-D slice for the loop's batch index (a unit batch axis of the
     operand stays at 0: the slice broadcasts)."""
-    own = list(w.shape(tensor))
-    own = [1] * (len(batch) + 2 - len(own)) + own
+    own = right_aligned(w.shape(tensor), len(batch) + 2)
     used = [index if extent > 1 else "0" for index, extent in zip(indexes, own[:-2])]
     rows, columns = own[-2:]
     w.sliced[tensor] = (rows, columns)

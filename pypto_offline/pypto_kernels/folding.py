@@ -10,11 +10,16 @@ from math import prod
 from typing import Sequence
 
 
+def right_aligned(shape: Sequence[int], rank: int) -> list[int]:
+    """``shape`` with unit axes in front, to ``rank`` axes (numpy's broadcasting alignment)."""
+    return [1] * (rank - len(shape)) + list(shape)
+
+
 def fold_broadcast(out_shape: Sequence[int], operand_shapes: Sequence[Sequence[int]]
                    ) -> tuple[list[int], list[list[int]]]:
     """Folded output shape and operand shapes (operands right-aligned to the output rank)."""
     rank = len(out_shape)
-    operands = [[1] * (rank - len(s)) + list(s) for s in operand_shapes]
+    operands = [right_aligned(s, rank) for s in operand_shapes]
 
     def kinds(axis):  # per operand: does it broadcast along this axis?
         return tuple(shape[axis] == 1 and out_shape[axis] != 1 for shape in operands)

@@ -24,6 +24,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from math import prod
 
+from pypto_offline.fusion.cost import (CUBE_FRACTAL, L0_BYTES, L0C_BYTES, operand_rereads,
+                                       product_tiles)
+
 BLOCK_BYTES = 32
 # The fewest operand tiles a leaf can hold (one in, one out): bounds the largest candidate. Whether
 # a candidate really fits is measured on its compiled program (``fits_ub``).
@@ -85,17 +88,15 @@ class TilePolicy:
 # L0B. L1 and L0 take the same tile. The UB a matmul's kernel needs grows with its K side
 # (whisper's 3000x201x80: 273 KiB at K 64, 143 KiB at K 32), so the K side follows the tile
 # candidate's budget and the search finds one that fits (docs/pypto-ops.md, "MatMul").
-CUBE_ALIGN = 16
+CUBE_ALIGN = CUBE_FRACTAL
 CUBE_SIDE = 128
 CUBE_K_BYTES = 256
-L0_BYTES = 64 * 1024  # each of L0A and L0B
 # The product tile, accumulated in fp32 in L0C: up to 128 KiB, any sides of whole 16-element
 # fractals (128 x 256, 256 x 128, 32 x 512, 16 x 1024, 192 x 160 and 96 x 336 compiled and
 # checked, docs/pypto-ops.md "MatMul"). A side also sets an L0A or L0B tile with the 16-element
 # K side at the least. The vector epilogue takes the product in tiles as large, so the product
 # tile follows the candidate's budget (``PRODUCT_BYTES_PER_BUDGET``): magika's 2048x257x128
 # matmul with its epilogue needed 192 KiB of UB at 256 x 128 whatever the vector tile.
-L0C_BYTES = 128 * 1024
 PRODUCT_BYTES_PER_BUDGET = 8
 MIN_PRODUCT_BYTES = 16 * 1024
 BIAS_TABLE_COLUMNS = 256
@@ -106,7 +107,7 @@ def cube_tiles(m: int, k: int, n: int, itemsize: int, budget_bytes: int, bias: b
     """The ``set_cube_tile_shapes`` arguments (M, K, N; each [L0, L1]) for an m x k x n matmul
     under a tile candidate of ``budget_bytes``. The cube reads the left operand once per N tile
     and the right one once per M tile, so of the (M, N) sides within the budget's product bytes
-    (``product_tiles``) the one that re-reads the fewest bytes is taken, the fuller on a tie. A
+    (``fusion/cost.product_tiles``) the one that re-reads the fewest bytes is taken, the fuller on a tie. A
     1x1 convolution's weight was read once per 128 pixels: 13 times on nudenet's 64x64x1600; a
     128x256x400 matmul read 934 KB in 16.5 us with 128 x 128, 672 KB in 16.2 us with 128 x 256;
     ppocrv4_det's 192x192x1600 fp32 read 4.38 MB at 192 x 128 and 3.93 MB (the least any tile
@@ -120,8 +121,7 @@ def cube_tiles(m: int, k: int, n: int, itemsize: int, budget_bytes: int, bias: b
 
     def rereads(sides: tuple[int, int]) -> tuple[int, int]:
         m_side, n_side = side(m, sides[0]), side(n, sides[1])
-        extra = m * k * (-(-n // n_side) - 1) + k * n * (-(-m // m_side) - 1)
-        return extra, -m_side * n_side
+        return operand_rereads(m, k, n, m_side, n_side, itemsize, itemsize), -m_side * n_side
     product_bytes = min(max(budget_bytes * PRODUCT_BYTES_PER_BUDGET, MIN_PRODUCT_BYTES),
                         L0C_BYTES)
     n_cap = BIAS_TABLE_COLUMNS if bias else None
@@ -133,25 +133,6 @@ def cube_tiles(m: int, k: int, n: int, itemsize: int, budget_bytes: int, bias: b
                 L0_BYTES // (max(m_tile, n_tile) * itemsize))
     k_tile = side(k, max(CUBE_ALIGN, k_cap // CUBE_ALIGN * CUBE_ALIGN))
     return [m_tile, m_tile], [k_tile, k_tile], [n_tile, n_tile]
-
-
-def product_tiles(product_bytes: int, itemsize: int, n_cap: int | None = None,
-                  m: int | None = None) -> list[tuple[int, int]]:
-    """Each M side of whole fractals with the widest N side whose fp32 product tile holds in
-    ``product_bytes``, both within L0A and L0B (a side by the 16-element K side at the least);
-    with ``m``, only sides that divide it or cover it: ppocrv4_det's 384-filter Conv under M
-    tiles of 224 and 160 wrote its product once more than under two of 192 (docs/pypto-ops.md,
-    "MatMul")."""
-    widest = L0_BYTES // (CUBE_ALIGN * itemsize) // CUBE_ALIGN * CUBE_ALIGN
-    tiles = []
-    for m_side in range(CUBE_ALIGN, widest + 1, CUBE_ALIGN):
-        if m is not None and m % m_side and m_side < m:
-            continue  # M tiles of one size: a last, partial one staged the product through GM
-        n_side = min(widest, n_cap or widest,
-                     product_bytes // (4 * m_side) // CUBE_ALIGN * CUBE_ALIGN)
-        if n_side >= CUBE_ALIGN:
-            tiles.append((m_side, n_side))
-    return tiles
 
 
 def fitting_budgets(ub_plan_bytes: int, operands: int = CANDIDATE_OPERANDS) -> list[int]:
