@@ -819,8 +819,8 @@ def _run_job_once(folder: Path, job: dict, target: Target, timeout: float) -> di
     if code is None:
         return _timed_out(timeout)
     result_path = folder / "result.json"
-    if result_path.exists():
-        return json.loads(result_path.read_text())
+    if code == 0 and result_path.exists():  # a child killed or failed after writing its
+        return json.loads(result_path.read_text())  # answer is not trusted with it either
     return {"error": f"PyPTO worker crashed (exit code {code})", "transient": True}
 
 

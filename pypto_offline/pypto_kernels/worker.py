@@ -551,11 +551,22 @@ def _write_json(value: dict, path: Path) -> None:
     os.replace(staged, path)
 
 
+def die_on_interrupts() -> None:
+    """SIGINT and SIGTERM end this process at once, as the kernel's default action: never a
+    Python exception, which PyPTO's frontend may catch and turn into a compile error that the
+    cache would keep as the kernel's verdict (a job interrupted with ``kill -INT`` then fell
+    back in every later build). The build trusts only a child that exited 0
+    (``compiler._run_job_once``)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def _job_child(job_path: Path, server: Path, torch, libc, started: int, server_pid: int) -> None:
     """A forked job: a session of its own (the build kills its process group on a time-out),
     dead when the server dies (PDEATHSIG, and a sentinel for PyPTO's children), output in the
     job folder. Tells the server through ``started`` once its group exists."""
     os.setsid()
+    die_on_interrupts()
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != server_pid:  # the server died before the line above
         os._exit(1)
