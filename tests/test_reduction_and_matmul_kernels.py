@@ -178,10 +178,37 @@ def many_filters_conv_hardswish():
     return b.model(b.op("HardSwish", [conv]))
 
 
+def instance_norm_fp16():
+    """A CNN's InstanceNormalization in half precision (accumulated in fp32 inside), after a
+    residual add and before a ReLU."""
+    b = GraphBuilder()
+    half = onnx.TensorProto.FLOAT16
+    x, residual = b.input("x", [1, 16, 16, 16], half), b.input("r", [1, 16, 16, 16], half)
+    normalised = b.op("InstanceNormalization", [b.op("Add", [x, residual]),
+                                                b.const(_weights(16) + 1, np.float16),
+                                                b.const(_weights(16), np.float16)], epsilon=1e-5)
+    return b.model(b.op("Relu", [normalised]))
+
+
+def torch_group_norm():
+    """torch.nn.GroupNorm(4, 16) as the dynamo exporter writes it: the groups as rows of an
+    InstanceNormalization of unit scale, reshaped back, then the per-channel affine."""
+    b = GraphBuilder()
+    x = b.input("x", [1, 16, 8, 8])
+    grouped = b.op("Reshape", [b.op("Relu", [x])], shape=[1, 4, -1])
+    normalised = b.op("InstanceNormalization", [grouped, b.const(np.ones(4)),
+                                                b.const(np.zeros(4))], epsilon=1e-5)
+    back = b.op("Reshape", [normalised], shape=[1, 16, 8, 8])
+    scaled = b.op("Mul", [back, b.const(_weights(16, 1, 1) + 1)])
+    return b.model(b.op("Add", [scaled, b.const(_weights(16, 1, 1))]))
+
+
 PATTERNS = {build.__name__: build for build in (
     decomposed_layer_norm, layer_normalization_op, llama_rms_norm, attention_softmax,
     matmul_bias_gelu, matmul_bias_residual, gemm_gelu_tanh, pointwise_conv_hardswish,
-    attention_times_values, scaled_scores_with_mask)}
+    attention_times_values, scaled_scores_with_mask, instance_norm_fp16)}
+# Fused, but not into one kernel: the normalisation's rows hold groups, its affine channels
+SPLIT_PATTERNS = {build.__name__: build for build in (torch_group_norm,)}
 COMPARISON_PATTERNS = {build.__name__: build for build in (comparisons, one_hot)}
 # Kernels whose GM traffic is their lower bound (each input read once, each output written once)
 AT_LOWER_BOUND = {build.__name__: build for build in (attention_times_values, silu_then_concat,
@@ -195,7 +222,8 @@ AT_PLATFORM_BOUND = {build.__name__: build for build in (many_filters_conv_hards
 def built(tmp_path_factory):
     cache = tmp_path_factory.mktemp("kernel-cache")
     planned = {name: fuse(build()) for name, build in
-               {**PATTERNS, **COMPARISON_PATTERNS, **AT_LOWER_BOUND, **AT_PLATFORM_BOUND}.items()}
+               {**PATTERNS, **COMPARISON_PATTERNS, **AT_LOWER_BOUND, **AT_PLATFORM_BOUND,
+                **SPLIT_PATTERNS}.items()}
     kernels = {}
     for name, (graph, plan) in planned.items():
         kernels[name] = compile_kernels(graph, plan, TARGETS["kirin9050"], cache_dir=cache)
@@ -225,6 +253,22 @@ def test_comparisons_fuse_with_their_casts_and_match_onnxruntime(built, name):
     assert plan.totals.kernels_after == 1, plan.unfused
     (kernel,) = kernels[name]
     assert kernel.compiled and kernel.functional_ok, (kernel.fallback_reason, kernel.verdicts)
+    assert_compiled_matches(graph, plan)
+
+
+def test_a_torch_group_norm_is_a_normalisation_kernel_and_an_affine_one(built):
+    """The group rows [4, 256] normalise in one kernel (with the ReLU before them); the
+    per-channel scale and shift broadcast over a channel's 64 pixels, a part of a row, so they
+    run as a kernel of their own (fusion/rows.py)."""
+    planned, kernels = built
+    graph, plan = planned["torch_group_norm"]
+    assert plan.totals.kernels_after == 2, plan.unfused
+    ops = [sorted(op.op_type for op in region.simplified if op.op_type != "Reshape")
+           for region in plan.regions]
+    assert ["InstanceNormalization", "Relu"] in ops and ["Add", "Mul"] in ops, ops
+    for kernel in kernels["torch_group_norm"]:
+        assert kernel.compiled and kernel.functional_ok, (kernel.fallback_reason,
+                                                          kernel.verdicts)
     assert_compiled_matches(graph, plan)
 
 
@@ -286,3 +330,25 @@ def test_a_decomposed_layer_norm_is_at_least_three_times_faster_fused(built, tmp
     unfused = unfused_costs(graph, plan.regions, TARGETS["kirin9050"], cache_dir=tmp_path)
     (unfused_us,) = unfused.values()
     assert unfused_us >= 3 * kernel.tuned_tile.aicore_us, (unfused_us, kernel.tuned_tile)
+
+
+def _group_normalization(groups: int):
+    b = GraphBuilder(opset=21)
+    x = b.input("x", [1, 16, 8, 8])
+    model = b.model(b.op("GroupNormalization", [b.op("Relu", [x]), b.const(_weights(16) + 1),
+                                                b.const(_weights(16))], num_groups=groups))
+    # onnx's shape inference leaves the output of this function op untyped; an exporter types it
+    model.graph.output[0].CopyFrom(onnx.helper.make_tensor_value_info(
+        model.graph.output[0].name, onnx.TensorProto.FLOAT, [1, 16, 8, 8]))
+    return model
+
+
+def test_a_group_normalization_fuses_where_its_scale_is_per_row_and_says_why_not_elsewhere():
+    """Opset 21's scale and bias are per channel: with one channel a group they apply per row
+    and the op joins its neighbours; with groups of four channels a channel is a part of a row,
+    which no row layout holds, and the reason says so."""
+    graph, plan = fuse(_group_normalization(16))
+    assert plan.totals.kernels_after == 1, plan.unfused
+    graph, plan = fuse(_group_normalization(4))
+    (reason,) = [u.reason for u in plan.unfused if u.op_type == "GroupNormalization"]
+    assert "does not run as rows" in reason and "16 elements for 4 rows" in reason, reason

@@ -10,7 +10,8 @@ from __future__ import annotations
 import numpy as np
 
 from pypto_offline.fusion.records import BOUNDARY, CANNOT_EXPRESS
-from pypto_offline.fusion.rows import trailing_axes
+from pypto_offline.fusion.program import region_op
+from pypto_offline.fusion.rows import NotRows, reduced_rows, row_layout, trailing_axes
 from pypto_offline.importer import ImportedGraph, Node
 from pypto_offline.importer.ops import (POW_EXPONENTS, REDUCTION, VIEW_ONLY_OPS, data_inputs,
                                         in_scope, kind_of, op_def)
@@ -70,8 +71,14 @@ def _why_no_rows(node: Node, graph: ImportedGraph, target: Target) -> tuple[str,
     if not trailing_axes(axes, len(info.shape)):
         return CANNOT_EXPRESS, (f"{node.op_type} over axes {list(axes)}: only trailing axes "
                                 "reduce in rows")
-    row_bytes = int(np.prod(info.shape[axes[0]:])) * np.dtype(info.np_dtype).itemsize
+    op = region_op(node, {name: graph.tensors[name].shape for name in node.outputs})
+    row_bytes = reduced_rows(op, info.shape)[1] * np.dtype(info.np_dtype).itemsize
     if row_bytes * ROW_TILES_IN_UB > target.ub_plan_bytes.value:
         return CANNOT_EXPRESS, (f"{node.op_type} over rows of {row_bytes} bytes: "
                                 f"{ROW_TILES_IN_UB} whole rows do not fit {target.name}'s UB")
+    try:  # its parameters fit its rows (a batch of one image for per-row scales, ...)
+        row_layout([op], {name: graph.tensors[name].shape for name in op.inputs + op.outputs
+                          if name})
+    except NotRows as why:
+        return CANNOT_EXPRESS, f"{node.op_type} does not run as rows: {why}"
     return None

@@ -9,10 +9,9 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Iterable, Mapping
 
-from pypto_offline.fusion.classify import VIEW_ONLY_OPS
 from pypto_offline.fusion.records import RegionOp
 from pypto_offline.importer import ImportedGraph, Node
-from pypto_offline.importer.ops import data_inputs
+from pypto_offline.importer.ops import VIEW_ONLY_OPS, data_inputs
 
 
 @dataclass

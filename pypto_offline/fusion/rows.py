@@ -28,8 +28,8 @@ from types import MappingProxyType
 from typing import Mapping, Sequence
 
 from pypto_offline.fusion.records import RegionOp
-from pypto_offline.importer.ops import (BROADCAST, ELEMENTWISE, REDUCTION, ROW_RESULT_OPS, VIEW,
-                                        kind_of)
+from pypto_offline.importer.ops import (BROADCAST, ELEMENTWISE, PER_ROW_PARAMETER_OPS, REDUCTION,
+                                        ROW_RESULT_OPS, VIEW, kind_of)
 
 FULL, ROW, COLUMN, SCALAR = "full", "row", "column", "scalar"
 
@@ -58,6 +58,14 @@ def has_reduction(ops: Sequence[RegionOp]) -> bool:
 def trailing_axes(axes: Sequence[int], rank: int) -> bool:
     """Whether ``axes`` are the last ``len(axes)`` axes of a tensor of this rank."""
     return len(axes) > 0 and tuple(axes) == tuple(range(rank - len(axes), rank))
+
+
+def reduced_rows(op: RegionOp, shape: Sequence[int]) -> tuple[int, int]:
+    """The rows and columns a reduction of a tensor of ``shape`` reduces: the kept axes by the
+    reduced (trailing) ones; a GroupNormalization's channels split into its groups, each group
+    of an image one row."""
+    start, groups = op.params["axes"][0], op.params.get("groups", 1)
+    return prod(shape[:start]) * groups, prod(shape[start:]) // groups
 
 
 def row_layout(ops: Sequence[RegionOp], shapes: Mapping[str, Sequence[int]]) -> RowLayout:
@@ -102,7 +110,7 @@ def _rows_and_columns(ops, shapes) -> tuple[int, int]:
             axes = op.params["axes"]
             if not trailing_axes(axes, len(shape)):
                 raise NotRows(f"{op.op_type} reduces axes {list(axes)}, not trailing ones")
-            found.add((prod(shape[:axes[0]]), prod(shape[axes[0]:])))
+            found.add(reduced_rows(op, shape))
     if len(found) != 1:
         raise NotRows("no reduction" if not found else
                       f"reductions over different rows {sorted(found)}")
@@ -134,12 +142,17 @@ def _assign(op: RegionOp, shapes, rows: int, columns: int, kinds: dict) -> None:
 
 def _reduction(op: RegionOp, shapes, rows: int, columns: int, kinds: dict) -> None:
     _set(kinds, op.inputs[0], FULL, op)
-    for parameter in op.inputs[1:]:  # LayerNormalization's scale and bias, over the columns
+    # LayerNormalization's scale and bias apply over the columns; an instance's or a group's
+    # per row (one image's channels or groups: a batch of several repeats them, which no row
+    # holds, nor does a per-channel scale of groups of several channels)
+    per_row = op.op_type in PER_ROW_PARAMETER_OPS
+    for parameter in op.inputs[1:]:
         if parameter:
             size = prod(shapes[parameter])
-            _set(kinds, parameter, SCALAR if size == 1 else COLUMN, op)
-            if size not in (1, columns):
-                raise NotRows(f"{op.op_type} parameter {parameter!r} of {size} elements")
+            _set(kinds, parameter, SCALAR if size == 1 else ROW if per_row else COLUMN, op)
+            if size not in (1, rows if per_row else columns):
+                raise NotRows(f"{op.op_type} parameter {parameter!r} of {size} elements "
+                              f"for {rows} rows of {columns}")
     out_kind = ROW if op.op_type in ROW_RESULT_OPS else FULL
     _set(kinds, op.outputs[0], out_kind, op)
 

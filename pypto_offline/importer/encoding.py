@@ -129,6 +129,15 @@ def _layer_normalization(p, inputs, opset, const):
     return inputs, {"axis": p["axes"][0], "epsilon": p["epsilon"], "stash_type": p["stash_type"]}
 
 
+def _instance_normalization(p, inputs, opset, const):
+    return inputs, {"epsilon": p["epsilon"]}
+
+
+def _group_normalization(p, inputs, opset, const):
+    stash = {"stash_type": p["stash_type"]} if opset >= 21 else {}
+    return inputs, {"epsilon": p["epsilon"], "num_groups": p["groups"], **stash}
+
+
 def _no_attributes(p, inputs, opset, const):
     """Ops whose canonical parameters are implied by the op (global pooling's axes)."""
     return inputs, {}
@@ -143,5 +152,6 @@ _ENCODERS = {
     "Slice": _slice, "Pad": _pad, "Tile": _tile, "Expand": _expand, "Split": _split,
     "Squeeze": _axes, "Unsqueeze": _axes, "Reshape": _reshape, "Gather": _gather, "Clip": _clip,
     "Pow": _pow, "Softmax": _softmax, "LogSoftmax": _softmax, "LayerNormalization": _layer_normalization,
+    "InstanceNormalization": _instance_normalization, "GroupNormalization": _group_normalization,
     **{op: _reduce(op) for op in REDUCE_OPS}, **{op: _no_attributes for op in GLOBAL_POOL_OPS},
 }

@@ -50,6 +50,8 @@ def _defs(kind: str, names: str, lowered: str = "", **fields) -> dict[str, OpDef
 
 _REDUCE = "ReduceSum ReduceMean ReduceMax ReduceMin ReduceSumSquare ReduceL2"
 _GLOBAL_POOLS = "GlobalAveragePool GlobalMaxPool"
+_NORMALISATIONS = ("Softmax LogSoftmax LayerNormalization InstanceNormalization "
+                   "GroupNormalization")
 OPS: MappingProxyType = MappingProxyType({
     **_defs(VIEW, "Reshape Squeeze Unsqueeze Flatten", "Reshape Squeeze Unsqueeze Flatten",
             data_inputs=1),
@@ -73,10 +75,9 @@ OPS: MappingProxyType = MappingProxyType({
     # Pow by a constant exponent, a parameter: one data input
     **_defs(ELEMENTWISE, "Pow", "Pow", data_inputs=1),
     # Reductions over trailing axes (their canonical form makes the axes explicit); Softmax,
-    # LogSoftmax and LayerNormalization are reductions with elementwise work around them.
+    # LogSoftmax and the normalisations are reductions with elementwise work around them.
     **_defs(REDUCTION, _REDUCE, _REDUCE, data_inputs=1),
-    **_defs(REDUCTION, "Softmax LogSoftmax LayerNormalization",
-            "Softmax LogSoftmax LayerNormalization"),
+    **_defs(REDUCTION, _NORMALISATIONS, _NORMALISATIONS),
     # Global pooling is a reduction over the spatial axes (a squeeze-and-excite's mean)
     **_defs(REDUCTION, _GLOBAL_POOLS, _GLOBAL_POOLS),
     # Matrices (equal batch axes, or a 2-D right operand) and 1x1 convolutions (the weights
@@ -133,6 +134,9 @@ REDUCE_OPS = frozenset(_REDUCE.split())  # the Reduce* ops: axes and keepdims
 GLOBAL_POOL_OPS = frozenset(_GLOBAL_POOLS.split())  # over every axis after N and C, kept
 # Reductions whose result keeps one element per row (the others normalise the rows)
 ROW_RESULT_OPS = REDUCE_OPS | GLOBAL_POOL_OPS
+# Normalisations whose scale and bias apply per row (a channel's, or a group's, of one image)
+# rather than per column (LayerNormalization's)
+PER_ROW_PARAMETER_OPS = frozenset({"InstanceNormalization", "GroupNormalization"})
 # The constant exponents of Pow the kernel generator writes as PyPTO ops (codegen._pow).
 POW_EXPONENTS = frozenset({1.0, 2.0, 3.0, 0.5, -0.5, -1.0})
 BROADCASTING_OPS = names(BROADCAST)

@@ -1062,7 +1062,9 @@ def _softmax(w: _Writer, op: RegionOp) -> None:
 
 def _layer_normalization(w: _Writer, op: RegionOp) -> None:
     """(x - mean) * rsqrt(var + eps) * scale + bias, the variance as the mean square of the
-    centred rows (5.25 us on 512x128 fp32 against 30.1 us for its 9 ONNX ops as kernels)."""
+    centred rows (5.25 us on 512x128 fp32 against 30.1 us for its 9 ONNX ops as kernels). An
+    instance's or a group's rows are the same, with a scale and bias per row
+    (``fusion/rows.py``)."""
     dtype = _compute_dtype(w, op, op.params["stash_type"] == 1)
     x, scale = (_row_input(w, name, dtype) for name in op.inputs[:2])
     w.tile((w.rows.rows, w.rows.columns), dtype)
@@ -1282,6 +1284,7 @@ _LOWERINGS: dict[str, Callable[[_Writer, RegionOp], None]] = {
     "Roll": _roll, "Pow": _pow, "Erf": _erf, "Tanh": _tanh, "HardSigmoid": _hard_sigmoid,
     "HardSwish": _hard_sigmoid, "MatMul": _matmul, "Gemm": _matmul, "Conv": _pointwise_conv,
     "Softmax": _softmax, "LogSoftmax": _softmax, **{op: _compare for op in COMPARISONS},
-    "LayerNormalization": _layer_normalization, "DepthToSpace": _depth_to_space,
+    "LayerNormalization": _layer_normalization, "InstanceNormalization": _layer_normalization,
+    "GroupNormalization": _layer_normalization, "DepthToSpace": _depth_to_space,
     "SpaceToDepth": _depth_to_space, **{op: _reduce for op in REDUCTIONS},
 }
