@@ -3,8 +3,9 @@
     graph = import_model("model.onnx", input_shapes={"x": [1, 3, 224, 224]})
 
 Steps, each in its own module: load (external data kept inside the model's folder) → structural
-checks and onnx's checker → fix input shapes → fold with onnxscript's optimizer → shapes checked and
-completed by running the graph (``shape_probe``) → normalise in-scope ops → records.
+checks and onnx's checker → fix input shapes → fold with onnxscript's optimizer → BatchNorms into
+the weights before them (``batchnorm``) → shapes checked and completed by running the graph
+(``shape_probe``) → normalise in-scope ops → records.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import numpy as np
 import onnx
 
 from pypto_offline.errors import ModelError
-from pypto_offline.importer import folding, shape_probe
+from pypto_offline.importer import batchnorm, folding, shape_probe
 from pypto_offline.importer.graph import ImportedGraph, ImportStats, Node, TensorInfo
 from pypto_offline.importer.input_shapes import (check_dims, check_given_inputs, fix_input_shapes,
                                                  graph_inputs)
@@ -96,7 +97,7 @@ def _fold_to_fixed_point(model: onnx.ModelProto, given: Mapping[str, np.ndarray]
     weights = {t.name for t in model.graph.initializer}
     weights |= {n.output[0] for n in model.graph.node if n.op_type == "Constant" and n.output}
     shape_probe.check_memory(model, label, weights)
-    model = folding.fold(model)
+    model = batchnorm.fold_batch_norms(folding.fold(model))
     try:
         shape_probe.check_memory(model, label, weights)
         probed = shape_probe.probe(model, given)

@@ -331,6 +331,16 @@ def _clip(ctx: NodeContext) -> dict[str, Any]:
     return {"min": _scalar(ctx.const(1)), "max": _scalar(ctx.const(2))}
 
 
+@normaliser("BatchNormalization")
+def _batch_normalization(ctx: NodeContext) -> dict[str, Any]:
+    """The importer folds every inference BatchNormalization with constant parameters into the
+    weights before it or writes it as Mul and Add (``importer/batchnorm.py``): one left here
+    cannot be either."""
+    raise NotCanonical("a BatchNormalization in training mode, with parameters computed at run "
+                       "time or an input of unknown rank, is neither folded into the weights "
+                       "before it nor written as a per-channel Mul and Add")
+
+
 @normaliser("Pow")
 def _pow(ctx: NodeContext) -> dict[str, Any]:
     """A constant scalar exponent becomes a parameter (the kernel writes x*x for 2, a square
@@ -513,7 +523,7 @@ def _schema_attributes_of_static_tensors(ctx: NodeContext) -> dict[str, Any]:
     return schema_attributes(ctx)
 
 
-for _op in ELEMENTWISE_OPS - {"Clip", "Pow"}:
+for _op in ELEMENTWISE_OPS - set(NORMALISERS):  # those without a normaliser of their own
     NORMALISERS[_op] = _schema_attributes_of_static_tensors
 # Their attributes are their whole parameter set (SpaceToDepth gained `mode` at opset 28, so a
 # hand-written list would silently drop it).

@@ -72,6 +72,9 @@ OPS: MappingProxyType = MappingProxyType({
             "Add Sub Mul Div Mod Max Min Sum Mean Equal Less Greater LessOrEqual "
             "GreaterOrEqual And Or Xor PRelu BitShift Where",
             "Add Sub Mul Div Max Min Where Equal Less Greater LessOrEqual GreaterOrEqual"),
+    # At inference a per-channel scale and shift: the importer folds it into the weights before
+    # it or writes it as Mul and Add (importer/batchnorm.py); one left is not canonical
+    **_defs(ELEMENTWISE, "BatchNormalization", data_inputs=1),
     # Pow by a constant exponent, a parameter: one data input
     **_defs(ELEMENTWISE, "Pow", "Pow", data_inputs=1),
     # Reductions over trailing axes (their canonical form makes the axes explicit); Softmax,

@@ -3,9 +3,8 @@
     feeds = generate_inputs(model, seed=0)
     result = compare(original, compiled, feeds)
 
-Inputs are seeded and respect each input's dtype and valid range: an integer that indexes a Gather
-stays within the indexed axis (token ids within the vocabulary), a length equals its axis, a mask
-is ones. Tolerances are per dtype; integers and booleans must match exactly. Knows nothing of
+Inputs are seeded and respect each input's dtype and valid range (``runtime.generate_inputs``,
+which the importer's own checks use too). Tolerances are per dtype; integers and booleans must match exactly. Knows nothing of
 kernels or blobs. ``load_inputs`` reads real inputs from an .npz, sizes checked before any byte is
 decompressed.
 """
@@ -23,12 +22,7 @@ import onnx
 from pypto_offline.errors import ModelError, UsageError
 from pypto_offline.importer.input_shapes import human_bytes
 from pypto_offline.importer.shape_probe import MAX_PROBE_BYTES
-from pypto_offline.runtime import TOLERANCE, CannotRun, abs_diff, run_model
-
-# Ops an index tensor passes through unchanged on its way to a Gather.
-INDEX_PASS_THROUGH = frozenset({"Cast", "Unsqueeze", "Squeeze", "Reshape", "Flatten", "Identity",
-                                "Expand"})
-
+from pypto_offline.runtime import TOLERANCE, CannotRun, abs_diff, generate_inputs, run_model
 
 @dataclass(frozen=True)
 class OutputCheck:
@@ -82,73 +76,6 @@ def _check(name: str, expected, actual) -> OutputCheck:
     scale = np.maximum(np.abs(np.asarray(expected, dtype=np.float64)), 1e-12)
     max_rel = float(np.nan_to_num(diff / scale, nan=np.inf).max()) if diff.size else 0.0
     return OutputCheck(name, dtype, max_abs, max_rel, tolerance, max_abs <= tolerance)
-
-
-def generate_inputs(model: onnx.ModelProto, seed: int = 0,
-                    given: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
-    """Seeded inputs for every graph input with a static shape; ``given`` ones are kept."""
-    rng = np.random.default_rng(seed)
-    initialized = {t.name for t in model.graph.initializer}
-    feeds = dict(given or {})
-    for value in model.graph.input:
-        if value.name in initialized or value.name in feeds:
-            continue
-        tensor_type = value.type.tensor_type
-        shape = [d.dim_value for d in tensor_type.shape.dim]
-        dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor_type.elem_type))
-        feeds[value.name] = _one_input(model, value.name, shape, dtype, rng)
-    return feeds
-
-
-def _one_input(model, name, shape, dtype, rng) -> np.ndarray:
-    if dtype == np.bool_:
-        return rng.integers(0, 2, size=shape).astype(bool)
-    if np.issubdtype(dtype, np.floating):
-        return rng.uniform(-1.0, 1.0, size=shape).astype(dtype)
-    lowered = name.lower()
-    if "mask" in lowered:
-        return np.ones(shape, dtype=dtype)
-    if "len" in lowered:
-        return np.full(shape, _longest_axis(model), dtype=dtype)
-    bound = _gather_bound(model, name)
-    return rng.integers(0, bound if bound else 2, size=shape).astype(dtype)
-
-
-def _longest_axis(model: onnx.ModelProto) -> int:
-    """A length input is valid when it equals the longest axis of the float inputs."""
-    sizes = [d.dim_value for v in model.graph.input
-             if v.type.tensor_type.elem_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16)
-             for d in v.type.tensor_type.shape.dim]
-    return max(sizes, default=1)
-
-
-def _gather_bound(model: onnx.ModelProto, name: str) -> int | None:
-    """Size of the axis a Gather indexes with this input (through casts and reshapes)."""
-    shapes = _static_shapes(model)
-    frontier, seen = [name], set()
-    while frontier:
-        current = frontier.pop()
-        seen.add(current)
-        for node in model.graph.node:
-            if current not in node.input:
-                continue
-            if node.op_type == "Gather" and list(node.input).index(current) == 1:
-                axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
-                data_shape = shapes.get(node.input[0])
-                if data_shape:
-                    return data_shape[axis]
-            if node.op_type in INDEX_PASS_THROUGH:
-                frontier.extend(o for o in node.output if o not in seen)
-    return None
-
-
-def _static_shapes(model: onnx.ModelProto) -> dict[str, list[int]]:
-    shapes = {t.name: list(t.dims) for t in model.graph.initializer}
-    for value in list(model.graph.input) + list(model.graph.value_info):
-        dims = value.type.tensor_type.shape.dim
-        if all(d.HasField("dim_value") for d in dims):
-            shapes[value.name] = [d.dim_value for d in dims]
-    return shapes
 
 
 NPZ_FIX = "give an .npz made with numpy.savez, one array per input name"
