@@ -11,12 +11,11 @@ from bench.backend_cases import in_scope_cases
 
 CASES = in_scope_cases()
 # Forms the importer leaves as boundaries on purpose (importer/canonical.py), and the reason it
-# gives: a kernel writes no Mean/InvStdDev, takes Pow's exponent as one constant, a
+# gives: a kernel writes no Mean/InvStdDev, a
 # reduction without axes that is an identity is not one, a MatMul takes matrices with the
 # same batch axes, a Gemm no alpha, beta, transA or full C, and a Conv is a kernel's only when
 # it is a 1x1 one.
 BOUNDARY_FORMS = {"LayerNormalization": "Mean or InvStdDev output is used",
-                  "Pow": "the exponent is not one constant",
                   "ReduceSum": "noop_with_empty_axes",
                   "MatMul": "a MatMul of matrices with equal batch axes",
                   "Gemm": "a Gemm A @ B(^T) + C with a per-column C",

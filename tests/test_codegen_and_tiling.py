@@ -292,7 +292,7 @@ def test_the_biggest_distinct_work_is_compiled_first_and_repeats_last():
     graph, plan = fuse(b.model(bigger))
     assert [len(r.simplified) for r in plan.regions] == [2, 2, 2]
     by_id = {r.id: i for i, r in enumerate(plan.regions)}
-    order = compile_order(plan.regions, graph.constant_values())
+    order = compile_order(plan.regions, [graph.constant_values()] * len(plan.regions))
     assert sorted(order) == [0, 1, 2]  # every region once
     biggest = max(plan.regions, key=lambda r: max(s[0][1] for s in r.tensor_types.values()))
     assert order[0] == by_id[biggest.id]

@@ -24,8 +24,8 @@ from pypto_offline.importer import ImportedGraph, Node
 from pypto_offline.importer.ops import in_scope
 from pypto_offline.targets import Target
 
-__all__ = ["Cost", "FusionPlan", "Region", "RegionOp", "Totals", "Unfused", "plan_fusion",
-           "without_regions"]
+__all__ = ["Cost", "FusionPlan", "Region", "RegionOp", "Totals", "Unfused", "make_region",
+           "plan_fusion", "without_regions"]
 
 
 def plan_fusion(graph: ImportedGraph, target: Target,
@@ -39,7 +39,8 @@ def plan_fusion(graph: ImportedGraph, target: Target,
     regions: list[Region] = []
     refused: dict[str, tuple[str, str]] = {}
     for members in partition(graph, fusable, target):
-        region = _region(f"region_{len(regions)}", [nodes[m] for m in members], graph, target)
+        region = make_region(f"region_{len(regions)}", [nodes[m] for m in members], graph,
+                             target)
         why = _why_it_does_not_pay(region)
         if why is None:
             regions.append(region)
@@ -67,8 +68,11 @@ def _plan(graph, target, regions, verdicts, refused) -> FusionPlan:
                       _totals(graph, regions, model, target), model)
 
 
-def _region(region_id: str, members: list[Node], graph: ImportedGraph, target: Target
-            ) -> Region:
+def make_region(region_id: str, members: list[Node], graph: ImportedGraph, target: Target
+                ) -> Region:
+    """The region of these nodes (in graph order), as the partition makes it: its boundary,
+    program, rewrites and cost figures. Tests use it for a region of one op, which the
+    partition never makes (it saves nothing)."""
     inputs, outputs = _boundary_tensors(members, graph)
     program = build_program(graph, members, inputs, outputs)
     original = tuple(program.ops)

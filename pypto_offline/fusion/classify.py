@@ -7,17 +7,35 @@ kernel generator cannot express, a rank too high) stays out with that reason.
 """
 from __future__ import annotations
 
+from types import MappingProxyType
+
 import numpy as np
+import onnx
 
 from pypto_offline.fusion.records import BOUNDARY, CANNOT_EXPRESS
 from pypto_offline.fusion.program import region_op
 from pypto_offline.fusion.rows import NotRows, reduced_rows, row_layout, trailing_axes
 from pypto_offline.importer import ImportedGraph, Node
-from pypto_offline.importer.ops import (POW_EXPONENTS, REDUCTION, VIEW_ONLY_OPS, data_inputs,
+from pypto_offline.importer.ops import (REDUCTION, VIEW_ONLY_OPS, data_inputs,
                                         in_scope, kind_of, op_def)
 from pypto_offline.targets import Target
 
 __all__ = ["VIEW_ONLY_OPS", "node_id", "node_tensors", "why_not_fusable"]
+
+
+# No target's kernels take int64 (targets/): a kernel holds an int64 tensor as int32, narrowed
+# on its way in and widened on its way out at the kernel's boundary, as ATC narrows a model's
+# int64 inputs (attention masks, lengths, token ids). A constant beyond int32 keeps its op out.
+KERNEL_DTYPES = MappingProxyType({onnx.TensorProto.INT64: onnx.TensorProto.INT32})
+INT32_RANGE = (-(2**31), 2**31 - 1)
+HALF_DTYPES = frozenset({onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16})
+FLOAT_DTYPES = HALF_DTYPES | {onnx.TensorProto.FLOAT}
+BYTE_INTEGERS = frozenset({onnx.TensorProto.INT8, onnx.TensorProto.UINT8})
+
+
+def kernel_dtype(elem_type: int) -> int:
+    """The element type a kernel holds a tensor of the model's ``elem_type`` in."""
+    return KERNEL_DTYPES.get(elem_type, elem_type)
 
 
 def node_id(node: Node) -> str:
@@ -39,7 +57,8 @@ def why_not_fusable(node: Node, graph: ImportedGraph, target: Target) -> tuple[s
         return BOUNDARY, node.why_not_canonical or "not in canonical form"
     kernels = target.kernels
     if not op_def(node.op_type).lowers:
-        return CANNOT_EXPRESS, f"the kernel generator ({kernels.source}) has no {node.op_type}"
+        return CANNOT_EXPRESS, (op_def(node.op_type).why_not or
+                                f"the kernel generator ({kernels.source}) has no {node.op_type}")
     if node.op_type == "Pad" and node.params["mode"] not in kernels.pad_modes:
         return CANNOT_EXPRESS, f"Pad mode {node.params['mode']!r} is not expressible"
     if node.op_type == "Slice" and any(step < 0 for step in node.params["steps"]):
@@ -48,16 +67,31 @@ def why_not_fusable(node: Node, graph: ImportedGraph, target: Target) -> tuple[s
         info = graph.tensors.get(name)
         if info is None or info.shape is None:
             return BOUNDARY, f"tensor {name!r} has no static shape"
-        dtype = np.dtype(info.np_dtype).name
+        dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(kernel_dtype(info.dtype))).name
         if dtype not in target.dtypes.value:
-            return CANNOT_EXPRESS, f"{target.name} kernels take no {dtype} ({name!r})"
+            return CANNOT_EXPRESS, f"{target.name} kernels take no {info.np_dtype.name} ({name!r})"
+        if info.dtype in KERNEL_DTYPES and name in graph.constants \
+                and not _fits_int32(graph, name):
+            return CANNOT_EXPRESS, (f"int64 constant {name!r} holds values beyond int32, which "
+                                    "kernels hold int64 tensors in")
         if len(info.shape) > kernels.max_rank:
             return CANNOT_EXPRESS, f"rank {len(info.shape)} of {name!r} exceeds {kernels.max_rank}"
-    if node.op_type == "Pow" and node.params["exponent"] not in POW_EXPONENTS:
-        return CANNOT_EXPRESS, f"Pow by {node.params['exponent']} has no lowering"
+    first = node.inputs[0]  # the others have its type, but for Pow's exponent (cast to it)
+    if node.op_type == "Clip" and graph.tensors[first].dtype in BYTE_INTEGERS:
+        return CANNOT_EXPRESS, ("an integer Clip needs tiles of its bounds, and PyPTO 0.2.0 "
+                                "fills no 8-bit integer tile (GenDupOp)")
+    if op_def(node.op_type).floats_only and graph.tensors[first].dtype not in FLOAT_DTYPES:
+        return CANNOT_EXPRESS, (f"{node.op_type} of {graph.tensors[first].np_dtype.name} "
+                                f"({first!r}): its lowering computes in floating point")
     if kind_of(node.op_type) == REDUCTION:
         return _why_no_rows(node, graph, target)
     return None
+
+
+def _fits_int32(graph: ImportedGraph, name: str) -> bool:
+    value = next(onnx.numpy_helper.to_array(t) for t in graph.model.graph.initializer
+                 if t.name == name)
+    return value.size == 0 or INT32_RANGE[0] <= value.min() and value.max() <= INT32_RANGE[1]
 
 
 # Tiles of whole rows a reduction's kernel keeps in UB at once (its input, the row results and

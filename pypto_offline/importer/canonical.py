@@ -341,17 +341,6 @@ def _batch_normalization(ctx: NodeContext) -> dict[str, Any]:
                        "before it nor written as a per-channel Mul and Add")
 
 
-@normaliser("Pow")
-def _pow(ctx: NodeContext) -> dict[str, Any]:
-    """A constant scalar exponent becomes a parameter (the kernel writes x*x for 2, a square
-    root for 0.5); a tensor or run-time exponent keeps the op a boundary."""
-    ctx.in_shape()
-    exponent = ctx.const(1)
-    if exponent is None or np.asarray(exponent).size != 1:
-        raise NotCanonical("the exponent is not one constant")
-    return {"exponent": float(_scalar(exponent))}
-
-
 # ---------------------------------------------------------------- reductions
 
 

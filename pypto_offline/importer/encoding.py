@@ -114,10 +114,6 @@ def _reduce(op_type):
     return encoder
 
 
-def _pow(p, inputs, opset, const):
-    return inputs + [const.scalar("exponent", p["exponent"])], {}
-
-
 def _softmax(p, inputs, opset, const):
     """Canonical axes are trailing (before opset 13, every axis from ``axis`` on)."""
     if opset >= 13 and len(p["axes"]) != 1:
@@ -151,7 +147,7 @@ def _attributes_only(p, inputs, opset, const):
 _ENCODERS = {
     "Slice": _slice, "Pad": _pad, "Tile": _tile, "Expand": _expand, "Split": _split,
     "Squeeze": _axes, "Unsqueeze": _axes, "Reshape": _reshape, "Gather": _gather, "Clip": _clip,
-    "Pow": _pow, "Softmax": _softmax, "LogSoftmax": _softmax, "LayerNormalization": _layer_normalization,
+    "Softmax": _softmax, "LogSoftmax": _softmax, "LayerNormalization": _layer_normalization,
     "InstanceNormalization": _instance_normalization, "GroupNormalization": _group_normalization,
     **{op: _reduce(op) for op in REDUCE_OPS}, **{op: _no_attributes for op in GLOBAL_POOL_OPS},
 }

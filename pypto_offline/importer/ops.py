@@ -35,6 +35,8 @@ class OpDef:
     data_inputs: int | None = None
     lowers: bool = False        # the kernel generator writes PyPTO for it
     reorders: bool = False      # walks its output in another axis order than its input
+    floats_only: bool = False   # its lowering computes in floating point (fp32, fp16, bf16)
+    why_not: str = ""           # why it has no lowering, where that is known
 
     @property
     def pointwise(self) -> bool:
@@ -43,6 +45,7 @@ class OpDef:
 
 
 def _defs(kind: str, names: str, lowered: str = "", **fields) -> dict[str, OpDef]:
+    """OpDefs of one kind and the same ``fields``; those in ``lowered`` lower."""
     lowered_names = set(lowered.split())
     return {name: OpDef(name, kind, lowers=name in lowered_names, **fields)
             for name in names.split()}
@@ -50,6 +53,9 @@ def _defs(kind: str, names: str, lowered: str = "", **fields) -> dict[str, OpDef
 
 _REDUCE = "ReduceSum ReduceMean ReduceMax ReduceMin ReduceSumSquare ReduceL2"
 _GLOBAL_POOLS = "GlobalAveragePool GlobalMaxPool"
+_FLOAT_MATH = ("Tanh Erf Floor Ceil Round Sign Sin Cos Tan Asin Acos Atan Sinh Cosh Asinh Acosh "
+               "Atanh LeakyRelu Elu Selu Celu HardSigmoid HardSwish Softplus Softsign Gelu Mish "
+               "ThresholdedRelu Shrink Swish")
 _NORMALISATIONS = ("Softmax LogSoftmax LayerNormalization InstanceNormalization "
                    "GroupNormalization")
 OPS: MappingProxyType = MappingProxyType({
@@ -63,20 +69,27 @@ OPS: MappingProxyType = MappingProxyType({
             reorders=True),
     **_defs(ELEMENTWISE, "Cast", "Cast"),
     **_defs(ELEMENTWISE, "Clip", "Clip", data_inputs=1),
-    **_defs(ELEMENTWISE,
-            "Abs Neg Relu Sigmoid Exp Log Sqrt Reciprocal Tanh Erf Floor Ceil Round Sign Sin Cos "
-            "Not IsNaN IsInf LeakyRelu Elu Selu Celu HardSigmoid HardSwish Softplus Softsign Gelu "
-            "Mish ThresholdedRelu Shrink Swish",
-            "Abs Neg Relu Sigmoid Exp Log Sqrt Reciprocal Erf Tanh HardSigmoid HardSwish"),
-    **_defs(BROADCAST,
-            "Add Sub Mul Div Mod Max Min Sum Mean Equal Less Greater LessOrEqual "
-            "GreaterOrEqual And Or Xor PRelu BitShift Where",
-            "Add Sub Mul Div Max Min Where Equal Less Greater LessOrEqual GreaterOrEqual"),
+    # PyPTO's abs and neg take integers too; logical_not takes bools
+    **_defs(ELEMENTWISE, "Abs Neg Not", "Abs Neg Not"),
+    # Float math: PyPTO calls, or compositions of them (pypto_kernels/activations.py)
+    **_defs(ELEMENTWISE, "Relu Sigmoid Exp Log Sqrt Reciprocal IsNaN IsInf " + _FLOAT_MATH,
+            "Relu Sigmoid Exp Log Sqrt Reciprocal IsNaN IsInf " + _FLOAT_MATH, floats_only=True),
+    **_defs(BROADCAST, "Add Sub Mul Max Min Sum Mean Where Equal Less Greater LessOrEqual "
+                       "GreaterOrEqual And Or Xor",
+            "Add Sub Mul Max Min Sum Mean Where Equal Less Greater LessOrEqual GreaterOrEqual "
+            "And Or Xor"),
+    # PyPTO 0.2.0's div does not compile for integers (DIVOpError); Pow's exponent is a data
+    # input like the base (a constant scalar one is written as multiplications where it can)
+    **_defs(BROADCAST, "Div PRelu Pow", "Div PRelu Pow", floats_only=True),
+    **_defs(BROADCAST, "Mod", why_not="PyPTO 0.2.0's fmod and remainder do not compile (F92001, "
+                                      "nor its integer div: DIVOpError), and a - trunc(a / b) * b "
+                                      "in floating point is not exact"),
+    **_defs(BROADCAST, "BitShift", why_not="PyPTO 0.2.0's bitwise shifts do not compile for any "
+                                           "integer type (F92001, 'Inputs datatype not "
+                                           "supported')"),
     # At inference a per-channel scale and shift: the importer folds it into the weights before
     # it or writes it as Mul and Add (importer/batchnorm.py); one left is not canonical
     **_defs(ELEMENTWISE, "BatchNormalization", data_inputs=1),
-    # Pow by a constant exponent, a parameter: one data input
-    **_defs(ELEMENTWISE, "Pow", "Pow", data_inputs=1),
     # Reductions over trailing axes (their canonical form makes the axes explicit); Softmax,
     # LogSoftmax and the normalisations are reductions with elementwise work around them.
     **_defs(REDUCTION, _REDUCE, _REDUCE, data_inputs=1),
@@ -140,7 +153,5 @@ ROW_RESULT_OPS = REDUCE_OPS | GLOBAL_POOL_OPS
 # Normalisations whose scale and bias apply per row (a channel's, or a group's, of one image)
 # rather than per column (LayerNormalization's)
 PER_ROW_PARAMETER_OPS = frozenset({"InstanceNormalization", "GroupNormalization"})
-# The constant exponents of Pow the kernel generator writes as PyPTO ops (codegen._pow).
-POW_EXPONENTS = frozenset({1.0, 2.0, 3.0, 0.5, -0.5, -1.0})
 BROADCASTING_OPS = names(BROADCAST)
 POINTWISE_OPS = frozenset(name for name, d in OPS.items() if d.pointwise)

@@ -18,17 +18,20 @@ A pattern outside these limits raises ``CannotExpress`` and the region falls bac
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, partial
 from math import prod
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
 import onnx
 
+from pypto_offline.fusion.classify import BYTE_INTEGERS, FLOAT_DTYPES, HALF_DTYPES, kernel_dtype
 from pypto_offline.fusion.records import Region, RegionOp
 from pypto_offline.fusion.rows import (NotRows, RowLayout, conv_rows, has_reduction,
                                        row_layout)
 from pypto_offline.importer.ops import POINTWISE_OPS, VIEW_ONLY_OPS, matmul_extents
+from pypto_offline.pypto_kernels import activations
+from pypto_offline.pypto_kernels.activations import literal as float_literal
 from pypto_offline.pypto_kernels.folding import fold_broadcast, fold_transpose, right_aligned
 from pypto_offline.pypto_kernels.tiling import BLOCK_BYTES, TilePolicy, cube_tiles
 
@@ -39,13 +42,15 @@ PYPTO_DTYPES = {
     onnx.TensorProto.UINT8: "pypto.DT_UINT8", onnx.TensorProto.INT16: "pypto.DT_INT16",
     onnx.TensorProto.BOOL: "pypto.DT_BOOL",
 }
-HALF_DTYPES = frozenset({onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16})
-FLOAT_DTYPES = HALF_DTYPES | {onnx.TensorProto.FLOAT}
 UNARY = {"Relu": "relu", "Sigmoid": "sigmoid", "Exp": "exp", "Neg": "neg", "Abs": "abs",
-         "Sqrt": "sqrt", "Log": "log"}
+         "Sqrt": "sqrt", "Log": "log", "Not": "logical_not"}
+# Xor of bools is their inequality; PyPTO's bitwise ops do not compile (docs/pypto-ops.md)
 BINARY = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "Max": "maximum",
-          "Min": "minimum"}
-COMMUTATIVE = frozenset({"Add", "Mul", "Max", "Min"})
+          "Min": "minimum", "Sum": "add", "And": "logical_and", "Xor": "ne"}
+COMMUTATIVE = frozenset({"Add", "Mul", "Max", "Min", "Sum", "And", "Xor"})
+# The largest finite value of each float type: IsInf's bound
+FINITE_MAX = {onnx.TensorProto.FLOAT: 3.4028234663852886e38, onnx.TensorProto.FLOAT16: 65504.0,
+              onnx.TensorProto.BFLOAT16: 3.3895313892515355e38}
 # A comparison as (PyPTO compare, negated?) and the op that reads its operands swapped; PyPTO has
 # eq, lt and gt, and logical_not (each checked in fp32 and int32, docs/pypto-ops.md).
 COMPARISONS = {"Equal": ("eq", False, "Equal"), "Less": ("lt", False, "Greater"),
@@ -133,7 +138,8 @@ class _Writer:
         return tuple(self.region.tensor_types[tensor][0])
 
     def dtype(self, tensor: str) -> int:
-        return self.region.tensor_types[tensor][1]
+        """The element type the kernel holds the tensor in (``classify.kernel_dtype``)."""
+        return kernel_dtype(self.region.tensor_types[tensor][1])
 
     def value(self, tensor: str, as_shape: Sequence[int] | None = None) -> str:
         """The tensor as a variable of shape ``as_shape`` (default: its own shape)."""
@@ -239,12 +245,6 @@ def _rows_within_cube_tile(w: _Writer, shape: tuple[int, ...], tile: tuple[int, 
     return (rows, *tile[1:])
 
 
-def float_literal(value) -> str:
-    """Python source for a float, infinities and NaN included (``repr`` gives a bare ``inf``)."""
-    value = float(value)
-    return repr(value) if np.isfinite(value) else f'float("{value}")'
-
-
 def itemsize_of(dtype: int) -> int:
     return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(dtype)).itemsize
 
@@ -346,6 +346,7 @@ def _aligned_parts(region: Region, op: RegionOp) -> bool:
     """Whether every part of a Concat starts on a 32-byte block along its axis, or the axis is
     not the innermost (an fp16 concat of ``[.., 5]`` and ``[.., 3]`` failed on alignment)."""
     shape, dtype = region.tensor_types[op.outputs[0]]
+    dtype = kernel_dtype(dtype)
     if op.params["axis"] != len(shape) - 1:
         return True
     offsets = np.cumsum([region.tensor_types[t][0][-1] for t in op.inputs])[:-1]
@@ -402,7 +403,7 @@ def flat_row(region: Region, constants: Mapping[str, np.ndarray]) -> int | None:
     if len(counts) != 1:
         return None
     count = counts.pop()
-    itemsizes = [itemsize_of(region.tensor_types[t][1]) for t in tensors]
+    itemsizes = [itemsize_of(kernel_dtype(region.tensor_types[t][1])) for t in tensors]
     align = max(BLOCK_BYTES // min(itemsizes), 1)
     widest = max(align, FLAT_ROW_BYTES // max(itemsizes) // align * align)
     return next((n for n in range(widest, 0, -align) if count % n == 0), None)
@@ -499,6 +500,9 @@ def _view(w: _Writer, op: RegionOp) -> None:  # Slice
 
 
 def _full(w: _Writer, shape, value, dtype: int) -> str:
+    if dtype in BYTE_INTEGERS:  # "unsupported type, dstDtypeStr: int8_t" in its code generation
+        raise CannotExpress(f"PyPTO 0.2.0 fills no {onnx.TensorProto.DataType.Name(dtype)} tile "
+                            "(GenDupOp)")
     dt = pypto_dtype(dtype)
     return f"pypto.full({list(shape)}, pypto.Element({dt}, {float_literal(value)}), {dt})"
 
@@ -584,7 +588,7 @@ def _compute_shape(w: _Writer, out: str, inputs) -> tuple[list[int], list]:
         return w.flat(out), [w.flat(out)] * len(inputs)
     if w.rows is not None:
         return w.rows.shape(out), [w.rows.shape(name) for name in inputs]
-    shape = list(w.shape(out)) or [1]
+    shape = _at_least_2d(w.shape(out))
     held = _held_fold(w, shape, inputs)
     if held is not None:
         return held
@@ -780,8 +784,14 @@ def _elementwise_shape(w: _Writer, tensor: str, source: str | None = None) -> li
     held = _held_shape(w, source) if source is not None else None
     if held is not None and prod(held) == prod(w.shape(tensor)):
         return held
-    shape = list(w.shape(tensor)) or [1]
+    shape = _at_least_2d(w.shape(tensor))
     return shape if len(shape) <= MAX_RANK else [prod(shape[:-3])] + shape[-3:]
+
+
+def _at_least_2d(shape: Sequence[int]) -> list[int]:
+    """A vector (or a scalar) as one row: PyPTO's clip and round take rank 2 to 4 only
+    ("shape.size() only support 2~4", FC0000)."""
+    return [1] * (2 - len(shape)) + list(shape)
 
 
 def _held_shape(w: _Writer, tensor: str) -> list[int] | None:
@@ -819,14 +829,6 @@ def _reciprocal(w: _Writer, op: RegionOp) -> None:
     _per_element(w, op, lambda value, shape: f"pypto.div({_full(w, shape, 1.0, dtype)}, {value})")
 
 
-# Abramowitz and Stegun 7.1.26: erf(x) = 1 - t*(a1 + t*(a2 + ... + t*a5)) * exp(-x*x) for
-# x >= 0, t = 1 / (1 + p*x); absolute error below 1.5e-7. PyPTO 0.2.0 has no erf (and
-# ``pypto.sign`` does not interpret), so the sign is restored with a ``where``
-# (docs/pypto-ops.md, "Activations").
-ERF_P = 0.3275911
-ERF_A = (0.254829592, -0.284496736, 1.421413741, -1.453152027, 1.061405429)
-
-
 def _in_fp32(w: _Writer, value: str, dtype: int) -> str:
     """``value`` cast to fp32 when it is half precision: a polynomial in fp16 loses digits."""
     if dtype not in HALF_DTYPES:
@@ -840,53 +842,49 @@ def _back_from_fp32(value: str, dtype: int) -> str:
     return f"pypto.cast({value}, {pypto_dtype(dtype)})"
 
 
-def _erf(w: _Writer, op: RegionOp) -> None:
-    def expression(x: str, shape) -> str:
-        dtype = w.dtype(op.outputs[0])
-        x = _in_fp32(w, x, dtype)
-        size = _let(w, f"pypto.abs({x})")
-        t = _let(w, f"pypto.div({_full(w, shape, 1.0, onnx.TensorProto.FLOAT)}, "
-                    f"pypto.add(pypto.mul({size}, {float_literal(ERF_P)}), 1.0))")
-        poly = _let(w, f"pypto.mul({t}, {float_literal(ERF_A[-1])})")
-        for a in reversed(ERF_A[:-1]):
-            poly = _let(w, f"pypto.mul(pypto.add({poly}, {float_literal(a)}), {t})")
-        positive = _let(w, f"pypto.add(pypto.neg(pypto.mul({poly}, pypto.exp(pypto.neg("
-                           f"pypto.mul({size}, {size}))))), 1.0)")
-        value = f"pypto.where(pypto.lt({x}, 0.0), pypto.neg({positive}), {positive})"
-        return _back_from_fp32(value, dtype)
-    _per_element(w, op, expression)
+def _activation(w: _Writer, op: RegionOp) -> None:
+    """An elementwise op PyPTO has no single call for, composed by its builder
+    (``activations.py``), in fp32 where the builder asks for it."""
+    dtype = w.dtype(op.outputs[0])
+    build = activations.BUILDERS[op.op_type]
+    compute = onnx.TensorProto.FLOAT if op.op_type in activations.FP32 else dtype
 
-
-def _tanh(w: _Writer, op: RegionOp) -> None:
-    """tanh(x) = 1 - 2 / (exp(2x) + 1): PyPTO 0.2.0 has no tanh; exp's overflow to inf for a
-    large x gives 1 and its underflow to 0 gives -1, both exact."""
-    def expression(x: str, shape) -> str:
-        dtype = w.dtype(op.outputs[0])
-        x = _in_fp32(w, x, dtype)
-        value = (f"pypto.add(pypto.neg(pypto.div({_full(w, shape, 2.0, onnx.TensorProto.FLOAT)}, "
-                 f"pypto.add(pypto.exp(pypto.mul({x}, 2.0)), 1.0))), 1.0)")
-        return _back_from_fp32(value, dtype)
-    _per_element(w, op, expression)
-
-
-def _hard_sigmoid(w: _Writer, op: RegionOp) -> None:
-    """max(0, min(1, alpha * x + beta)); HardSwish is x times it with alpha 1/6, beta 1/2."""
-    swish = op.op_type == "HardSwish"
-    alpha = 1 / 6 if swish else float(op.params["alpha"])
-    beta = 0.5 if swish else float(op.params["beta"])
-
-    def expression(x: str, _) -> str:
-        gate = f"pypto.clip(pypto.add(pypto.mul({x}, {float_literal(alpha)}), " \
-               f"{float_literal(beta)}), 0.0, 1.0)"
-        return f"pypto.mul({x}, {gate})" if swish else gate
-    _per_element(w, op, expression)
+    out = op.outputs[0]
+    shape = _elementwise_shape(w, out, op.inputs[0])
+    x = w.value(op.inputs[0], shape)
+    w.follow(shape, compute, op.inputs)  # its temporaries are of the computing precision
+    math = activations.Math(let=partial(_let, w), params=op.params,
+                            full=lambda value: _full(w, shape, value, compute))
+    value = build(math, _in_fp32(w, x, dtype) if compute != dtype else x)
+    w.assign(out, _back_from_fp32(value, dtype) if compute != dtype else value, shape)
 
 
 def _clip(w: _Writer, op: RegionOp) -> None:
+    if w.dtype(op.inputs[0]) not in FLOAT_DTYPES:
+        _integer_clip(w, op)
+        return
     low = -FLT_MAX if op.params["min"] is None else float(op.params["min"])
     high = FLT_MAX if op.params["max"] is None else float(op.params["max"])
     _per_element(w, op, lambda value, _: f"pypto.clip({value}, {float_literal(low)}, "
                                          f"{float_literal(high)})")
+
+
+def _integer_clip(w: _Writer, op: RegionOp) -> None:
+    """min(max(x, low), high) with full tiles of the bounds: PyPTO's clip takes no integer
+    tensor (FC0001) and compares integers with integer tiles only (``_compare``)."""
+    low, high = op.params["min"], op.params["max"]
+    if low is None and high is None:
+        _identity(w, op)
+        return
+    dtype = w.dtype(op.outputs[0])
+
+    def expression(value: str, shape) -> str:
+        if low is not None:
+            value = f"pypto.maximum({value}, {_full(w, shape, low, dtype)})"
+        if high is not None:
+            value = f"pypto.minimum({value}, {_full(w, shape, high, dtype)})"
+        return value
+    _per_element(w, op, expression)
 
 
 def _cast(w: _Writer, op: RegionOp) -> None:
@@ -899,6 +897,9 @@ def _cast(w: _Writer, op: RegionOp) -> None:
 
 def _binary(w: _Writer, op: RegionOp) -> None:
     out = op.outputs[0]
+    if len(op.inputs) == 1:  # a variadic Max, Min or Sum of one tensor: that tensor
+        _identity(w, op)
+        return
     if all(is_scalar_constant(name, w.constants) for name in op.inputs):
         raise CannotExpress("an op on compile-time constants only")
     shape, owns = _compute_shape(w, out, op.inputs)
@@ -939,6 +940,68 @@ def _binary_operands(w: _Writer, op: RegionOp, shape, owns) -> list[str]:
     return operands
 
 
+def _combined(w: _Writer, op: RegionOp, combine: Callable[[list[str]], str]) -> None:
+    """An n-ary op of its operands broadcast to its shape, as ``combine`` writes it; a scalar
+    constant only after a tensor (PyPTO takes scalars on the right)."""
+    out = op.outputs[0]
+    if len(op.inputs) == 1 and op.op_type == "Mean":  # of one tensor: that tensor
+        _identity(w, op)
+        return
+    if is_scalar_constant(op.inputs[0], w.constants):
+        raise CannotExpress(f"{op.op_type} with a scalar first")
+    shape, owns = _compute_shape(w, out, op.inputs)
+    operands = _binary_operands(w, op, shape, owns)
+    w.follow(shape, w.dtype(out), op.inputs)
+    w.assign(out, combine(operands), shape)
+
+
+def _logical_or(w: _Writer, op: RegionOp) -> None:
+    """not(and(not a, not b)): PyPTO's bitwise_or does not compile for bools."""
+    def combine(operands: list[str]) -> str:
+        both_false = " ".join(f"pypto.logical_and(pypto.logical_not({o})," for o in operands[:-1])
+        return (f"pypto.logical_not({both_false} pypto.logical_not({operands[-1]})"
+                f"{')' * (len(operands) - 1)})")
+    _combined(w, op, combine)
+
+
+def _mean(w: _Writer, op: RegionOp) -> None:
+    def combine(operands: list[str]) -> str:
+        total = operands[0]
+        for operand in operands[1:]:
+            total = f"pypto.add({total}, {operand})"
+        return f"pypto.mul({total}, {float_literal(1 / len(operands))})"
+    _combined(w, op, combine)
+
+
+def _prelu(w: _Writer, op: RegionOp) -> None:
+    """x where x >= 0, slope * x elsewhere, the slope broadcast to x (PyPTO's prelu takes a
+    1-D weight only and failed to compile with one: PRELUOpError)."""
+    _combined(w, op, lambda operands: f"pypto.where(pypto.lt({operands[0]}, 0.0), pypto.mul("
+                                      f"{operands[0]}, {operands[1]}), {operands[0]})")
+
+
+def _float_test(w: _Writer, op: RegionOp) -> None:
+    """IsNaN as x != x; IsInf as |x| (or x, or -x) beyond the largest finite value. A bool
+    tensor, tiled by its operand's dtype."""
+    source, out = op.inputs[0], op.outputs[0]
+    dtype = w.dtype(source)
+    shape = _elementwise_shape(w, out, source)
+    x = w.value(source, shape)
+    w.follow(shape, dtype, op.inputs)
+    bound = float_literal(FINITE_MAX[dtype])
+    if op.op_type == "IsNaN":
+        expression = f"pypto.ne({x}, {x})"
+    elif op.params.get("detect_positive", 1) and op.params.get("detect_negative", 1):
+        expression = f"pypto.gt(pypto.abs({x}), {bound})"
+    elif op.params.get("detect_positive", 1):
+        expression = f"pypto.gt({x}, {bound})"
+    elif op.params.get("detect_negative", 1):
+        expression = f"pypto.gt(pypto.neg({x}), {bound})"
+    else:  # neither sign detected: false everywhere
+        expression = f"pypto.lt(pypto.abs({x}), -1.0)"
+    w.assign(out, expression, shape)
+
+
 def _compare(w: _Writer, op: RegionOp) -> None:
     """A bool tensor, tiled by its operands' dtype. PyPTO takes a scalar only on the right and
     only a float one: an integer scalar is a full tile."""
@@ -974,9 +1037,16 @@ def _roll(w: _Writer, op: RegionOp) -> None:
 
 
 def _pow(w: _Writer, op: RegionOp) -> None:
-    """Pow by a constant exponent (importer/ops.py ``POW_EXPONENTS``): PyPTO's own pow was not
-    probed; these are the exponents exporters write (LayerNorm's square, GELU-tanh's cube)."""
+    """The exponents exporters write (LayerNorm's square, GELU-tanh's cube, a square root) as
+    the ops they stand for, any other constant or tensor exponent with ``pypto.pow`` (checked
+    in fp32 and fp16, a negative base with an integral exponent included)."""
+    base, exponent = op.inputs
     dtype = w.dtype(op.outputs[0])
+    if not is_scalar_constant(exponent, w.constants):
+        cast = w.dtype(exponent) != dtype  # an integer exponent, in the base's type
+        _combined(w, op, lambda operands: f"pypto.pow({operands[0]}, " + (
+            f"pypto.cast({operands[1]}, {pypto_dtype(dtype)}))" if cast else f"{operands[1]})"))
+        return
     forms = {
         1.0: lambda x, _: x,
         2.0: lambda x, _: f"pypto.mul({x}, {x})",
@@ -985,10 +1055,8 @@ def _pow(w: _Writer, op: RegionOp) -> None:
         -0.5: lambda x, _: f"pypto.rsqrt({x})",
         -1.0: lambda x, shape: f"pypto.div({_full(w, shape, 1.0, dtype)}, {x})",
     }
-    exponent = op.params["exponent"]
-    if exponent not in forms:
-        raise CannotExpress(f"Pow by {exponent}")
-    _per_element(w, op, forms[exponent])
+    value = float(np.asarray(w.constants[exponent]).reshape(-1)[0])
+    _per_element(w, op, forms.get(value, lambda x, _: f"pypto.pow({x}, {float_literal(value)})"))
 
 
 def _row_input(w: _Writer, tensor: str, dtype: int) -> str:
@@ -1281,8 +1349,10 @@ _LOWERINGS: dict[str, Callable[[_Writer, RegionOp], None]] = {
     "Slice": _view, "Pad": _pad, "Tile": _tile, "Expand": _expand, "Concat": _concat,
     "Split": _split, "Transpose": _transpose, "Reshape": _reshape, "Identity": _identity,
     "Gather": _gather, "Cast": _cast, "Where": _where, "Reciprocal": _reciprocal, "Clip": _clip,
-    "Roll": _roll, "Pow": _pow, "Erf": _erf, "Tanh": _tanh, "HardSigmoid": _hard_sigmoid,
-    "HardSwish": _hard_sigmoid, "MatMul": _matmul, "Gemm": _matmul, "Conv": _pointwise_conv,
+    "Roll": _roll, "Pow": _pow, **{op: _activation for op in activations.BUILDERS},
+    "Or": _logical_or, "Mean": _mean, "PRelu": _prelu, "IsNaN": _float_test,
+    "IsInf": _float_test,
+    "MatMul": _matmul, "Gemm": _matmul, "Conv": _pointwise_conv,
     "Softmax": _softmax, "LogSoftmax": _softmax, **{op: _compare for op in COMPARISONS},
     "LayerNormalization": _layer_normalization, "InstanceNormalization": _layer_normalization,
     "GroupNormalization": _layer_normalization, "DepthToSpace": _depth_to_space,

@@ -37,6 +37,7 @@ import onnx
 from onnx import helper
 
 from pypto_offline.errors import WorkerCannotStart
+from pypto_offline.fusion.classify import kernel_dtype
 from pypto_offline.fusion.records import CANNOT_EXPRESS, FusionPlan, Region
 from pypto_offline.importer import ImportedGraph
 from pypto_offline.progress import SILENT, Progress
@@ -334,14 +335,31 @@ def compile_kernels(graph: ImportedGraph, plan: FusionPlan, target: Target, *,
                     cache_dir: Path | None = None, jobs: int = 2, search: bool = True,
                     timeout: float = DEFAULT_TIMEOUT_S, progress: Progress = SILENT
                     ) -> list[Kernel]:
+    return compile_regions([(region, graph) for region in plan.regions], target,
+                           cache_dir=cache_dir, jobs=jobs, search=search, timeout=timeout,
+                           progress=progress)
+
+
+def compile_regions(work: Sequence[tuple[Region, ImportedGraph]], target: Target, *,
+                    cache_dir: Path | None = None, jobs: int = 2, search: bool = True,
+                    timeout: float = DEFAULT_TIMEOUT_S, progress: Progress = SILENT
+                    ) -> list[Kernel]:
+    """The kernel of each region, in order, the regions of any graphs (each with the graph it
+    is in) compiled by one pool of ``jobs`` fork servers and one cache."""
     cache = KernelCache(cache_dir)
-    constants = graph.constant_values()
-    reported = _reporting(progress, len(plan.regions))
-    spare = _SpareThreads(jobs, len(plan.regions))
-    return _each_region(plan.regions, jobs, lambda region: spare.done(reported(
-        region, compile_region(region, graph, target, cache, constants, search=search,
-                               timeout=timeout, parallel=spare.share))),
-        order=compile_order(plan.regions, constants))
+    constants = {id(graph): graph.constant_values() for _, graph in work}
+    graph_of = {id(region): graph for region, graph in work}
+    regions = [region for region, _ in work]
+    reported = _reporting(progress, len(regions))
+    spare = _SpareThreads(jobs, len(regions))
+
+    def compile_one(region: Region) -> Kernel:
+        graph = graph_of[id(region)]
+        return spare.done(reported(region, compile_region(
+            region, graph, target, cache, constants[id(graph)], search=search, timeout=timeout,
+            parallel=spare.share)))
+    return _each_region(regions, jobs, compile_one, order=compile_order(
+        regions, [constants[id(graph_of[id(region)])] for region in regions]))
 
 
 class _SpareThreads:
@@ -364,18 +382,19 @@ class _SpareThreads:
         return kernel
 
 
-def compile_order(regions: Sequence[Region], constants: dict) -> list[int]:
+def compile_order(regions: Sequence[Region], constants: Sequence[dict]) -> list[int]:
     """The order the pool threads take the regions in (results stay in region order): one
     region of each kind of work first, the biggest first (largest tensor x ops, a proxy of its
     compile time), so the long compiles do not start last; the regions doing the same work
     after them, as cache hits. Taken in region order, ppocrv4_det's 9 identical HardSwish
     regions stood next to each other, and the second thread waited on the first one's compile
     (``KernelCache.holding``) instead of compiling something else. A guess only: two regions
-    taken for the same kind here still compile separately if their sources differ."""
+    taken for the same kind here still compile separately if their sources differ.
+    ``constants``: those of each region's graph."""
     kinds: dict[str, int] = {}
     first, repeats = [], []
-    for index, region in enumerate(regions):
-        kind = repr((kernel_interface(region, constants),
+    for index, (region, known) in enumerate(zip(regions, constants)):
+        kind = repr((kernel_interface(region, known),
                      [(op.op_type, op.params) for op in region.simplified]))
         (repeats if kind in kinds else first).append(index)
         kinds.setdefault(kind, index)
@@ -838,7 +857,8 @@ def _last_line(log: Path) -> str:
 def _output_specs(region: Region) -> list[dict]:
     """The region's outputs as the worker allocates them."""
     return [{"shape": list(region.tensor_types[o][0]),
-             "dtype": _torch_dtype(region.tensor_types[o][1])} for o in region.outputs]
+             "dtype": _torch_dtype(kernel_dtype(region.tensor_types[o][1]))}
+            for o in region.outputs]
 
 
 def _torch_dtype(elem_type: int) -> str:
@@ -870,7 +890,15 @@ def _region_data(region: Region, graph: ImportedGraph, constants: dict):
         feeds[name] = value
         arrays.append(value)
     outputs = run_model(region_model(region, graph), feeds)
-    return arrays, [outputs[name] for name in region.outputs]
+    # in the kernel's element types: an int64 tensor narrowed to int32 (classify.kernel_dtype)
+    return ([_in_kernel_dtype(a) for a in arrays],
+            [_in_kernel_dtype(outputs[name]) for name in region.outputs])
+
+
+def _in_kernel_dtype(array: np.ndarray) -> np.ndarray:
+    elem_type = onnx.helper.np_dtype_to_tensor_dtype(array.dtype)
+    return array.astype(onnx.helper.tensor_dtype_to_np_dtype(kernel_dtype(elem_type)),
+                        copy=False)
 
 
 def region_model(region: Region, graph: ImportedGraph) -> onnx.ModelProto:
@@ -928,7 +956,7 @@ def _load(files: dict[str, bytes], region_id: str, from_cache: bool) -> Kernel:
                   from_cache=from_cache)
 
 
-__all__ = ["compile_kernels", "compile_region", "region_model", "single_op_costs",
+__all__ = ["compile_kernels", "compile_region", "compile_regions", "region_model", "single_op_costs",
            "single_op_regions", "unfused_cost_us", "unfused_costs"]
 
 
