@@ -2,15 +2,12 @@
 with it, and every op fusion admits, the kernel generator writes."""
 from __future__ import annotations
 
-from types import MappingProxyType
-
 import pytest
 
 from bench.backend_cases import in_scope_cases
 from pypto_offline import import_model
-from pypto_offline.fusion.classify import node_id, why_not_fusable
-from pypto_offline.fusion.program import region_op
-from pypto_offline.fusion.records import Cost, Region
+from pypto_offline.fusion import make_region
+from pypto_offline.fusion.classify import why_not_fusable
 from pypto_offline.importer.canonical import NORMALISERS
 from pypto_offline.importer.ops import KINDS, OPS, lowered_ops
 from pypto_offline.pypto_kernels import codegen
@@ -68,15 +65,7 @@ def test_the_backend_cases_admit_every_lowered_op_kind():
 def test_every_admitted_op_lowers(name, graph, node):
     """What classify lets into a region, the generator writes: no region falls back for an op
     it was planned with (DepthToSpace once was admitted with no lowering)."""
-    shapes = {n: graph.tensors[n].shape for n in node.outputs}
-    op = region_op(node, shapes)
-    names = [n for n in op.inputs + op.outputs if n]
-    region = Region(
-        id="r", nodes=(node_id(node),), inputs=tuple(n for n in op.inputs if n),
-        outputs=op.outputs, original=(op,), simplified=(op,), rules_applied=(),
-        unfused=Cost(1, 0, 0.0), fused=Cost(1, 0, 0.0),
-        tensor_types=MappingProxyType({n: (graph.tensors[n].shape, graph.tensors[n].dtype)
-                                       for n in names}))
+    region = make_region("r", [node], graph, TARGETS["kirin9050"])
     policy = default_policy(TARGETS["kirin9050"].ub_plan_bytes.value)
     try:
         source = codegen.kernel_source(region, policy, graph.constant_values())

@@ -16,7 +16,7 @@ from pypto_offline.fusion.records import BOUNDARY, CANNOT_EXPRESS
 from pypto_offline.fusion.program import region_op
 from pypto_offline.fusion.rows import NotRows, reduced_rows, row_layout, trailing_axes
 from pypto_offline.importer import ImportedGraph, Node
-from pypto_offline.importer.ops import (REDUCTION, VIEW_ONLY_OPS, data_inputs,
+from pypto_offline.importer.ops import (POOL_OPS, REDUCTION, VIEW_ONLY_OPS, data_inputs,
                                         in_scope, kind_of, op_def)
 from pypto_offline.targets import Target
 
@@ -77,8 +77,8 @@ def why_not_fusable(node: Node, graph: ImportedGraph, target: Target) -> tuple[s
         if len(info.shape) > kernels.max_rank:
             return CANNOT_EXPRESS, f"rank {len(info.shape)} of {name!r} exceeds {kernels.max_rank}"
     first = node.inputs[0]  # the others have its type, but for Pow's exponent (cast to it)
-    if node.op_type == "Clip" and graph.tensors[first].dtype in BYTE_INTEGERS:
-        return CANNOT_EXPRESS, ("an integer Clip needs tiles of its bounds, and PyPTO 0.2.0 "
+    if graph.tensors[first].dtype in BYTE_INTEGERS and _fills_tiles(node):
+        return CANNOT_EXPRESS, (f"this {node.op_type} needs tiles of constants, and PyPTO 0.2.0 "
                                 "fills no 8-bit integer tile (GenDupOp)")
     if op_def(node.op_type).floats_only and graph.tensors[first].dtype not in FLOAT_DTYPES:
         return CANNOT_EXPRESS, (f"{node.op_type} of {graph.tensors[first].np_dtype.name} "
@@ -86,6 +86,11 @@ def why_not_fusable(node: Node, graph: ImportedGraph, target: Target) -> tuple[s
     if kind_of(node.op_type) == REDUCTION:
         return _why_no_rows(node, graph, target)
     return None
+
+
+def _fills_tiles(node: Node) -> bool:
+    """An integer Clip compares with tiles of its bounds; a padded pooling pads with them."""
+    return node.op_type == "Clip" or (node.op_type in POOL_OPS and any(node.params["pads"]))
 
 
 def _fits_int32(graph: ImportedGraph, name: str) -> bool:

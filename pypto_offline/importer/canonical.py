@@ -18,7 +18,7 @@ import onnx
 from onnx import helper
 
 from pypto_offline.errors import ModelError
-from pypto_offline.importer.ops import ELEMENTWISE_OPS, GLOBAL_POOL_OPS, REDUCE_OPS
+from pypto_offline.importer.ops import ELEMENTWISE_OPS, GLOBAL_POOL_OPS, POOL_OPS, REDUCE_OPS
 
 FLT_MAX = float(np.finfo(np.float32).max)
 
@@ -375,6 +375,53 @@ def _global_pool(ctx: NodeContext) -> dict[str, Any]:
     if rank < 3:
         raise NotCanonical(f"a rank-{rank} input has no spatial axes")
     return {"axes": tuple(range(2, rank)), "keepdims": 1}
+
+
+# The windows a pooling op may have to be written as its shifted views (one per window row and
+# column: pooling is separable): ppocr_cls's 2x2/2, ppocrv4_rec's 3x2/3x2, YOLOv8's SPPF 5x5/1.
+MAX_POOL_WINDOW, MAX_POOL_STRIDE = 5, 3
+
+
+@normaliser(*sorted(POOL_OPS))
+def _pool(ctx: NodeContext) -> dict[str, Any]:
+    """2-D pooling of an NCHW tensor: its window, strides and padding explicit (``auto_pad``
+    resolved), no dilation, no indices output; MaxPool pads with -inf, AveragePool with zeros
+    counted in the mean (a mean that leaves padding out of its count is not canonical)."""
+    shape = ctx.in_shape()
+    if len(shape) != 4 or any(ctx.node.output[1:]):
+        raise NotCanonical("not a 2-D pooling of an NCHW tensor with one output")
+    kernel = tuple(_ints(ctx.attr("kernel_shape")))
+    strides = tuple(_ints(ctx.attr("strides", [1, 1])))
+    if any(d != 1 for d in ctx.attr("dilations", [1, 1])) or ctx.attr("storage_order", 0):
+        raise NotCanonical("a dilated or column-major pooling")
+    if max(kernel) > MAX_POOL_WINDOW or max(strides) > MAX_POOL_STRIDE:
+        raise NotCanonical(f"a {list(kernel)} window with strides {list(strides)}: at most "
+                           f"{MAX_POOL_WINDOW} and {MAX_POOL_STRIDE}")
+    pads = _pool_pads(ctx, shape[2:], kernel, strides)
+    params = {"kernel_shape": kernel, "strides": strides, "pads": pads}
+    if ctx.node.op_type == "AveragePool":
+        params["count_include_pad"] = int(ctx.attr("count_include_pad", 0))
+        if any(pads) and not params["count_include_pad"]:
+            raise NotCanonical("an AveragePool that leaves its padding out of the count")
+    out = ctx.shape(ctx.node.output[0])[2:]
+    if tuple(out) != tuple((d + b + e - k) // s + 1 for d, b, e, k, s in
+                           zip(shape[2:], pads[:2], pads[2:], kernel, strides)):
+        raise NotCanonical("a ceil_mode pooling with a window past the input")
+    return params
+
+
+def _pool_pads(ctx: NodeContext, spatial, kernel, strides) -> tuple[int, ...]:
+    """(top, left, bottom, right), ``auto_pad`` SAME_UPPER/SAME_LOWER/VALID resolved."""
+    auto = ctx.attr("auto_pad", b"NOTSET")
+    auto = auto.decode() if isinstance(auto, bytes) else auto
+    if auto in ("NOTSET", ""):
+        return tuple(_ints(ctx.attr("pads", [0, 0, 0, 0])))
+    if auto == "VALID":
+        return (0, 0, 0, 0)
+    totals = [max((-(-d // s) - 1) * s + k - d, 0) for d, k, s in zip(spatial, kernel, strides)]
+    small = [t // 2 for t in totals]
+    begins = small if auto == "SAME_UPPER" else [t - h for t, h in zip(totals, small)]
+    return tuple(begins) + tuple(t - b for t, b in zip(totals, begins))
 
 
 @normaliser("Softmax", "LogSoftmax")

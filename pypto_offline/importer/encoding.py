@@ -14,7 +14,7 @@ import onnx
 from onnx import helper
 
 from pypto_offline.importer.canonical import axes_as_input
-from pypto_offline.importer.ops import GLOBAL_POOL_OPS, REDUCE_OPS
+from pypto_offline.importer.ops import GLOBAL_POOL_OPS, POOL_OPS, REDUCE_OPS
 
 # Turns a parameter (its name and value) into the name of a tensor holding it.
 MakeConstant = Callable[[str, np.ndarray], str]
@@ -134,6 +134,12 @@ def _group_normalization(p, inputs, opset, const):
     return inputs, {"epsilon": p["epsilon"], "num_groups": p["groups"], **stash}
 
 
+def _pool(p, inputs, opset, const):
+    """The window, strides and explicit pads (``auto_pad`` and ``ceil_mode`` resolved)."""
+    return inputs, {name: list(value) if isinstance(value, tuple) else value
+                    for name, value in p.items()}
+
+
 def _no_attributes(p, inputs, opset, const):
     """Ops whose canonical parameters are implied by the op (global pooling's axes)."""
     return inputs, {}
@@ -149,5 +155,5 @@ _ENCODERS = {
     "Squeeze": _axes, "Unsqueeze": _axes, "Reshape": _reshape, "Gather": _gather, "Clip": _clip,
     "Softmax": _softmax, "LogSoftmax": _softmax, "LayerNormalization": _layer_normalization,
     "InstanceNormalization": _instance_normalization, "GroupNormalization": _group_normalization,
-    **{op: _reduce(op) for op in REDUCE_OPS}, **{op: _no_attributes for op in GLOBAL_POOL_OPS},
+    **{op: _reduce(op) for op in REDUCE_OPS}, **{op: _pool for op in POOL_OPS}, **{op: _no_attributes for op in GLOBAL_POOL_OPS},
 }

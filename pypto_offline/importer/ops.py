@@ -22,8 +22,9 @@ ELEMENTWISE = "elementwise"  # one data input, output element i from input eleme
 BROADCAST = "broadcast"      # several data inputs, numpy broadcasting, then elementwise
 INJECTIVE = "injective"      # moves elements (each output element is one input element)
 REDUCTION = "reduction"      # reduces trailing axes, possibly with elementwise work around it
+WINDOW = "window"            # each output element reduces a small window of inputs (pooling)
 MATMUL = "matmul"            # a contraction: the root of a region, its epilogue fused after it
-KINDS = (VIEW, ELEMENTWISE, BROADCAST, INJECTIVE, REDUCTION, MATMUL)
+KINDS = (VIEW, ELEMENTWISE, BROADCAST, INJECTIVE, REDUCTION, WINDOW, MATMUL)
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,7 @@ def _defs(kind: str, names: str, lowered: str = "", **fields) -> dict[str, OpDef
 
 _REDUCE = "ReduceSum ReduceMean ReduceMax ReduceMin ReduceSumSquare ReduceL2"
 _GLOBAL_POOLS = "GlobalAveragePool GlobalMaxPool"
+_POOLS = "MaxPool AveragePool"
 _FLOAT_MATH = ("Tanh Erf Floor Ceil Round Sign Sin Cos Tan Asin Acos Atan Sinh Cosh Asinh Acosh "
                "Atanh LeakyRelu Elu Selu Celu HardSigmoid HardSwish Softplus Softsign Gelu Mish "
                "ThresholdedRelu Shrink Swish")
@@ -94,6 +96,9 @@ OPS: MappingProxyType = MappingProxyType({
     # LogSoftmax and the normalisations are reductions with elementwise work around them.
     **_defs(REDUCTION, _REDUCE, _REDUCE, data_inputs=1),
     **_defs(REDUCTION, _NORMALISATIONS, _NORMALISATIONS),
+    # Pooling over small windows: a rewrite rule writes it as the window's shifted views and
+    # their Max or Mean (fusion/rules.pool_as_window_views), so it goes where they go
+    **_defs(WINDOW, _POOLS, _POOLS),
     # Global pooling is a reduction over the spatial axes (a squeeze-and-excite's mean)
     **_defs(REDUCTION, _GLOBAL_POOLS, _GLOBAL_POOLS),
     # Matrices (equal batch axes, or a 2-D right operand) and 1x1 convolutions (the weights
@@ -147,6 +152,7 @@ ELEMENTWISE_OPS = names(ELEMENTWISE, BROADCAST)
 REDUCTION_OPS = names(REDUCTION)
 MATMUL_OPS = names(MATMUL)
 REDUCE_OPS = frozenset(_REDUCE.split())  # the Reduce* ops: axes and keepdims
+POOL_OPS = frozenset(_POOLS.split())
 GLOBAL_POOL_OPS = frozenset(_GLOBAL_POOLS.split())  # over every axis after N and C, kept
 # Reductions whose result keeps one element per row (the others normalise the rows)
 ROW_RESULT_OPS = REDUCE_OPS | GLOBAL_POOL_OPS

@@ -27,6 +27,7 @@ import onnx
 
 from pypto_offline.fusion.classify import BYTE_INTEGERS, FLOAT_DTYPES, HALF_DTYPES, kernel_dtype
 from pypto_offline.fusion.records import Region, RegionOp
+from pypto_offline.fusion.rules import DECOMPOSED
 from pypto_offline.fusion.rows import (NotRows, RowLayout, conv_rows, has_reduction,
                                        row_layout)
 from pypto_offline.importer.ops import POINTWISE_OPS, VIEW_ONLY_OPS, matmul_extents
@@ -465,9 +466,10 @@ def _as_tensor(w: _Writer, tensor: str) -> str:
 
 def lowers(op_type: str) -> bool:
     """Whether the generator has a lowering for the op (``importer/ops.py`` marks the same).
-    A region's program holds its reshape-likes as one Reshape (``fusion/program.py``)."""
+    A region's program holds its reshape-likes as one Reshape (``fusion/program.py``), and
+    a rewrite rule writes the ``DECOMPOSED`` ops as others (``fusion/rules.py``)."""
     return op_type in VIEW_ONLY_OPS or op_type in _LOWERINGS or op_type in UNARY \
-        or op_type in BINARY
+        or op_type in BINARY or op_type in DECOMPOSED
 
 
 def _lower(w: _Writer, op: RegionOp) -> None:

@@ -1,0 +1,62 @@
+"""Issue 19's mobile CNN blocks: a MobileNetV3 bottleneck (Conv, BatchNorm, HardSwish and a
+Squeeze-Excitation branch, a projection and the residual) becomes its 3x3 convolution plus one
+fused kernel per elementwise, pooling or 1x1-convolution run; every kernel compiles with the
+real PyPTO 0.2.0 and passes its check, and the compiled graph matches the source model (its
+BatchNorms included) in onnxruntime. Synthetic on purpose: the block is the shape of the real
+models' (ppocr's LCNet, MobileNetV3), small enough to compile in seconds."""
+from __future__ import annotations
+
+import numpy as np
+
+from pypto_offline.pypto_kernels import compile_kernels
+from pypto_offline.runtime import generate_inputs, max_abs_diff, run_model
+from pypto_offline.targets import TARGETS
+from tests.fusion_helpers import fuse
+from tests.onnx_builders import GraphBuilder
+
+RNG = np.random.default_rng(3)
+
+
+def _weights(*shape, scale=0.2):
+    return (RNG.standard_normal(shape) * scale).astype(np.float32)
+
+
+def _batch_norm(b: GraphBuilder, x: str, channels: int) -> str:
+    return b.op("BatchNormalization", [x, b.const(_weights(channels) + 1),
+                                       b.const(_weights(channels)), b.const(_weights(channels)),
+                                       b.const(RNG.uniform(0.5, 2, channels).astype(np.float32))],
+                epsilon=1e-3)
+
+
+def mobilenet_v3_block():
+    b = GraphBuilder()
+    x = b.input("x", [1, 16, 16, 16])
+    expanded = b.op("Conv", [x, b.const(_weights(32, 16, 3, 3))], pads=[1, 1, 1, 1])
+    activated = b.op("HardSwish", [_batch_norm(b, expanded, 32)])
+    squeezed = b.op("GlobalAveragePool", [activated])
+    reduced = b.op("Relu", [b.op("Conv", [squeezed, b.const(_weights(8, 32, 1, 1)),
+                                          b.const(_weights(8))])])
+    gate = b.op("HardSigmoid", [b.op("Conv", [reduced, b.const(_weights(32, 8, 1, 1)),
+                                              b.const(_weights(32))])], alpha=1 / 6, beta=0.5)
+    excited = b.op("Mul", [activated, gate])
+    projected = _batch_norm(b, b.op("Conv", [excited, b.const(_weights(16, 32, 1, 1))]), 16)
+    return b.model(b.op("Add", [projected, x]))
+
+
+def test_a_mobilenet_v3_block_is_its_3x3_conv_and_one_kernel_per_run(tmp_path):
+    model = mobilenet_v3_block()
+    graph, plan = fuse(model)
+    runs = sorted(tuple(sorted(op.op_type for op in region.original)) for region in plan.regions)
+    assert runs == [("Add", "Conv"), ("Conv", "HardSigmoid", "Mul"), ("Conv", "Relu"),
+                    ("GlobalAveragePool", "HardSwish")], runs
+    (left,) = plan.unfused
+    assert left.op_type == "Conv" and "kernel [3, 3]" in left.reason
+    assert plan.totals.kernels_after == 5  # the BatchNorms are in their convolutions' weights
+    kernels = compile_kernels(graph, plan, TARGETS["kirin9050"], cache_dir=tmp_path,
+                              search=False)
+    for kernel in kernels:
+        assert kernel.compiled and kernel.functional_ok, (kernel.id, kernel.fallback_reason)
+    feeds = generate_inputs(model, seed=1)
+    expected, actual = run_model(model, feeds), run_model(plan.compiled_model, feeds)
+    for name, want in expected.items():
+        assert max_abs_diff(want, actual[name]) <= 1e-4 * max(1.0, np.abs(want).max()), name
