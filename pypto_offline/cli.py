@@ -297,7 +297,10 @@ def run_targets(argv: list[str]) -> int:
                                            for key, f in t.figures().items()}}
                for name, t in TARGETS.items()}
     if args.json:
-        print(json.dumps(listing, indent=2, sort_keys=True, default=list))
+        from pypto_offline.offline_compiler.summary import SCHEMA_VERSION
+
+        print(json.dumps({"schema_version": SCHEMA_VERSION, "targets": listing}, indent=2,
+                         sort_keys=True, default=list))
         return EXIT_OK
     for name, figures in listing.items():
         print(name + (f" — {figures['notes']}" if figures["notes"] else ""))
@@ -319,27 +322,18 @@ def run_inspect(argv: list[str]) -> int:
     args = _blob_parser("pypto-offline inspect", "Show what a blob holds.").parse_args(argv)
     from pypto_offline import api
     from pypto_offline.offline_compiler import FORMAT_VERSION
-    from pypto_offline.offline_compiler.summary import provenance, shown, tile_us
+    from pypto_offline.offline_compiler.summary import provenance, shown
 
     compiled = api.load(args.blob)
     summary = {**compiled.summary(), "blob": args.blob,
-               "format_version": FORMAT_VERSION, "provenance": provenance(compiled.message),
-               "kernels": [{"id": k.id, "ops": [o.op_type for o in k.original],
-                            "compiled": k.compiled, "fallback_reason": k.fallback_reason,
-                            "tuned_us": tile_us(k, "tuned_tile"),
-                            "default_us": tile_us(k, "default_tile"),
-                            "gm_bytes": k.gm_bytes_read + k.gm_bytes_written,
-                            "gm_bytes_lower_bound": k.gm_bytes_lower_bound,
-                            "gm_bytes_handoff": k.gm_bytes_handoff,
-                            "gm_bytes_cube_rereads": k.gm_bytes_cube_rereads}
-                           for k in compiled.message.kernels]}
+               "format_version": FORMAT_VERSION, "provenance": provenance(compiled.message)}
 
     def human(s):
         lines = [_human_summary(s), "  kernels:"]
         lines += [f"    {k['id']}: {'+'.join(k['ops'])} — "
                   + (f"{shown(k['tuned_us'], '.2f', ' µs')} tuned, "
                      f"{shown(k['default_us'], '.2f', ' µs')} default"
-                     if k["compiled"] else f"fell back: {k['fallback_reason']}")
+                     if k["status"] == "compiled" else f"fell back: {k['fallback_reason']}")
                   for k in s["kernels"]]
         return "\n".join(lines)
 

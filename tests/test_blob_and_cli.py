@@ -96,6 +96,37 @@ def test_cli_inspect_and_verify_agree(builds):
     assert "/" not in json.dumps(inspected["provenance"]["options"])  # no paths
 
 
+def _schema_validator(definition: str):
+    """A validator of one kind of JSON output against the package's schema file."""
+    import jsonschema
+    from importlib.resources import files
+
+    schema = json.loads(files("pypto_offline.offline_compiler").joinpath(
+        "summary.schema.json").read_text())
+    jsonschema.Draft202012Validator.check_schema(schema)
+    return jsonschema.Draft202012Validator({**schema, "$ref": f"#/$defs/{definition}"})
+
+
+def test_every_json_output_follows_the_schema(builds, tmp_path):
+    """compile, inspect, verify, report and targets: schema_version 1, the keys the schema
+    file promises, and nothing outside them where it says so."""
+    path, compiled = builds[0]
+    outputs = {"build": compiled,
+               "inspect": json.loads(run_cli("inspect", path, "--json").stdout),
+               "verify": json.loads(run_cli("verify", path, "--json").stdout),
+               "report": json.loads(run_cli("report", path, "-o", tmp_path / "r.html",
+                                            "--json").stdout),
+               "targets": json.loads(run_cli("targets", "--json").stdout)}
+    for kind, output in outputs.items():
+        errors = [e.message for e in _schema_validator(kind).iter_errors(output)]
+        assert not errors, (kind, errors[:3])
+        assert output["schema_version"] == 1
+    (kernel,) = compiled["kernels"]
+    assert kernel["status"] == "compiled" and kernel["fallback_category"] is None
+    broken = {**compiled, "kernels": [{**kernel, "status": "maybe"}]}
+    assert not _schema_validator("build").is_valid(broken)  # the schema does check
+
+
 def _refused(data: bytes) -> bool:
     try:
         blob.from_bytes(data)
@@ -167,7 +198,9 @@ def test_real_inputs_from_npz_and_their_errors(builds, tmp_path, capfd):
 
 def test_targets_lists_every_chip_with_sources(capfd):
     assert cli.main(["targets", "--json"]) == 0
-    listing = json.loads(capfd.readouterr().out)
+    printed = json.loads(capfd.readouterr().out)
+    assert printed["schema_version"] == 1
+    listing = printed["targets"]
     assert set(listing) == set(TARGETS)
     for name, figures in listing.items():
         for key, figure in figures.items():

@@ -18,12 +18,13 @@ import onnx
 from pypto_offline.errors import UsageError
 from pypto_offline.fusion import FusionPlan, Region, plan_fusion, without_regions
 from pypto_offline.fusion.cost import cube_handoff_bytes, cube_reread_bytes
-from pypto_offline.fusion.records import CANNOT_EXPRESS, DOES_NOT_PAY, FAILED_CHECK, RegionOp
+from pypto_offline.fusion.records import DOES_NOT_PAY, FAILED_CHECK, RegionOp
 from pypto_offline.importer import ImportedGraph, import_model
 from pypto_offline.importer.ops import MATMUL, kind_of
 from pypto_offline.offline_compiler import ptom_pb2
 from pypto_offline.progress import SILENT, Progress, Timings
 from pypto_offline.pypto_kernels import Kernel, compile_kernels
+from pypto_offline.pypto_kernels.records import fallback_category
 from pypto_offline.pypto_kernels.baseline import (ESTIMATED, MEASURED, slower_fused,
                                                   estimated_unfused_costs)
 from pypto_offline.pypto_kernels.compiler import (DEFAULT_TIMEOUT_S, PYPTO_VERSION,
@@ -205,7 +206,9 @@ def _require_static_inputs(graph: ImportedGraph, name: str) -> None:
 
 
 def _category(kernel: Kernel) -> str:
-    return FAILED_CHECK if kernel.reached_pypto else CANNOT_EXPRESS
+    """Why its ops ship unfused: the kernel's fallback category (a PyPTO compile that failed,
+    a failed check, a time-out, ...; ``records.fallback_category``)."""
+    return fallback_category(kernel.fallback_reason) or FAILED_CHECK
 
 
 def _target_descriptor(target: Target) -> ptom_pb2.TargetDescriptor:

@@ -8,8 +8,12 @@ import math
 import sys
 
 from pypto_offline.offline_compiler import ptom_pb2
+from pypto_offline.pypto_kernels.records import fallback_category
 
 NOT_MEASURED = "not measured"
+# The version of every JSON output's keys (``summary.schema.json``, in this folder): a change of
+# a key or of its meaning bumps it (docs/outputs.md, "JSON output").
+SCHEMA_VERSION = 1
 
 
 def measured(message, field: str):
@@ -47,6 +51,7 @@ def summarise(message: ptom_pb2.CompiledModel) -> dict:
     m, t, v = message, message.totals, message.verification
     checked = [k for k in m.kernels if k.verdicts]
     return {
+        "schema_version": SCHEMA_VERSION,
         "model": m.provenance.model_name, "model_sha256": m.provenance.model_sha256,
         "target": m.target.name,
         "nodes_before": t.nodes_before, "nodes_after": t.nodes_after,
@@ -66,7 +71,27 @@ def summarise(message: ptom_pb2.CompiledModel) -> dict:
             "max_abs_diff": max((o.max_abs_diff for o in v.outputs), default=None),
             "kernels_checked": len(checked),
             "kernels_passed": sum(k.functional_ok for k in checked)},
+        "kernels": [kernel_summary(k) for k in m.kernels],
     }
+
+
+def kernel_summary(kernel: ptom_pb2.Kernel) -> dict:
+    """One planned region's kernel: compiled, or fallen back with its category and reason."""
+    tile = kernel.tuned_tile if kernel.HasField("tuned_tile") else None
+    return {"id": kernel.id, "ops": [op.op_type for op in kernel.original],
+            "status": "compiled" if kernel.compiled else "fell_back",
+            "fallback_category": None if kernel.compiled else fallback_category(
+                kernel.fallback_reason),
+            "fallback_reason": None if kernel.compiled else kernel.fallback_reason,
+            "tile": None if tile is None else {
+                "budget_bytes": tile.budget_bytes, "swapped_transposes": tile.swapped_transposes,
+                "flat_rows": tile.flat_rows},
+            "tuned_us": tile_us(kernel, "tuned_tile"),
+            "default_us": tile_us(kernel, "default_tile"),
+            "gm_bytes": kernel.gm_bytes_read + kernel.gm_bytes_written,
+            "gm_bytes_lower_bound": kernel.gm_bytes_lower_bound,
+            "gm_bytes_handoff": kernel.gm_bytes_handoff,
+            "gm_bytes_cube_rereads": kernel.gm_bytes_cube_rereads}
 
 
 def provenance(message: ptom_pb2.CompiledModel) -> dict:

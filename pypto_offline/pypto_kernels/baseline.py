@@ -29,6 +29,7 @@ from pypto_offline.importer import ImportedGraph
 from pypto_offline.importer.ops import MATMUL, OPS, POINTWISE_OPS
 from pypto_offline.pypto_kernels.codegen import is_scalar_constant
 from pypto_offline.pypto_kernels.compiler import COST_MODEL, single_op_regions
+from pypto_offline.pypto_kernels.records import SLOWER_FUSED
 from pypto_offline.targets import Target
 
 FIT_FILE = Path(__file__).with_name("baseline_fit.json")
@@ -59,7 +60,7 @@ def slower_fused(fused_us: float, unfused_us: float, unfused_kernels: int,
     launches = (unfused_kernels - 1) * launch_us
     if fused_us <= unfused_us + launches:
         return None
-    return (f"slower fused: PyPTO's cost model gives {fused_us:.2f} us against {unfused_us:.2f} "
+    return (f"{SLOWER_FUSED}: PyPTO's cost model gives {fused_us:.2f} us against {unfused_us:.2f} "
             f"us for its ops unfused and {launches:.1f} us of launches saved")
 
 

@@ -46,7 +46,8 @@ from pypto_offline.pypto_kernels.cache import (DamagedEntry, KernelCache, cache_
 from pypto_offline.pypto_kernels.codegen import (KERNEL_FUNCTION, CannotExpress,
                                                  flat_rows_change_the_tiling, is_scalar_constant,
                                                  itemsize_of, kernel_source)
-from pypto_offline.pypto_kernels.records import Kernel, TileResult
+from pypto_offline.pypto_kernels.records import (CHECK_FAILED, COMPILE_FAILED, CRASHED, NO_TILE_FITS,
+                                                 TIMED_OUT, Kernel, TileResult)
 from pypto_offline.pypto_kernels.tiling import (SEARCH_RULES, TilePolicy, candidate_policies,
                                                 default_policy, defer_flat_rows,
                                                 defer_swapped, fits_ub, next_flat_rows,
@@ -59,7 +60,6 @@ KERNEL_FORMAT = 18  # bump when the generator changes what a cached entry means 
 # L0C and L1 tensors were counted as UB; 17: compiles after a failed one in the same process
 # were cached as failed, docs/workers.md)
 DEFAULT_TIMEOUT_S = 300
-TIMED_OUT = "PyPTO compile did not finish within"
 # ascend950: the cost model can use its A5 tables (pypto-cpu.md §6); everything else is 910B.
 COST_MODEL = {"ascend950": ("A5", "ASCEND_950PR_9579")}
 # Written by a job's child in its folder before it compiles: from there a death is the kernel's.
@@ -615,7 +615,7 @@ def _build(region, graph, target, cache, constants, interface, sources, untuned,
                        cache_key=key), bool(searched.get("transient")))
     if not fitting:
         least = min((c.get("ub_bytes") or 0 for c in compiled), default=0)
-        return (Kernel(region.id, False, f"no tile fits {target.name}'s planned UB of {ub} "
+        return (Kernel(region.id, False, f"{NO_TILE_FITS} {target.name}'s planned UB of {ub} "
                        f"bytes: the smallest compiled candidate's leaves need {least}",
                        source=_untuned_source(sources, untuned), cache_key=key), False)
     best = min(fitting, key=lambda c: (c["aicore_us"], c["total_us"] or 0,
@@ -750,7 +750,7 @@ def _kernel_record(region, source, key, best, default, result) -> Kernel:
     functional_ok = bool(verdicts) and all(v == "PASS" for _, v in verdicts) and \
         diff is not None and diff <= tolerance
     reason = None if functional_ok else (
-        f"failed its functional check (max abs diff {diff}, passes "
+        f"{CHECK_FAILED} (max abs diff {diff}, passes "
         f"{[p for p, v in verdicts if v != 'PASS'] or 'none recorded'})")
     traffic = result.get("gm_bytes", {"read": 0, "written": 0})
     return Kernel(
@@ -773,7 +773,7 @@ def _failure(result: dict) -> str:
     if "error" in result:
         return result["error"]
     errors = [c.get("error") for c in result.get("candidates", []) if c.get("error")]
-    return f"PyPTO compile failed: {errors[0] if errors else 'no candidate compiled'}"
+    return f"{COMPILE_FAILED}: {errors[0] if errors else 'no candidate compiled'}"
 
 
 def _run_worker(folder: Path, region: Region, target: Target, sources: dict, key: str, arrays,
@@ -840,7 +840,7 @@ def _run_job_once(folder: Path, job: dict, target: Target, timeout: float) -> di
     result_path = folder / "result.json"
     if code == 0 and result_path.exists():  # a child killed or failed after writing its
         return json.loads(result_path.read_text())  # answer is not trusted with it either
-    return {"error": f"PyPTO worker crashed (exit code {code})", "transient": True}
+    return {"error": f"{CRASHED} (exit code {code})", "transient": True}
 
 
 def _timed_out(limit: float) -> dict:

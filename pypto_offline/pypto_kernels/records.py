@@ -5,6 +5,28 @@ from dataclasses import dataclass, field
 
 from pypto_offline.fusion.records import CANNOT_EXPRESS
 
+# Why a region fell back, as the first words of its reason: the blob stores the reason, and its
+# category (``--json``'s ``fallback_category``, the report's, the unfused ops') is read back
+# from them (``fallback_category``).
+COMPILE_FAILED = "PyPTO compile failed"
+TIMED_OUT = "PyPTO compile did not finish within"
+CRASHED = "PyPTO worker crashed"
+NO_TILE_FITS = "no tile fits"
+CHECK_FAILED = "failed its functional check"
+SLOWER_FUSED = "slower fused"
+FALLBACK_CATEGORIES = ((CANNOT_EXPRESS, CANNOT_EXPRESS), (COMPILE_FAILED, "compile failed"),
+                       (TIMED_OUT, "timed out"), (CRASHED, "worker crashed"),
+                       (NO_TILE_FITS, NO_TILE_FITS), (CHECK_FAILED, "failed check"),
+                       (SLOWER_FUSED, SLOWER_FUSED))
+
+
+def fallback_category(reason: str | None) -> str | None:
+    """The category of a fallback reason (None for a kernel that shipped: no reason)."""
+    if not reason:
+        return None
+    return next((category for prefix, category in FALLBACK_CATEGORIES
+                 if reason.startswith(prefix)), "other")
+
 
 @dataclass(frozen=True)
 class TileResult:
