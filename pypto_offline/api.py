@@ -162,6 +162,28 @@ def compile(model, target: str = "kirin9050",  # noqa: A001 - the API's verb
 MAX_JOBS = 64
 
 
+def input_names(model) -> list[str]:
+    """The names of a model's graph inputs (its initializers left out)."""
+    from pypto_offline.importer.input_shapes import graph_inputs
+    from pypto_offline.importer.loading import load_model
+
+    return [value.name for value in graph_inputs(load_model(model)[0])]
+
+
+def shared_workers(jobs: int = 2):
+    """A block in which every ``compile`` shares one pool of ``jobs`` PyPTO worker threads and
+    their fork servers (torch and PyPTO imported once for a batch of models and targets)::
+
+        with pypto_offline.api.shared_workers(2):
+            for model in models:
+                pypto_offline.compile(model, "kirin9050").save(...)
+    """
+    from pypto_offline.pypto_kernels.compiler import shared_workers as pool
+
+    check_limits(jobs, None)
+    return pool(jobs)
+
+
 def check_limits(jobs: int, kernel_timeout: float | None) -> None:
     """Refuse resource options outside what makes sense, before any work."""
     if not isinstance(jobs, int) or not 1 <= jobs <= MAX_JOBS:

@@ -44,11 +44,18 @@ def compile_parser() -> argparse.ArgumentParser:
         "Compile an ONNX model for a Huawei NPU: fuse memory-bound ops into PyPTO kernels, pack "
         "them into one blob, and check the result against onnxruntime. Other commands: "
         + ", ".join(SUBCOMMANDS) + "."))
-    parser.add_argument("model", help="path of the .onnx model")
-    parser.add_argument("--target", required=True, help=f"chip: {', '.join(TARGETS)}")
-    parser.add_argument("-o", "--output", help="blob path (default: MODEL.TARGET.ptom next to it)")
-    parser.add_argument("--report", metavar="PATH",
-                        help="HTML report path (default: the blob's path, .report.html)")
+    parser.add_argument("models", nargs="+", metavar="MODEL",
+                        help="path of an .onnx model (several: a batch build, one worker pool "
+                             "and one kernel cache for all)")
+    parser.add_argument("--target", required=True, metavar="T[,T...]",
+                        help=f"chips, comma-separated: {', '.join(TARGETS)}")
+    parser.add_argument("-o", "--output", help="blob path, one build only (default: "
+                                               "MODEL.TARGET.ptom next to the model)")
+    parser.add_argument("--report", metavar="PATH", help="HTML report path, one build only "
+                                                         "(default: the blob's, .report.html)")
+    parser.add_argument("--output-dir", metavar="DIR",
+                        help="write every build's DIR/MODEL.TARGET.ptom and .report.html "
+                             "(created if missing)")
     parser.add_argument("--no-report", action="store_true", help="write no HTML report")
     parser.add_argument("--input-shape", action="append", default=[], metavar="NAME=D0,D1,...",
                         help="fix the shape of a model input (repeatable)")
@@ -174,38 +181,142 @@ def _progress(quiet: bool):
         progress.close()
 
 
-def run_compile(argv: list[str]) -> int:
-    args = compile_parser().parse_args(argv)
+class _Build:
+    """One model for one target, where its blob and report go, and its inputs' shapes."""
+
+    def __init__(self, model: str, target: str, output: Path, report: Path | None,
+                 shapes: dict[str, list[int]]):
+        self.model, self.target, self.output, self.report = model, target, output, report
+        self.shapes = shapes
+
+
+def _shapes_per_model(args) -> dict[str, dict[str, list[int]]]:
+    """The ``--input-shape`` options of each model: in a batch, a shape is for the models with
+    an input of its name (a model that cannot be read gets them all, and its build says why);
+    a name no model has is an error."""
+    from pypto_offline import api
+
+    shapes = _input_shapes(args.input_shape)
+    if len(args.models) == 1:
+        return {args.models[0]: shapes}
+    per_model, used = {}, set()
+    for model in args.models:
+        try:
+            names = set(api.input_names(model))
+        except PyptoOfflineError:
+            names = set(shapes)
+        per_model[model] = {name: dims for name, dims in shapes.items() if name in names}
+        used |= names
+    unknown = sorted(set(shapes) - used)
+    if unknown:
+        raise UsageError(f"--input-shape names {unknown[0]!r}, an input of none of the models",
+                         fix="check the input's name (pypto-offline inspect shows a blob's)")
+    return per_model
+
+
+def _builds(args) -> list[_Build]:
+    """Every model for every target, in the order given, with its outputs: ``-o``/``--report``
+    for one build, else ``--output-dir`` or beside each model. Every output is checked before
+    any work: a compile must not end by failing to write, nor overwrite a model it reads, the
+    blob with the report or another build's outputs."""
     from pypto_offline import api
     from pypto_offline.offline_compiler.blob import check_outputs
 
-    target = api.get_target(args.target)
+    targets = [api.get_target(name.strip()).name for name in args.target.split(",")]
+    pairs = [(model, target) for model in args.models for target in targets]
+    if len(pairs) > 1 and (args.output or args.report):
+        raise UsageError(f"-o and --report name one build's files, and this is {len(pairs)} "
+                         "builds", fix="use --output-dir DIR")
+    shapes, builds = _shapes_per_model(args), []
+    for model, target in pairs:
+        name = f"{Path(model).stem}.{target}.ptom"
+        output = Path(args.output) if args.output else \
+            Path(args.output_dir) / name if args.output_dir else Path(model).with_name(name)
+        report = None if args.no_report else Path(args.report) if args.report \
+            else report_path(output)
+        builds.append(_Build(model, target, output, report, shapes[model]))
+    # labelled as the user named them: the options of one build, each build's files in a batch
+    labels = (lambda b: ("-o", "--report")) if len(builds) == 1 else \
+        (lambda b: (f"{b.model} for {b.target}: the blob", f"{b.model} for {b.target}: the report"))
+    outputs = {label: path for b in builds
+               for label, path in zip(labels(b), (b.output, b.report)) if path}
+    models = {"input model": Path(args.models[0])} if len(args.models) == 1 else \
+        {f"input model {m}": Path(m) for m in args.models}
+    check_outputs(outputs, {**models,
+                            **({"--inputs file": Path(args.inputs)} if args.inputs else {})})
+    return builds
+
+
+def run_compile(argv: list[str]) -> int:
+    args = compile_parser().parse_args(argv)
+    from pypto_offline import api
+
     api.check_limits(args.jobs, args.kernel_timeout)
-    output = Path(args.output) if args.output else \
-        Path(args.model).with_name(f"{Path(args.model).stem}.{target.name}.ptom")
-    report = None if args.no_report else Path(args.report) if args.report else report_path(output)
-    # Every output checked before the work: a compile must not end by failing to write, nor by
-    # overwriting the model it read or the blob with the report.
-    check_outputs({"-o": output, **({"--report": report} if report else {})},
-                  {"input model": Path(args.model),
-                   **({"--inputs file": Path(args.inputs)} if args.inputs else {})})
+    if args.output_dir:
+        Path(args.output_dir).mkdir(parents=True, exist_ok=True)
+    builds = _builds(args)
     inputs = _load_inputs(args.inputs)
+    codes, summaries = [], []
+    with _progress(args.quiet) as progress, _batch(api, args.jobs, len(builds)):
+        for build in builds:
+            code, summary = _run_build(build, args, inputs, progress)
+            codes.append(code)
+            summaries.append(summary)
+    if len(builds) > 1 and not (args.json or args.quiet):
+        print(_batch_table(summaries))
+    return max(codes)
+
+
+@contextmanager
+def _batch(api, jobs: int, builds: int):
+    """One worker pool for every build of a batch (a single build makes its own)."""
+    if builds == 1:
+        yield
+        return
+    with api.shared_workers(jobs):
+        yield
+
+
+def _run_build(build: _Build, args, inputs: dict, progress) -> tuple[int, dict | None]:
+    """Compile, save and print one build; its exit code and summary. Bad input of one model
+    (exit 2) does not stop the others: the batch's exit code is the worst."""
+    from pypto_offline import api
+
     started = time.perf_counter()
-    with _progress(args.quiet) as progress:
-        compiled = api.compile(args.model, target.name, _input_shapes(args.input_shape),
+    try:
+        compiled = api.compile(build.model, build.target, build.shapes,
                                cache_dir=args.cache_dir, jobs=args.jobs,
                                tile_search=not args.no_tile_search,
                                kernel_timeout=args.kernel_timeout, progress=progress,
                                inputs=inputs, verify=not args.no_verify,
                                measure_baseline=args.measure_baseline)
-        progress.stage("writing the blob" + (" and the report" if report else ""))
-        compiled.save(output, report=report)
-    summary = {**compiled.summary(), "model": args.model, "blob": str(output),
-               "report": str(report) if report else None, "kernel_cache": compiled.kernel_cache,
+        progress.stage("writing the blob" + (" and the report" if build.report else ""))
+        compiled.save(build.output, report=build.report)
+    except PyptoOfflineError as err:
+        if len(args.models) * len(args.target.split(",")) == 1:
+            raise
+        print(f"pypto-offline: error: {build.model} for {build.target}: "
+              f"{printable(str(err))}", file=sys.stderr)
+        return EXIT_BAD_INPUT, None
+    summary = {**compiled.summary(), "model": build.model, "blob": str(build.output),
+               "report": str(build.report) if build.report else None,
+               "kernel_cache": compiled.kernel_cache,
                "compile_seconds": round(time.perf_counter() - started, 2),
                "timings": compiled.timings.as_dict()}
     _print(summary, args, _human_summary)
-    return EXIT_VERIFY_FAILED if summary["verification"]["status"] == "failed" else EXIT_OK
+    return (EXIT_VERIFY_FAILED if summary["verification"]["status"] == "failed" else EXIT_OK,
+            summary)
+
+
+def _batch_table(summaries: list[dict | None]) -> str:
+    """The batch at a glance: a line per build (a build refused with bad input shows none)."""
+    rows = [("model", "target", "kernels", "fell back", "verification", "blob")]
+    rows += [(s["model"], s["target"], f"{s['kernels_before']} -> {s['kernels_after']}",
+              str(s["pypto"]["fell_back"]), s["verification"]["status"], s["blob"])
+             for s in summaries if s is not None]
+    widths = [max(len(printable(row[i])) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(printable(cell).ljust(width) for cell, width in zip(row, widths))
+                     .rstrip() for row in rows)
 
 
 def report_path(blob: Path) -> Path:
@@ -268,10 +379,10 @@ def _cost_model(pypto: dict) -> str:
 def _print(summary: dict, args, human) -> None:
     """The one way a summary reaches stdout: JSON escapes control characters itself; the human
     form gets every string of the summary escaped first (a model's names are its author's)."""
-    if args.json:
-        print(json.dumps(summary, indent=2, sort_keys=True))
+    if args.json:  # one object a line (JSON Lines): a batch prints one per build
+        print(json.dumps(summary, sort_keys=True), flush=True)
     elif not args.quiet:
-        print(human(printable(summary)))
+        print(human(printable(summary)), flush=True)
 
 
 def printable(value):

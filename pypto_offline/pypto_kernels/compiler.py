@@ -429,29 +429,72 @@ def unfused_costs(graph: ImportedGraph, regions: Sequence[Region], target: Targe
     return {region.id: cost for region, cost in zip(regions, costs)}
 
 
-def _each_region(regions, jobs: int, work, order: Sequence[int] | None = None) -> list:
-    """``work`` of each region, in region order, ``jobs`` at a time, started in ``order``
-    (indices; default region order): threads are enough, as each only waits on its PyPTO
-    worker process. On the first error, or an interrupt (which only the main thread receives),
-    the queued regions are dropped and the running workers killed before it propagates: an
-    interrupted build makes no Kernel records."""
-    workers = _Workers()
-    pool = ThreadPoolExecutor(max(1, jobs))
+class _Pool:
+    """``jobs`` threads and the PyPTO processes they run (``_Workers``): each thread starts its
+    fork servers on its first job, and they live as long as the thread (PDEATHSIG)."""
+
+    def __init__(self, jobs: int):
+        self.workers = _Workers()
+        self.threads = ThreadPoolExecutor(max(1, jobs))
+
+    def close(self) -> None:
+        self.threads.shutdown(wait=True, cancel_futures=True)
+        self.workers.shutdown()
+
+
+_shared: _Pool | None = None  # the pool of a batch of builds (``shared_workers``), if any
+
+
+@contextlib.contextmanager
+def shared_workers(jobs: int) -> Iterator[None]:
+    """One pool of ``jobs`` threads and fork servers for every build in the block (a batch of
+    models and targets: the servers import torch and PyPTO once for all of them). An interrupt
+    kills its processes; the block must run in one thread at a time."""
+    global _shared
+    if _shared is not None:
+        raise RuntimeError("shared_workers blocks do not nest")
+    _shared = _Pool(jobs)
     try:
-        started = {i: pool.submit(_working_for, workers, work, regions[i])
-                   for i in (range(len(regions)) if order is None else order)}
+        yield
+    except BaseException:
+        _shared.workers.cancel()
+        raise
+    finally:
+        pool, _shared = _shared, None
+        pool.close()
+
+
+def _each_region(regions, jobs: int, work, order: Sequence[int] | None = None) -> list:
+    """``work`` of each region, in region order, ``jobs`` at a time (the shared pool's, in a
+    batch), started in ``order`` (indices; default region order): threads are enough, as each
+    only waits on its PyPTO worker process. On the first error the queued regions are dropped
+    and the running ones finish before it propagates; on an interrupt (which only the main
+    thread receives) the running workers are killed first: an interrupted build makes no Kernel
+    records."""
+    pool = _shared or _Pool(jobs)
+    started = {}
+    try:
+        for i in range(len(regions)) if order is None else order:
+            started[i] = pool.threads.submit(_working_for, pool.workers, work, regions[i])
         futures = [started[i] for i in range(len(regions))]
         wait(futures, return_when=FIRST_EXCEPTION)
         for future in futures:  # the first failure in region order, without waiting for others
             if future.done() and future.exception() is not None:
                 future.result()
         return [future.result() for future in futures]
+    except KeyboardInterrupt:
+        pool.workers.cancel()
+        raise
     except BaseException:
-        workers.cancel()
+        if pool is not _shared:  # its own processes: they go with it
+            pool.workers.cancel()
         raise
     finally:
-        pool.shutdown(wait=True, cancel_futures=True)
-        workers.shutdown()
+        for future in started.values():
+            future.cancel()
+        wait(list(started.values()))
+        if pool is not _shared:
+            pool.close()
 
 
 def largest_tensor_bytes(region: Region) -> int:

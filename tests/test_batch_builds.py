@@ -1,0 +1,103 @@
+"""Issue 20's batch builds: several models for several targets in one invocation, one worker pool
+and one kernel cache; ``--output-dir`` names the files; ``--json`` prints one JSON object per
+build per line, in the order given; the exit code is the worst of the builds; outputs are
+checked before any work."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.malformed import EXAMPLE
+from tests.onnx_builders import GraphBuilder
+
+REPO = Path(__file__).resolve().parent.parent
+TARGETS = "kirin9050,ascend910b"
+
+
+def run_cli(*args, cwd=None) -> subprocess.CompletedProcess:
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    return subprocess.run([sys.executable, "-m", "pypto_offline", *map(str, args)],
+                          capture_output=True, text=True, env=environment, cwd=cwd, timeout=900)
+
+
+def small_model(path: Path) -> Path:
+    b = GraphBuilder()
+    x = b.input("frames", [1, 8, 16, 16])  # not the example's x: --input-shape x is not its
+    path.write_bytes(b.model(b.op("Sigmoid", [b.op("Neg", [b.op("Relu", [x])])]))
+                     .SerializeToString())
+    return path
+
+
+@pytest.fixture(scope="module")
+def batch(tmp_path_factory):
+    """Two models (the example and a small one) for two targets, in one invocation."""
+    folder = tmp_path_factory.mktemp("batch")
+    models = [folder / "example.onnx", small_model(folder / "small.onnx")]
+    shutil.copy(EXAMPLE, models[0])
+    done = run_cli(*models, "--target", TARGETS, "--input-shape", "x=1,3,64,64",
+                   "--output-dir", folder / "out", "--cache-dir", folder / "cache",
+                   "--no-tile-search", "--json", "--quiet")
+    return folder, models, done
+
+
+def test_a_batch_writes_every_build_and_one_json_line_each_in_order(batch):
+    folder, models, done = batch
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    builds = [json.loads(line) for line in lines]
+    assert [(Path(b["model"]).stem, b["target"]) for b in builds] == [
+        (m.stem, t) for m in models for t in TARGETS.split(",")]
+    for build in builds:
+        assert build["schema_version"] == 1 and build["verification"]["status"] == "passed"
+        assert Path(build["blob"]) == folder / "out" / f"{Path(build['model']).stem}." \
+                                                       f"{build['target']}.ptom"
+        assert Path(build["blob"]).is_file() and Path(build["report"]).is_file()
+    # one cache: the second target of a model finds the compiles of the first (same 910B tables)
+    assert builds[1]["kernel_cache"]["pypto_compiles"] == 0
+
+
+def test_a_batch_blob_is_the_blob_of_a_build_alone(batch, tmp_path):
+    folder, models, _ = batch
+    alone = tmp_path / "small.kirin9050.ptom"
+    done = run_cli(models[1], "--target", "kirin9050", "-o", alone, "--no-report",
+                   "--cache-dir", tmp_path / "cache", "--no-tile-search", "--quiet")
+    assert done.returncode == 0, done.stderr
+    assert alone.read_bytes() == (folder / "out" / "small.kirin9050.ptom").read_bytes()
+
+
+def test_a_bad_model_in_a_batch_is_exit_2_and_the_others_are_built(tmp_path):
+    broken = tmp_path / "broken.onnx"
+    broken.write_bytes(b"not a model")
+    good = small_model(tmp_path / "good.onnx")
+    done = run_cli(broken, good, "--target", "kirin9050", "--output-dir", tmp_path / "out",
+                   "--cache-dir", tmp_path / "cache", "--no-tile-search", "--no-report",
+                   "--json", "--quiet")
+    assert done.returncode == 2, done.stderr
+    assert f"{broken} for kirin9050" in done.stderr and "Traceback" not in done.stderr
+    (line,) = done.stdout.splitlines()
+    assert json.loads(line)["model"] == str(good)
+    assert (tmp_path / "out" / "good.kirin9050.ptom").is_file()
+    assert not (tmp_path / "out" / "broken.kirin9050.ptom").exists()
+
+
+@pytest.mark.parametrize("options,expected", [
+    (["-o", "one.ptom"], "use --output-dir"),
+    (["--output-dir", "out"], "is the same file as"),
+    (["--input-shape", "y=1,2"], "'y', an input of none of the models"),
+])
+def test_outputs_that_cannot_serve_a_batch_are_refused_before_any_work(options, expected,
+                                                                        tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    first, second = small_model(tmp_path / "a" / "m.onnx"), small_model(tmp_path / "b" / "m.onnx")
+    done = run_cli(first, second, "--target", "kirin9050", *options,
+                   "--cache-dir", tmp_path / "cache", cwd=tmp_path)
+    assert done.returncode == 2 and expected in done.stderr, done.stderr
+    assert not (tmp_path / "cache").exists()  # refused before any work
