@@ -106,3 +106,26 @@ def test_a_rewrite_that_changes_the_outputs_is_refused():
     wrong.graph.initializer[0].CopyFrom(numpy_helper.from_array(
         np.full(4, 1.001, np.float32), wrong.graph.initializer[0].name))
     assert same_outputs(model, model) and not same_outputs(model, wrong)
+
+
+def test_a_per_channel_affine_runs_on_channel_rows_at_its_lower_bound(tmp_path):
+    """A transposed convolution's bias, a BatchNorm's scale and shift and a ReLU over NCHW run
+    as [C, H*W] rows with the per-channel operands [C, 1] (fusion/rows.channel_rows): on the
+    4-D tensors PyPTO needed two expand_clone calls per operand, and ppocrv4_det's such region
+    found no tile within kirin9050's UB; as rows it reads and writes each tensor once."""
+    from pypto_offline.pypto_kernels import compile_kernels
+    from pypto_offline.targets import TARGETS
+
+    b = GraphBuilder()
+    x = b.input("x", [1, CHANNELS, 64, 64])
+    biased = b.op("Add", [x, b.const(RNG.standard_normal((1, CHANNELS, 1, 1)).astype(np.float32))])
+    model = b.model(b.op("Relu", [_batch_norm(b, biased)]))
+    graph, plan = fuse(model)
+    (region,) = plan.regions
+    (kernel,) = compile_kernels(graph, plan, TARGETS["kirin9050"], cache_dir=tmp_path,
+                                search=False)
+    assert kernel.compiled and kernel.functional_ok, (kernel.fallback_reason, kernel.verdicts)
+    assert f"ARGUMENT_SHAPES = [({CHANNELS}, 4096)" in kernel.source
+    assert "expand_clone" not in kernel.source
+    assert kernel.gm_bytes_read + kernel.gm_bytes_written <= 1.05 * region.fused.gm_bytes
+    _same_as_source(model, graph)

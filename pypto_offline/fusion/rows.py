@@ -44,6 +44,7 @@ class RowLayout:
     columns: int
     kinds: Mapping[str, str]  # every tensor of the program → FULL, ROW, COLUMN or SCALAR
     whole_rows: bool = True   # a tile covers whole rows (a reduction's); False: any 2-D tile
+    split_columns: bool = False  # a tile may cut a row (channel rows: a row is an image plane)
 
     def shape(self, tensor: str) -> list[int]:
         kind = self.kinds[tensor]
@@ -100,6 +101,33 @@ def conv_rows(ops: Sequence[RegionOp], shapes: Mapping[str, Sequence[int]]
     except NotRows:
         return None
     return RowLayout(rows, columns, MappingProxyType(kinds), whole_rows=False)
+
+
+def channel_rows(ops: Sequence[RegionOp], shapes: Mapping[str, Sequence[int]]
+                 ) -> RowLayout | None:
+    """The rows of an elementwise region that broadcasts a per-channel operand (a bias, a
+    BatchNorm's scale and shift, a squeeze-and-excite gate) over NCHW tensors: ``[N * C, H * W]``,
+    the operand a ``[C, 1]`` row broadcast along one axis, which PyPTO does in place. On the 4-D
+    tensors it took two ``expand_clone`` calls, each a full-size tile in UB: ppocrv4_det's
+    ConvTranspose bias, BatchNorm affine and ReLU on 1x24x320x320 found no tile within
+    kirin9050's UB (the smallest needed 194,592 B). None when the region holds anything but
+    elementwise and view ops, or broadcasts nothing per channel."""
+    if any(kind_of(op.op_type) not in (ELEMENTWISE, BROADCAST, VIEW) for op in ops):
+        return None
+    full = max((tuple(shapes[name]) for op in ops for name in op.outputs), key=prod)
+    if len(full) < 3:
+        return None
+    rows, columns = prod(full[:2]), prod(full[2:])
+    kinds: dict[str, str] = {}
+    try:
+        for op in ops:
+            _assign(op, shapes, rows, columns, kinds)
+    except NotRows:
+        return None
+    if ROW not in kinds.values() or rows == columns:
+        return None
+    return RowLayout(rows, columns, MappingProxyType(kinds), whole_rows=False,
+                     split_columns=True)
 
 
 def _rows_and_columns(ops, shapes) -> tuple[int, int]:

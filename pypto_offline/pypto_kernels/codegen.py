@@ -28,7 +28,7 @@ import onnx
 from pypto_offline.fusion.classify import BYTE_INTEGERS, FLOAT_DTYPES, HALF_DTYPES, kernel_dtype
 from pypto_offline.fusion.records import Region, RegionOp
 from pypto_offline.fusion.rules import DECOMPOSED
-from pypto_offline.fusion.rows import (NotRows, RowLayout, conv_rows, has_reduction,
+from pypto_offline.fusion.rows import (NotRows, RowLayout, channel_rows, conv_rows, has_reduction,
                                        row_layout)
 from pypto_offline.importer.ops import POINTWISE_OPS, VIEW_ONLY_OPS, matmul_extents
 from pypto_offline.pypto_kernels import activations
@@ -200,7 +200,8 @@ class _Writer:
             # one tile of whole rows for every op of a row region, the reduced results
             # included: a reduction never splits its axis (fusion/rows.py)
             shape, whole_axes = (self.rows.rows, self.rows.columns), (1,)
-        tile = self.policy.tile(tuple(shape), itemsize_of(dtype), tuple(whole_axes))
+        split = self.rows is not None and self.rows.split_columns and len(shape) == 2
+        tile = self.policy.tile(tuple(shape), itemsize_of(dtype), tuple(whole_axes), split)
         self._set_tile(_rows_within_cube_tile(self, tuple(shape), tile))
 
     def _set_tile(self, tile: tuple[int, ...]) -> None:
@@ -264,14 +265,19 @@ def kernel_source(region: Region, policy: TilePolicy, constants: Mapping[str, np
     if has_reduction(region.simplified):
         w.rows = _row_layout(region)
     else:
-        w.rows = conv_rows(region.simplified, _shapes(region))
+        w.rows = conv_rows(region.simplified, _shapes(region)) or \
+            channel_rows(region.simplified, _shapes(region))
+    if w.rows is not None and w.rows.split_columns:  # channel rows: the arguments are rows
+        w.declared.update({tensor: tuple(w.rows.shape(tensor))
+                           for tensor in region.inputs + region.outputs
+                           if not is_scalar_constant(tensor, constants)})
     inputs = {}
     for index, tensor in enumerate(region.inputs):
         if is_scalar_constant(tensor, constants):
             w.hold(tensor, float_literal(np.asarray(constants[tensor]).reshape(-1)[0]), ())
             continue
         inputs[tensor] = f"in{index}"
-        w.hold(tensor, f"in{index}", w.shape(tensor))
+        w.hold(tensor, f"in{index}", w.declared.get(tensor, w.shape(tensor)))
     outputs = {tensor: f"out{index}" for index, tensor in enumerate(region.outputs)}
     w.assembled = assembled_outputs(region)
     _share_assembled_inputs(w)

@@ -60,8 +60,11 @@ class TilePolicy:
         return (f"{self.budget_bytes}{'-swapped' if self.swap_transpose_tiles else ''}"
                 f"{'-flat' if self.flat_rows else ''}")
 
-    def tile(self, shape: tuple[int, ...], itemsize: int, whole_axes: tuple[int, ...] = ()
-             ) -> tuple[int, ...]:
+    def tile(self, shape: tuple[int, ...], itemsize: int, whole_axes: tuple[int, ...] = (),
+             split_last: bool = False) -> tuple[int, ...]:
+        """A tile of about ``budget_bytes``: the last axis whole (unless ``split_last`` and it
+        alone is larger than the budget: a row of channel rows, ``fusion/rows.channel_rows``),
+        then as many of the axes before it as fit, innermost first."""
         if not shape:
             return (BLOCK_BYTES // itemsize,)
         rank = len(shape)
@@ -69,6 +72,8 @@ class TilePolicy:
         tile = [1] * rank
         last = rank - 1
         tile[last] = -(-shape[last] // align) * align
+        if split_last and last not in whole_axes:
+            tile[last] = min(tile[last], max(align, self.budget_bytes // itemsize // align * align))
         budget = max(self.budget_bytes // itemsize, tile[last])
         for axis in whole_axes:
             if axis != last:
