@@ -24,13 +24,16 @@ from pypto_offline.importer.input_shapes import check_given_inputs
 from pypto_offline.offline_compiler import BuildOptions, blob, build, ptom_pb2
 from pypto_offline.offline_compiler.summary import summarise
 from pypto_offline.progress import SILENT, Progress, Timings
-from pypto_offline.targets import TARGETS, Target
+from pypto_offline.targets import Target, known_names, resolve_target
 
 
 def get_target(name: str) -> Target:
-    if name not in TARGETS:
-        raise UsageError(f"unknown target {name!r}", fix=f"choose one of {', '.join(TARGETS)}")
-    return TARGETS[name]
+    """The target of a target's or a chip's name, in any case (``targets.resolve_target``)."""
+    target = resolve_target(name)
+    if target is None:
+        raise UsageError(f"unknown target {name!r}",
+                         fix=f"choose one of {', '.join(known_names())} (any case)")
+    return target
 
 
 class CompiledModel:
@@ -173,4 +176,5 @@ def check_limits(jobs: int, kernel_timeout: float | None) -> None:
 
 
 def load(path, expected_target: str | None = None) -> CompiledModel:
-    return CompiledModel(blob.read(Path(path), expected_target))
+    expected = get_target(expected_target).name if expected_target else None
+    return CompiledModel(blob.read(Path(path), expected))

@@ -26,7 +26,7 @@ from pathlib import Path
 from pypto_offline import __version__
 from pypto_offline.errors import BuildInterrupted, PyptoOfflineError, UsageError
 from pypto_offline.progress import SILENT, Progress
-from pypto_offline.targets import TARGETS
+from pypto_offline.targets import TARGETS, chip_names
 
 EXIT_OK, EXIT_VERIFY_FAILED, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
 SUBCOMMANDS = ("targets", "inspect", "verify", "report")
@@ -45,7 +45,10 @@ def compile_parser() -> argparse.ArgumentParser:
         "them into one blob, and check the result against onnxruntime. Other commands: "
         + ", ".join(SUBCOMMANDS) + "."))
     parser.add_argument("model", help="path of the .onnx model")
-    parser.add_argument("--target", required=True, help=f"chip: {', '.join(TARGETS)}")
+    parser.add_argument("--target", "--soc_version", dest="target", required=True, metavar="CHIP",
+                        help=f"chip: {', '.join(TARGETS)}, or its name as ATC's --soc_version "
+                             f"writes it (Kirin9050, KirinX90, Ascend910B3, Ascend950PR, ...), "
+                             f"in any case")
     parser.add_argument("-o", "--output", help="blob path (default: MODEL.TARGET.ptom next to it)")
     parser.add_argument("--report", metavar="PATH",
                         help="HTML report path (default: the blob's path, .report.html)")
@@ -292,17 +295,18 @@ def run_targets(argv: list[str]) -> int:
     parser = _Parser(prog="pypto-offline targets", description="The chips and their figures.")
     _common(parser)
     args = parser.parse_args(argv)
-    listing = {name: {"notes": t.notes, **{key: {"value": f.value, "source": f.source,
-                                                 "estimate": f.estimate}
-                                           for key, f in t.figures().items()}}
+    listing = {name: {"notes": t.notes, "chip_names": chip_names(t),
+                      **{key: {"value": f.value, "source": f.source, "estimate": f.estimate}
+                         for key, f in t.figures().items()}}
                for name, t in TARGETS.items()}
     if args.json:
         print(json.dumps(listing, indent=2, sort_keys=True, default=list))
         return EXIT_OK
     for name, figures in listing.items():
         print(name + (f" — {figures['notes']}" if figures["notes"] else ""))
+        print(f"  {'chip names':20s} {', '.join(figures['chip_names'])}  (--target, any case)")
         for key, f in figures.items():
-            if key != "notes":
+            if key not in ("notes", "chip_names"):
                 flag = " [estimate]" if f["estimate"] else ""
                 print(f"  {key:20s} {f['value']}{flag}  ({f['source']})")
     return EXIT_OK
