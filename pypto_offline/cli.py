@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import threading
@@ -49,12 +50,22 @@ def compile_parser() -> argparse.ArgumentParser:
                         help=f"chip: {', '.join(TARGETS)}, or its name as ATC's --soc_version "
                              f"writes it (Kirin9050, KirinX90, Ascend910B3, Ascend950PR, ...), "
                              f"in any case")
-    parser.add_argument("-o", "--output", help="blob path (default: MODEL.TARGET.ptom next to it)")
+    parser.add_argument("-o", "--output",
+                        help="blob path; without .ptom a stem, as ATC's --output: out/model "
+                             "writes out/model.ptom (default: MODEL.TARGET.ptom next to it)")
     parser.add_argument("--report", metavar="PATH",
                         help="HTML report path (default: the blob's path, .report.html)")
     parser.add_argument("--no-report", action="store_true", help="write no HTML report")
     parser.add_argument("--input-shape", action="append", default=[], metavar="NAME=D0,D1,...",
                         help="fix the shape of a model input (repeatable)")
+    parser.add_argument("--input_shape", dest="atc_input_shape", action="append", default=[],
+                        metavar='"NAME:D0,D1,...;NAME:..."',
+                        help="ATC's spelling: the shapes of several inputs, ';'-separated "
+                             "(with --input-shape too, each input once)")
+    parser.add_argument("--dim", action="append", default=[], metavar="NAME=VALUE",
+                        help="fix a symbolic dimension by its name in every input that has it, "
+                             "e.g. --dim batch=1 --dim seq=128 (repeatable; --input-shape wins "
+                             "for the inputs it names)")
     parser.add_argument("--inputs", help=".npz of real inputs for the check, by input name")
     parser.add_argument("--cache-dir", help="kernel cache (default: ~/.cache/pypto-offline)")
     parser.add_argument("--jobs", type=int, default=2, help="parallel PyPTO compiles")
@@ -78,16 +89,39 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--version", action="version", version=f"pypto-offline {__version__}")
 
 
-def _input_shapes(options: list[str]) -> dict[str, list[int]]:
-    from pypto_offline.importer.input_shapes import parse_shape_option
+def _input_shapes(args) -> dict[str, list[int]]:
+    """--input-shape NAME=DIMS and ATC's --input_shape "NAME:DIMS;...", together."""
+    from pypto_offline.importer.input_shapes import parse_atc_shapes, parse_shape_option
 
-    shapes: dict[str, list[int]] = {}
-    for text in options:
-        name, dims = parse_shape_option(text)
-        if name in shapes:
-            raise UsageError(f"--input-shape gives {name!r} twice", fix="give each input once")
-        shapes[name] = dims
-    return shapes
+    given = [parse_shape_option(text) for text in args.input_shape]
+    given += [shape for text in args.atc_input_shape for shape in parse_atc_shapes(text)]
+    return _once(given, "--input-shape/--input_shape", "give each input once")
+
+
+def _dims(args) -> dict[str, int]:
+    from pypto_offline.importer.input_shapes import parse_dim_option
+
+    return _once([parse_dim_option(text) for text in args.dim], "--dim",
+                 "give each dimension once")
+
+
+def _once(pairs: list[tuple], option: str, fix: str) -> dict:
+    named: dict = {}
+    for name, value in pairs:
+        if name in named:
+            raise UsageError(f"{option} names {name!r} twice", fix=fix)
+        named[name] = value
+    return named
+
+
+def blob_path(output: str) -> Path:
+    """``-o`` as the blob's path: as given when it ends in .ptom, else ATC's --output form, a
+    stem (``out/model`` → ``out/model.ptom``)."""
+    if output.endswith(("/", os.sep)):
+        raise UsageError(f"-o {output!r} names a folder",
+                         fix="give the blob's path or its stem, e.g. -o out/model")
+    path = Path(output)
+    return path if path.name.lower().endswith(".ptom") else path.with_name(f"{path.name}.ptom")
 
 
 def _load_inputs(path: str | None) -> dict:
@@ -184,19 +218,23 @@ def run_compile(argv: list[str]) -> int:
 
     target = api.get_target(args.target)
     api.check_limits(args.jobs, args.kernel_timeout)
-    output = Path(args.output) if args.output else \
+    output = blob_path(args.output) if args.output else \
         Path(args.model).with_name(f"{Path(args.model).stem}.{target.name}.ptom")
     report = None if args.no_report else Path(args.report) if args.report else report_path(output)
     # Every output checked before the work: a compile must not end by failing to write, nor by
-    # overwriting the model it read or the blob with the report.
-    check_outputs({"-o": output, **({"--report": report} if report else {})},
+    # overwriting the model it read or the blob with the report. A stem is checked as given too:
+    # one naming a folder, a device or the model itself is a slip, refused, not written beside.
+    blobs = {"-o": output}
+    if args.output and Path(args.output) != output:
+        blobs = {"-o": Path(args.output), "the blob": output}
+    check_outputs({**blobs, **({"--report": report} if report else {})},
                   {"input model": Path(args.model),
                    **({"--inputs file": Path(args.inputs)} if args.inputs else {})})
     inputs = _load_inputs(args.inputs)
     started = time.perf_counter()
     with _progress(args.quiet) as progress:
-        compiled = api.compile(args.model, target.name, _input_shapes(args.input_shape),
-                               cache_dir=args.cache_dir, jobs=args.jobs,
+        compiled = api.compile(args.model, target.name, _input_shapes(args),
+                               dims=_dims(args), cache_dir=args.cache_dir, jobs=args.jobs,
                                tile_search=not args.no_tile_search,
                                kernel_timeout=args.kernel_timeout, progress=progress,
                                inputs=inputs, verify=not args.no_verify,

@@ -23,11 +23,27 @@ from onnx import TensorProto
 import pypto_offline
 from pypto_offline import api, cli, import_model
 from pypto_offline.errors import UsageError
+from pypto_offline.importer.input_shapes import parse_atc_shapes, parse_dim_option
 from pypto_offline.targets import TARGETS, known_names, resolve_target
 from tests.malformed import EXAMPLE
 from tests.onnx_builders import GraphBuilder
 
 KIRIN = ["--target", "kirin9050"]
+
+
+@pytest.fixture(scope="module")
+def example_build(tmp_path_factory):
+    """The example built as an ATC user would write it: the chip's name through --soc_version,
+    the batch by name, the output as a stem."""
+    folder = tmp_path_factory.mktemp("atc")
+    (folder / "out").mkdir()
+    cache = folder / "cache"
+    done = subprocess.run(
+        [sys.executable, "-m", "pypto_offline", str(EXAMPLE), "--soc_version", "KIRIN9050",
+         "--dim", "batch=1", "--output", "out/model_k9050",
+         "--no-tile-search", "--cache-dir", str(cache), "--json"],
+        capture_output=True, text=True, cwd=folder, timeout=900)
+    return folder, cache, done
 
 
 # --- chip names ---------------------------------------------------------------------------------
@@ -65,3 +81,155 @@ def test_targets_lists_each_targets_chip_names(capfd):
     assert "Ascend950DT" in listing["ascend950"]["chip_names"]
     assert cli.main(["targets"]) == 0
     assert "Ascend910B3" in capfd.readouterr().out
+
+
+def test_a_blob_is_checked_against_a_chip_name(example_build):
+    folder, _, done = example_build
+    assert done.returncode == 0, done.stderr
+    blob = folder / "out" / "model_k9050.ptom"
+    assert pypto_offline.load(blob, expected_target="Kirin9050").target == "kirin9050"
+    with pytest.raises(pypto_offline.ModelError, match="compiled for 'kirin9050'"):
+        pypto_offline.load(blob, expected_target="Ascend910B3")
+
+
+# --- the ATC-style build ------------------------------------------------------------------------
+
+def test_the_atc_spelled_build_writes_the_stem_and_passes(example_build):
+    folder, _, done = example_build
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout)
+    assert sorted(p.name for p in (folder / "out").iterdir()) == [
+        "model_k9050.ptom", "model_k9050.report.html"]
+    assert summary["blob"] == "out/model_k9050.ptom"
+    assert summary["report"] == "out/model_k9050.report.html"
+    assert summary["target"] == "kirin9050"
+    assert summary["verification"]["status"] == "passed"
+    message = pypto_offline.load(folder / "out" / "model_k9050.ptom").message
+    assert message.provenance.options["dims"] == "batch=1"
+    assert [d.dim_value for d in onnx.load_from_string(message.source_onnx_model)
+            .graph.input[0].type.tensor_type.shape.dim] == [1, 3, 64, 64]
+
+
+def test_atc_input_shape_builds_the_same_graph_as_dim(example_build, tmp_path):
+    """Same shapes, same kernel: the second build is a cache hit of the first's."""
+    folder, cache, done = example_build
+    assert done.returncode == 0, done.stderr
+    out = tmp_path / "again.ptom"
+    assert cli.main([str(EXAMPLE), *KIRIN, "--input_shape", "x:1,3,64,64", "-o", str(out),
+                     "--no-tile-search", "--cache-dir", str(cache), "--quiet",
+                     "--no-report"]) == 0
+    again = pypto_offline.load(out)
+    first = pypto_offline.load(folder / "out" / "model_k9050.ptom")
+    assert again.message.onnx_model == first.message.onnx_model
+    assert again.message.provenance.options["input_shapes"] == "x=1,3,64,64"
+
+
+@pytest.mark.parametrize("given,expected", [
+    ("out/model", "out/model.ptom"), ("out/model.ptom", "out/model.ptom"),
+    ("model.v1", "model.v1.ptom"), ("m.PTOM", "m.PTOM"),
+])
+def test_output_without_ptom_is_a_stem(given, expected):
+    assert cli.blob_path(given) == Path(expected)
+
+
+def test_a_stem_naming_a_folder_or_the_model_is_refused(tmp_path, capfd):
+    """A stem is checked as given too: `-o out` where out is a folder, or `-o model.onnx`, is a
+    slip, not a request for out.ptom or model.onnx.ptom."""
+    model = tmp_path / "m.onnx"
+    onnx.save(two_input_model(), model)
+    (tmp_path / "out").mkdir()
+    for output, message in ((tmp_path / "out", "names a folder, a device or a pipe"),
+                            (model, "is the same file as the input model"),
+                            (str(tmp_path / "new") + "/", "names a folder")):
+        assert cli.main([str(model), *KIRIN, "-o", str(output)]) == 2
+        assert message in capfd.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx", "out"]
+
+
+# --- input shapes and symbolic dimensions -------------------------------------------------------
+
+def two_input_model() -> onnx.ModelProto:
+    """ids [batch, seq] and mask [batch, seq, 4] (its last axis static), added."""
+    b = GraphBuilder()
+    ids = b.input("ids", ["batch", "seq", 1])
+    mask = b.input("mask", ["batch", "seq", 4])
+    return b.model(b.op("Add", [b.op("Relu", [ids]), mask]))
+
+
+def test_atc_input_shape_parses_several_inputs():
+    assert parse_atc_shapes("x:1,3,224,224;y:1,16") == [("x", [1, 3, 224, 224]), ("y", [1, 16])]
+    assert parse_atc_shapes("input:0:1,4;") == [("input:0", [1, 4])]  # a TensorFlow name
+    for bad in ("x=1,3", "x:1,a", ":1,2"):
+        with pytest.raises(UsageError, match="--input_shape"):
+            parse_atc_shapes(bad)
+
+
+def test_dim_parses_and_refuses_what_is_no_size():
+    assert parse_dim_option("batch=1") == ("batch", 1)
+    for bad in ("batch", "=1", "batch=x", "batch=1,2"):
+        with pytest.raises(UsageError, match="--dim"):
+            parse_dim_option(bad)
+
+
+def test_dim_fixes_a_symbolic_dimension_in_every_input_and_input_shape_wins():
+    graph = import_model(two_input_model(), {"mask": [2, 5, 4]}, dims={"batch": 2, "seq": 5})
+    assert graph.tensors["ids"].shape == (2, 5, 1) and graph.tensors["mask"].shape == (2, 5, 4)
+    graph = import_model(two_input_model(), {"ids": [3, 7, 1]}, dims={"batch": 3, "seq": 7})
+    assert graph.tensors["mask"].shape == (3, 7, 4)
+
+
+@pytest.mark.parametrize("dims,message", [
+    ({"batc": 1}, "--dim 'batc' names no symbolic dimension of the model's inputs (its symbolic "
+                  "dimensions are: batch, seq)"),
+    ({"batch": -1}, "--dim batch=-1: a dimension is a whole number from 0 to"),
+])
+def test_a_wrong_dim_is_a_usage_error(dims, message):
+    with pytest.raises(UsageError) as error:
+        import_model(two_input_model(), dims=dims)
+    assert message in str(error.value)
+
+
+@pytest.mark.parametrize("options,message", [
+    ([], "input 'ids' has symbolic dims ['batch', 'seq']: give --dim batch=N --dim seq=N or "
+         "--input-shape ids=..."),
+    (["--dim", "batch=1"], "input 'ids' has symbolic dims ['seq']: give --dim seq=N or "
+                           "--input-shape ids=..."),
+])
+def test_an_input_left_dynamic_names_its_symbolic_dims(options, message, tmp_path, capfd):
+    model = tmp_path / "m.onnx"
+    onnx.save(two_input_model(), model)
+    assert cli.main([str(model), *KIRIN, *options]) == 2
+    (line,) = capfd.readouterr().err.splitlines()[-1:]
+    assert line == f"pypto-offline: error: m.onnx: {message}"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]
+
+
+def test_an_unnamed_dynamic_dim_asks_for_input_shape(tmp_path, capfd):
+    model = two_input_model()
+    model.graph.input[0].type.tensor_type.shape.dim[1].Clear()  # seq of ids: no name at all
+    onnx.save(model, tmp_path / "m.onnx")
+    assert cli.main([str(tmp_path / "m.onnx"), *KIRIN, "--dim", "batch=1", "--dim",
+                     "seq=2"]) == 2
+    assert ("input 'ids' has 1 dynamic dim(s) without a name: give --input-shape ids=..."
+            in capfd.readouterr().err)
+
+
+def test_input_shape_contradicting_a_static_dim_is_refused(tmp_path, capfd):
+    """Before, the model's 64x64 was silently replaced: a model built for one size compiled at
+    another."""
+    for shape in (["--input-shape", "x=1,3,65,64"], ["--input_shape", "x:1,3,64,65"]):
+        assert cli.main([str(EXAMPLE), *KIRIN, *shape, "-o", str(tmp_path / "b.ptom")]) == 2
+        err = capfd.readouterr().err
+        assert "input 'x': --input-shape gives" in err
+        assert "but the model declares ['batch', 3, 64, 64]" in err
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(UsageError, match="dimension 2 is static, 4"):
+        import_model(two_input_model(), {"mask": [1, 2, 5]}, dims={"batch": 1, "seq": 2})
+
+
+def test_the_same_input_given_twice_is_refused(capfd):
+    assert cli.main([str(EXAMPLE), *KIRIN, "--input-shape", "x=1,3,64,64", "--input_shape",
+                     "x:1,3,64,64"]) == 2
+    assert "--input-shape/--input_shape names 'x' twice" in capfd.readouterr().err
+    assert cli.main([str(EXAMPLE), *KIRIN, "--dim", "batch=1", "--dim", "batch=2"]) == 2
+    assert "--dim names 'batch' twice" in capfd.readouterr().err
