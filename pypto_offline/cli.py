@@ -7,9 +7,10 @@
     pypto-offline verify BLOB [--onnx MODEL] [--json] re-run the onnxruntime check from the blob
     pypto-offline report BLOB [-o PATH]               the HTML fusion report, from the blob alone
 
-Exit codes: 0 success, 1 verification failed, 2 bad input, usage or an unusable environment (one
-message, no traceback), 3 an internal error, 130 interrupted by SIGINT (Ctrl-C) and 143 by SIGTERM
-(128 + the signal: the build's PyPTO workers are killed and nothing is written). See README.md.
+Exit codes: 0 success, 1 verification failed (or, with --fail-on-fallback, a region fell back),
+2 bad input, usage or an unusable environment (one message, no traceback), 3 an internal error,
+130 interrupted by SIGINT (Ctrl-C) and 143 by SIGTERM (128 + the signal: the build's PyPTO
+workers are killed and nothing is written). See README.md.
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from pypto_offline.errors import BuildInterrupted, PyptoOfflineError, UsageError
 from pypto_offline.progress import SILENT, Progress
 from pypto_offline.targets import TARGETS, chip_names
 
+# 1 is also a build's exit code under --fail-on-fallback when a region fell back.
 EXIT_OK, EXIT_VERIFY_FAILED, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
 SUBCOMMANDS = ("targets", "inspect", "verify", "report")
 
@@ -75,6 +77,10 @@ def compile_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-tile-search", action="store_true",
                         help="compile the default tile only")
     parser.add_argument("--no-verify", action="store_true", help="skip the onnxruntime check")
+    parser.add_argument("--fail-on-fallback", action="store_true",
+                        help="exit 1 when a planned region fell back to unfused ops; the blob "
+                             "and report are still written, each such region's reason is "
+                             "printed on stderr and listed under 'fallbacks' in --json")
     parser.add_argument("--measure-baseline", action="store_true",
                         help="compile every fused op alone with PyPTO for the unfused cost "
                              "figure (cached per op), instead of estimating it")
@@ -173,14 +179,19 @@ def kernel_line(done: int, total: int, region, kernel) -> str:
     ``... cache hit`` or ``... fell back: REASON``, with the model's strings made printable."""
     ops = "+".join(op.op_type for op in region.original)
     if not kernel.compiled:
-        reason = printable(kernel.fallback_reason or "no reason recorded")
-        reason = reason if len(reason) <= REASON_CHARS else reason[:REASON_CHARS - 1] + "…"
+        reason = short_reason(kernel.fallback_reason or "no reason recorded")
         outcome = f"fell back{' (cached)' if kernel.from_cache else ''}: {reason}"
     elif kernel.from_cache:
         outcome = "cache hit"
     else:
         outcome = f"compiled {kernel.compile_seconds:.1f} s ({_tile_text(kernel)})"
     return f"[{done}/{total}] {printable(region.id)} {printable(ops)}: {outcome}"
+
+
+def short_reason(reason: str) -> str:
+    """A fallback reason made printable and cut to ``REASON_CHARS`` for one line of stderr."""
+    reason = printable(reason)
+    return reason if len(reason) <= REASON_CHARS else reason[:REASON_CHARS - 1] + "…"
 
 
 def _tile_text(kernel) -> str:
@@ -246,7 +257,21 @@ def run_compile(argv: list[str]) -> int:
                "compile_seconds": round(time.perf_counter() - started, 2),
                "timings": compiled.timings.as_dict()}
     _print(summary, args, _human_summary)
+    if args.fail_on_fallback and summary["fallbacks"]:
+        _print_fallbacks(summary["fallbacks"], len(compiled.message.kernels))
+        return EXIT_VERIFY_FAILED
     return EXIT_VERIFY_FAILED if summary["verification"]["status"] == "failed" else EXIT_OK
+
+
+def _print_fallbacks(fell_back: list[dict], planned: int) -> None:
+    """--fail-on-fallback's failures (the summary's ``fallbacks``), on stderr whatever --quiet
+    says: they are why the build failed."""
+    for region in fell_back:
+        print(f"pypto-offline: fell back: {printable(region['id'])} "
+              f"{printable('+'.join(region['ops']))}: {short_reason(region['reason'])}",
+              file=sys.stderr)
+    print(f"pypto-offline: --fail-on-fallback: {len(fell_back)} of {planned} planned regions "
+          f"fell back (the blob and report are written)", file=sys.stderr)
 
 
 def report_path(blob: Path) -> Path:

@@ -34,13 +34,13 @@ KIRIN = ["--target", "kirin9050"]
 @pytest.fixture(scope="module")
 def example_build(tmp_path_factory):
     """The example built as an ATC user would write it: the chip's name through --soc_version,
-    the batch by name, the output as a stem."""
+    the batch by name, the output as a stem, failing on any fallback."""
     folder = tmp_path_factory.mktemp("atc")
     (folder / "out").mkdir()
     cache = folder / "cache"
     done = subprocess.run(
         [sys.executable, "-m", "pypto_offline", str(EXAMPLE), "--soc_version", "KIRIN9050",
-         "--dim", "batch=1", "--output", "out/model_k9050",
+         "--dim", "batch=1", "--output", "out/model_k9050", "--fail-on-fallback",
          "--no-tile-search", "--cache-dir", str(cache), "--json"],
         capture_output=True, text=True, cwd=folder, timeout=900)
     return folder, cache, done
@@ -102,7 +102,7 @@ def test_the_atc_spelled_build_writes_the_stem_and_passes(example_build):
         "model_k9050.ptom", "model_k9050.report.html"]
     assert summary["blob"] == "out/model_k9050.ptom"
     assert summary["report"] == "out/model_k9050.report.html"
-    assert summary["target"] == "kirin9050"
+    assert summary["target"] == "kirin9050" and summary["fallbacks"] == []
     assert summary["verification"]["status"] == "passed"
     message = pypto_offline.load(folder / "out" / "model_k9050.ptom").message
     assert message.provenance.options["dims"] == "batch=1"
@@ -233,3 +233,50 @@ def test_the_same_input_given_twice_is_refused(capfd):
     assert "--input-shape/--input_shape names 'x' twice" in capfd.readouterr().err
     assert cli.main([str(EXAMPLE), *KIRIN, "--dim", "batch=1", "--dim", "batch=2"]) == 2
     assert "--dim names 'batch' twice" in capfd.readouterr().err
+
+
+# --- --fail-on-fallback -------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def refused_region_model(tmp_path_factory) -> Path:
+    """One fusable region the kernel generator refuses before PyPTO (a rank-6 transpose that
+    reverses every axis cannot fold to PyPTO's rank 4): it falls back and costs no compile."""
+    b = GraphBuilder()
+    x = b.input("x", [2, 3, 2, 3, 2, 8])
+    path = tmp_path_factory.mktemp("fallback") / "deep.onnx"
+    onnx.save(b.model(b.op("Transpose", [b.op("Relu", [x])], perm=[5, 4, 3, 2, 1, 0])), path)
+    return path
+
+
+def test_fail_on_fallback_exits_1_with_the_reasons_and_still_writes(refused_region_model,
+                                                                    tmp_path, capfd):
+    out = tmp_path / "deep.ptom"
+    assert cli.main([str(refused_region_model), *KIRIN, "-o", str(out), "--json",
+                     "--fail-on-fallback", "--cache-dir", str(tmp_path / "cache")]) == 1
+    captured = capfd.readouterr()
+    (fell_back,) = json.loads(captured.out)["fallbacks"]
+    assert fell_back["id"] == "region_0" and fell_back["ops"] == ["Relu", "Transpose"]
+    assert "does not fold to 4 axes" in fell_back["reason"]
+    lines = [line for line in captured.err.splitlines() if line.startswith("pypto-offline:")]
+    assert lines[0].startswith("pypto-offline: fell back: region_0 Relu+Transpose: ")
+    assert "does not fold to 4 axes" in lines[0]
+    assert lines[1] == ("pypto-offline: --fail-on-fallback: 1 of 1 planned regions fell back "
+                        "(the blob and report are written)")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "deep.ptom",
+                                                          "deep.report.html"]
+    assert pypto_offline.load(out).summary()["verification"]["status"] == "passed"
+
+
+def test_without_the_flag_a_fallback_is_listed_and_exits_0(refused_region_model, tmp_path,
+                                                           capfd):
+    assert cli.main([str(refused_region_model), *KIRIN, "-o", str(tmp_path / "d.ptom"),
+                     "--json", "--no-report", "--cache-dir", str(tmp_path / "cache")]) == 0
+    captured = capfd.readouterr()
+    assert [f["id"] for f in json.loads(captured.out)["fallbacks"]] == ["region_0"]
+    assert "--fail-on-fallback" not in captured.err
+
+
+def test_fail_on_fallback_is_in_the_help(capfd):
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    assert "--fail-on-fallback" in capfd.readouterr().out

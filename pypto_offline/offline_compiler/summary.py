@@ -43,6 +43,15 @@ def kernels_below_lower_bound(message: ptom_pb2.CompiledModel) -> list[str]:
             and k.gm_bytes_read + k.gm_bytes_written < k.gm_bytes_lower_bound]
 
 
+def fallbacks(message: ptom_pb2.CompiledModel) -> list[dict]:
+    """The planned regions that fell back to unfused ops (kernel records not compiled: the
+    kernel could not be written, compiled or checked, or was slower), with their ops and
+    reason: what --fail-on-fallback fails on."""
+    return [{"id": k.id, "ops": [op.op_type for op in k.original],
+             "reason": k.fallback_reason or "no reason recorded"}
+            for k in message.kernels if not k.compiled]
+
+
 def summarise(message: ptom_pb2.CompiledModel) -> dict:
     m, t, v = message, message.totals, message.verification
     checked = [k for k in m.kernels if k.verdicts]
@@ -66,6 +75,7 @@ def summarise(message: ptom_pb2.CompiledModel) -> dict:
             "max_abs_diff": max((o.max_abs_diff for o in v.outputs), default=None),
             "kernels_checked": len(checked),
             "kernels_passed": sum(k.functional_ok for k in checked)},
+        "fallbacks": fallbacks(m),
     }
 
 
