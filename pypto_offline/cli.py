@@ -6,6 +6,7 @@
     pypto-offline inspect BLOB [--json]               what a blob holds
     pypto-offline verify BLOB [--onnx MODEL] [--json] re-run the onnxruntime check from the blob
     pypto-offline report BLOB [-o PATH]               the HTML fusion report, from the blob alone
+    pypto-offline cache info|clean [options]          the kernel cache: its size; removing entries
 
 Exit codes: 0 success, 1 verification failed (or, with --fail-on-fallback, a region fell back),
 2 bad input, usage or an unusable environment (one message, no traceback), 3 an internal error,
@@ -32,7 +33,9 @@ from pypto_offline.targets import TARGETS, chip_names
 
 # 1 is also a build's exit code under --fail-on-fallback when a region fell back.
 EXIT_OK, EXIT_VERIFY_FAILED, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
-SUBCOMMANDS = ("targets", "inspect", "verify", "report")
+SUBCOMMANDS = ("targets", "inspect", "verify", "report", "cache")
+CACHE_DIR_HELP = ("kernel cache folder (default: $PYPTO_OFFLINE_CACHE, else "
+                  "~/.cache/pypto-offline/kernels)")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -69,7 +72,7 @@ def compile_parser() -> argparse.ArgumentParser:
                              "e.g. --dim batch=1 --dim seq=128 (repeatable; --input-shape wins "
                              "for the inputs it names)")
     parser.add_argument("--inputs", help=".npz of real inputs for the check, by input name")
-    parser.add_argument("--cache-dir", help="kernel cache (default: ~/.cache/pypto-offline)")
+    parser.add_argument("--cache-dir", help=CACHE_DIR_HELP)
     parser.add_argument("--jobs", type=int, default=2, help="parallel PyPTO compiles")
     parser.add_argument("--kernel-timeout", type=float, metavar="SECONDS",
                         help="time limit per PyPTO compile; past it the region stays unfused "
@@ -450,10 +453,64 @@ def run_report(argv: list[str]) -> int:
     return EXIT_OK
 
 
+def cache_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="pypto-offline cache", description=(
+        "The kernel cache: what it holds, and removing entries (safe while builds use it: "
+        "docs/kernel-cache.md)."))
+    actions = parser.add_subparsers(dest="action", required=True, metavar="{info,clean}")
+    info = actions.add_parser("info", help="the folder, its entries by kind, its size",
+                              description="The kernel cache's folder, entries and size.")
+    clean = actions.add_parser("clean", help="remove entries (all of them without an option)",
+                               description="Remove kernel cache entries: every one without "
+                                           "an option.")
+    clean.add_argument("--older-than", type=float, metavar="DAYS",
+                       help="remove the entries not used for DAYS days")
+    clean.add_argument("--max-size", type=float, metavar="GB",
+                       help="then remove the least recently used entries until the cache "
+                            "holds at most GB gigabytes (10^9 bytes)")
+    for action in (info, clean):
+        action.add_argument("--cache-dir", help=CACHE_DIR_HELP)
+        _common(action)
+    return parser
+
+
+def run_cache(argv: list[str]) -> int:
+    args = cache_parser().parse_args(argv)
+    from pypto_offline.pypto_kernels.cache import cache_folder
+    from pypto_offline.pypto_kernels.cache_maintenance import cache_info, clean_cache
+
+    folder = cache_folder(args.cache_dir)
+    if args.action == "info":
+        _print(cache_info(folder), args, _human_cache_info)
+    else:
+        _print(clean_cache(folder, args.older_than, args.max_size), args, _human_cache_clean)
+    return EXIT_OK
+
+
+def _human_cache_info(info: dict) -> str:
+    kinds = ", ".join(f"{kind} {count}" for kind, count in info["entries_by_kind"].items())
+    return "\n".join([
+        f"{info['folder']}" + ("" if info["exists"] else " (does not exist yet)"),
+        f"  entries: {info['entries']}" + (f" ({kinds})" if kinds else ""),
+        f"  size: {info['total_bytes']} bytes ({_mib(info['total_bytes'])}; entries "
+        f"{info['entry_bytes']} bytes)"])
+
+
+def _human_cache_clean(result: dict) -> str:
+    removed, left = result["removed"], result["left"]
+    return (f"removed {removed['entries']} entries, {removed['bytes']} bytes "
+            f"({_mib(removed['bytes'])}), from {result['folder']}; left: {left['entries']} "
+            f"entries, {left['total_bytes']} bytes ({_mib(left['total_bytes'])})")
+
+
+def _mib(count: int) -> str:
+    return f"{count / 2**20:.1f} MiB"
+
+
 def run(argv: list[str]) -> int:
     if argv and argv[0] in SUBCOMMANDS:
         return {"targets": run_targets, "inspect": run_inspect, "verify": run_verify,
-                "report": run_report}[argv[0]](argv[1:])
+                "report": run_report, "cache": run_cache}[argv[0]](argv[1:])
     return run_compile(argv)
 
 

@@ -24,6 +24,9 @@ import pypto_offline
 from pypto_offline import api, cli, import_model
 from pypto_offline.errors import UsageError
 from pypto_offline.importer.input_shapes import parse_atc_shapes, parse_dim_option
+from pypto_offline.pypto_kernels import cache as kernel_cache
+from pypto_offline.pypto_kernels import cache_maintenance
+from pypto_offline.pypto_kernels.cache import KernelCache
 from pypto_offline.targets import TARGETS, known_names, resolve_target
 from tests.malformed import EXAMPLE
 from tests.onnx_builders import GraphBuilder
@@ -280,3 +283,161 @@ def test_fail_on_fallback_is_in_the_help(capfd):
     with pytest.raises(SystemExit):
         cli.main(["--help"])
     assert "--fail-on-fallback" in capfd.readouterr().out
+
+
+# --- the kernel cache ---------------------------------------------------------------------------
+
+def stored(cache: KernelCache, key: str, files: dict[str, str], used: float | None = None) -> Path:
+    staged = cache.staging()
+    for name, text in files.items():
+        (staged / name).parent.mkdir(parents=True, exist_ok=True)
+        (staged / name).write_text(text)
+    cache.put(key, staged)
+    if used is not None:
+        os.utime(cache.entry(key), (used, used))
+    return cache.entry(key)
+
+
+def cache_cli(capfd, *argv: str) -> dict:
+    assert cli.main(["cache", *argv, "--json"]) == 0
+    return json.loads(capfd.readouterr().out)
+
+
+def test_the_env_var_moves_the_default_cache_and_cache_dir_wins(tmp_path, monkeypatch, capfd):
+    monkeypatch.setenv("PYPTO_OFFLINE_CACHE", str(tmp_path / "shared"))
+    assert kernel_cache.default_cache_dir() == tmp_path / "shared"
+    assert KernelCache().root == tmp_path / "shared"
+    assert cache_cli(capfd, "info")["folder"] == str(tmp_path / "shared")
+    assert cache_cli(capfd, "info", "--cache-dir", str(tmp_path / "mine"))["folder"] == \
+        str(tmp_path / "mine")
+    monkeypatch.delenv("PYPTO_OFFLINE_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert kernel_cache.default_cache_dir() == tmp_path / "xdg" / "pypto-offline" / "kernels"
+
+
+def test_info_counts_a_real_builds_entries_by_kind(example_build, capfd):
+    _, cache, done = example_build
+    assert done.returncode == 0, done.stderr
+    info = cache_cli(capfd, "info", "--cache-dir", str(cache))
+    kinds = info["entries_by_kind"]
+    assert kinds["kernels"] == 1 and kinds["compiles"] == 1 and kinds["host_compiler"] >= 1
+    assert info["entries"] == sum(kinds.values())
+    files = sum(p.stat().st_size for p in cache.rglob("*") if p.is_file())
+    assert info["total_bytes"] == files and 0 < info["entry_bytes"] <= files
+    assert cli.main(["cache", "info", "--cache-dir", str(cache)]) == 0
+    assert f"entries: {info['entries']} (" in capfd.readouterr().out
+
+
+def test_clean_removes_every_entry_and_leaves_a_live_builds_staging(example_build, tmp_path,
+                                                                    capfd):
+    _, cache, done = example_build
+    assert done.returncode == 0, done.stderr
+    copy = tmp_path / "cache"
+    shutil.copytree(cache, copy)
+    before = cache_cli(capfd, "info", "--cache-dir", str(copy))
+    host, dead = socket.gethostname(), subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    live = copy / "tmp" / f"{host}-{os.getpid()}-building"
+    (live / "final").mkdir(parents=True)
+    (live / "final" / "half-written.json").write_text("{")
+    (copy / "tmp" / f"{host}-{dead.pid}-died").mkdir()
+    result = cache_cli(capfd, "clean", "--cache-dir", str(copy))
+    assert result["removed"] == {"entries": before["entries"], "bytes": before["entry_bytes"]}
+    assert result["left"]["entries"] == 0
+    assert cache_maintenance.entries(copy) == []
+    assert [p.name for p in (copy / "tmp").iterdir()] == [live.name]  # the dead build's went
+    assert (live / "final" / "half-written.json").read_text() == "{"
+    assert cli.main(["cache", "clean", "--cache-dir", str(copy)]) == 0
+    assert capfd.readouterr().out.startswith("removed 0 entries, 0 bytes")
+
+
+def test_clean_older_than_removes_what_was_not_used_for_that_long(tmp_path, capfd):
+    cache = KernelCache(tmp_path)
+    now = time.time()
+    old = stored(cache, "aa" * 32, {"kernel.json": "{}"}, used=now - 40 * 86400)
+    used_again = stored(cache, "bb" * 32, {"result.json": "{}"}, used=now - 40 * 86400)
+    recent = stored(cache, "cc" * 32, {"kernel.json": "{}"}, used=now - 86400)
+    assert cache.read("bb" * 32, lambda files: files) is not None  # a hit marks it used
+    result = cache_cli(capfd, "clean", "--older-than", "30", "--cache-dir", str(tmp_path))
+    assert result["removed"]["entries"] == 1
+    assert not old.exists() and used_again.exists() and recent.exists()
+
+
+def test_clean_max_size_evicts_the_least_recently_used_first(tmp_path, capfd):
+    cache = KernelCache(tmp_path)
+    now = time.time()
+    big = "x" * 100_000
+    entries = [stored(cache, f"{i:02x}" * 32, {"kernel.json": big}, used=now - (10 - i) * 60)
+               for i in range(4)]  # entries[0] used longest ago
+    size = cache_maintenance.folder_bytes(tmp_path)
+    result = cache_cli(capfd, "clean", "--max-size", str((size - 150_000) / 1e9),
+                       "--cache-dir", str(tmp_path))
+    assert result["removed"]["entries"] == 2
+    assert [e.exists() for e in entries] == [False, False, True, True]
+    assert result["left"]["total_bytes"] <= size - 150_000
+
+
+def test_an_entry_is_renamed_aside_whole_before_it_is_deleted(tmp_path, monkeypatch):
+    """A reader sees an entry whole or not at all: it leaves its place in one rename, into the
+    cache's staging area, and is deleted only there."""
+    cache = KernelCache(tmp_path)
+    entry = stored(cache, "dd" * 32, {"kernel.json": "{}", "final/artifacts/a.bin": "a"})
+    deleted = []
+
+    def record(path, ignore_errors=False):
+        if not deleted:
+            deleted.append(sorted(p.relative_to(path).as_posix() for p in Path(path).rglob("*")))
+            deleted.append(Path(path).parent.parent)
+            assert not entry.exists()
+
+    monkeypatch.setattr(cache_maintenance.shutil, "rmtree", record)
+    cache_maintenance.clean_cache(tmp_path)
+    assert deleted[0] == ["final", "final/artifacts", "final/artifacts/a.bin", "kernel.json",
+                          "manifest.json"]
+    assert deleted[1] == tmp_path / "tmp"
+
+
+def test_a_reader_losing_an_entry_to_clean_takes_it_for_a_miss(tmp_path, monkeypatch, capfd):
+    cache = KernelCache(tmp_path)
+    key = "ee" * 32
+    stored(cache, key, {"kernel.json": "{}"})
+    honest = kernel_cache.verified_files
+
+    def cleaned_midway(entry, wanted):
+        files = honest(entry, wanted)
+        cache_maintenance.clean_cache(tmp_path)
+        raise kernel_cache.DamagedEntry("unreadable: No such file or directory")
+
+    monkeypatch.setattr(kernel_cache, "verified_files", cleaned_midway)
+    assert cache.read(key, lambda files: files) is None
+    assert capfd.readouterr().err == ""  # no "damaged" warning: it was removed, not broken
+
+
+def test_clean_removes_nothing_from_a_folder_that_is_no_cache(tmp_path, capfd):
+    (tmp_path / "ab" / "photos").mkdir(parents=True)
+    (tmp_path / "ab" / "photos" / "cat.jpg").write_text("meow")
+    (tmp_path / "cd" / ("ef" * 32)).mkdir(parents=True)  # a key under the wrong prefix
+    result = cache_cli(capfd, "clean", "--cache-dir", str(tmp_path))
+    assert result["removed"] == {"entries": 0, "bytes": 0}
+    assert (tmp_path / "ab" / "photos" / "cat.jpg").read_text() == "meow"
+    assert (tmp_path / "cd" / ("ef" * 32)).is_dir()
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["clean", "--older-than", "-1"], "--older-than must be a number of at least 0"),
+    (["clean", "--max-size", "nan"], "--max-size must be a number of at least 0"),
+    (["clean", "--max-size", "big"], "argument --max-size: invalid float value"),
+    (["purge"], "invalid choice: 'purge'"),
+    ([], "the following arguments are required"),
+])
+def test_cache_usage_errors_are_one_line(argv, message, tmp_path, capfd):
+    assert cli.main(["cache", *argv, "--cache-dir", str(tmp_path)] if argv else ["cache"]) == 2
+    (line,) = capfd.readouterr().err.splitlines()
+    assert message in line
+
+
+def test_a_cache_dir_that_is_a_file_is_refused(tmp_path, capfd):
+    (tmp_path / "file").write_text("")
+    for action in ("info", "clean"):
+        assert cli.main(["cache", action, "--cache-dir", str(tmp_path / "file")]) == 2
+        assert "the kernel cache is not a folder" in capfd.readouterr().err
