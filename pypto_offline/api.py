@@ -24,13 +24,16 @@ from pypto_offline.importer.input_shapes import check_given_inputs
 from pypto_offline.offline_compiler import BuildOptions, blob, build, ptom_pb2
 from pypto_offline.offline_compiler.summary import summarise
 from pypto_offline.progress import SILENT, Progress, Timings
-from pypto_offline.targets import TARGETS, Target
+from pypto_offline.targets import Target, known_names, resolve_target
 
 
 def get_target(name: str) -> Target:
-    if name not in TARGETS:
-        raise UsageError(f"unknown target {name!r}", fix=f"choose one of {', '.join(TARGETS)}")
-    return TARGETS[name]
+    """The target of a target's or a chip's name, in any case (``targets.resolve_target``)."""
+    target = resolve_target(name)
+    if target is None:
+        raise UsageError(f"unknown target {name!r}",
+                         fix=f"choose one of {', '.join(known_names())} (any case)")
+    return target
 
 
 class CompiledModel:
@@ -130,16 +133,19 @@ def compile(model, target: str = "kirin9050",  # noqa: A001 - the API's verb
             cache_dir=None, jobs: int = 2, tile_search: bool = True,
             kernel_timeout: float | None = None, progress: Progress = SILENT,
             inputs: Mapping[str, np.ndarray] | None = None, verify: bool = False,
-            measure_baseline: bool = False) -> CompiledModel:
+            measure_baseline: bool = False,
+            dims: Mapping[str, int] | None = None) -> CompiledModel:
     """Compile ``model`` for ``target``. ``inputs``: real values of some inputs, checked against
     the model and used to find the shapes that depend on them. ``verify``: also run the
     onnxruntime check (with ``inputs``), and refuse up front a model it could not run.
     ``progress``: told of each stage and finished kernel (``pypto_offline.progress``; by
     default nothing is printed). ``measure_baseline``: compile each fused op alone for the
-    unfused cost figure instead of estimating it (docs/baseline.md)."""
+    unfused cost figure instead of estimating it (docs/baseline.md). ``dims``: symbolic
+    dimensions fixed by name in every input that has them (``{"batch": 1}``); ``input_shapes``
+    wins for the inputs it names."""
     check_limits(jobs, kernel_timeout)
     get_target(target)
-    options = BuildOptions(input_shapes=dict(input_shapes or {}),
+    options = BuildOptions(input_shapes=dict(input_shapes or {}), dims=dict(dims or {}),
                            cache_dir=Path(cache_dir) if cache_dir else None, jobs=jobs,
                            tile_search=tile_search, inputs=dict(inputs or {}), verify=verify,
                            measure_baseline=measure_baseline,
@@ -195,4 +201,5 @@ def check_limits(jobs: int, kernel_timeout: float | None) -> None:
 
 
 def load(path, expected_target: str | None = None) -> CompiledModel:
-    return CompiledModel(blob.read(Path(path), expected_target))
+    expected = get_target(expected_target).name if expected_target else None
+    return CompiledModel(blob.read(Path(path), expected))

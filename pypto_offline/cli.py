@@ -6,15 +6,18 @@
     pypto-offline inspect BLOB [--json]               what a blob holds
     pypto-offline verify BLOB [--onnx MODEL] [--json] re-run the onnxruntime check from the blob
     pypto-offline report BLOB [-o PATH]               the HTML fusion report, from the blob alone
+    pypto-offline cache info|clean [options]          the kernel cache: its size; removing entries
 
-Exit codes: 0 success, 1 verification failed, 2 bad input, usage or an unusable environment (one
-message, no traceback), 3 an internal error, 130 interrupted by SIGINT (Ctrl-C) and 143 by SIGTERM
-(128 + the signal: the build's PyPTO workers are killed and nothing is written). See README.md.
+Exit codes: 0 success, 1 verification failed (or, with --fail-on-fallback, a region fell back),
+2 bad input, usage or an unusable environment (one message, no traceback), 3 an internal error,
+130 interrupted by SIGINT (Ctrl-C) and 143 by SIGTERM (128 + the signal: the build's PyPTO
+workers are killed and nothing is written). See README.md.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import threading
@@ -26,10 +29,13 @@ from pathlib import Path
 from pypto_offline import __version__
 from pypto_offline.errors import BuildInterrupted, PyptoOfflineError, UsageError
 from pypto_offline.progress import SILENT, Progress
-from pypto_offline.targets import TARGETS
+from pypto_offline.targets import TARGETS, chip_names
 
+# 1 is also a build's exit code under --fail-on-fallback when a region fell back.
 EXIT_OK, EXIT_VERIFY_FAILED, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
-SUBCOMMANDS = ("targets", "inspect", "verify", "report")
+SUBCOMMANDS = ("targets", "inspect", "verify", "report", "cache")
+CACHE_DIR_HELP = ("kernel cache folder (default: $PYPTO_OFFLINE_CACHE, else "
+                  "~/.cache/pypto-offline/kernels)")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -47,10 +53,15 @@ def compile_parser() -> argparse.ArgumentParser:
     parser.add_argument("models", nargs="+", metavar="MODEL",
                         help="path of an .onnx model (several: a batch build, one worker pool "
                              "and one kernel cache for all)")
-    parser.add_argument("--target", required=True, metavar="T[,T...]",
-                        help=f"chips, comma-separated: {', '.join(TARGETS)}")
-    parser.add_argument("-o", "--output", help="blob path, one build only (default: "
-                                               "MODEL.TARGET.ptom next to the model)")
+    parser.add_argument("--target", "--soc_version", dest="target", required=True,
+                        metavar="CHIP[,CHIP...]",
+                        help=f"chips, comma-separated: {', '.join(TARGETS)}, or their names as "
+                             f"ATC's --soc_version writes them (Kirin9050, KirinX90, Ascend910B3, "
+                             f"Ascend950PR, ...), in any case")
+    parser.add_argument("-o", "--output",
+                        help="blob path, one build only; without .ptom a stem, as ATC's "
+                             "--output: out/model writes out/model.ptom (default: "
+                             "MODEL.TARGET.ptom next to the model)")
     parser.add_argument("--report", metavar="PATH", help="HTML report path, one build only "
                                                          "(default: the blob's, .report.html)")
     parser.add_argument("--output-dir", metavar="DIR",
@@ -59,8 +70,16 @@ def compile_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-report", action="store_true", help="write no HTML report")
     parser.add_argument("--input-shape", action="append", default=[], metavar="NAME=D0,D1,...",
                         help="fix the shape of a model input (repeatable)")
+    parser.add_argument("--input_shape", dest="atc_input_shape", action="append", default=[],
+                        metavar='"NAME:D0,D1,...;NAME:..."',
+                        help="ATC's spelling: the shapes of several inputs, ';'-separated "
+                             "(with --input-shape too, each input once)")
+    parser.add_argument("--dim", action="append", default=[], metavar="NAME=VALUE",
+                        help="fix a symbolic dimension by its name in every input that has it, "
+                             "e.g. --dim batch=1 --dim seq=128 (repeatable; --input-shape wins "
+                             "for the inputs it names)")
     parser.add_argument("--inputs", help=".npz of real inputs for the check, by input name")
-    parser.add_argument("--cache-dir", help="kernel cache (default: ~/.cache/pypto-offline)")
+    parser.add_argument("--cache-dir", help=CACHE_DIR_HELP)
     parser.add_argument("--jobs", type=int, default=2, help="parallel PyPTO compiles")
     parser.add_argument("--kernel-timeout", type=float, metavar="SECONDS",
                         help="time limit per PyPTO compile; past it the region stays unfused "
@@ -68,6 +87,10 @@ def compile_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-tile-search", action="store_true",
                         help="compile the default tile only")
     parser.add_argument("--no-verify", action="store_true", help="skip the onnxruntime check")
+    parser.add_argument("--fail-on-fallback", action="store_true",
+                        help="exit 1 when a planned region fell back to unfused ops; the blob "
+                             "and report are still written, each such region's reason is "
+                             "printed on stderr; in --json, kernels with status fell_back")
     parser.add_argument("--measure-baseline", action="store_true",
                         help="compile every fused op alone with PyPTO for the unfused cost "
                              "figure (cached per op), instead of estimating it")
@@ -82,16 +105,39 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--version", action="version", version=f"pypto-offline {__version__}")
 
 
-def _input_shapes(options: list[str]) -> dict[str, list[int]]:
-    from pypto_offline.importer.input_shapes import parse_shape_option
+def _input_shapes(args) -> dict[str, list[int]]:
+    """--input-shape NAME=DIMS and ATC's --input_shape "NAME:DIMS;...", together."""
+    from pypto_offline.importer.input_shapes import parse_atc_shapes, parse_shape_option
 
-    shapes: dict[str, list[int]] = {}
-    for text in options:
-        name, dims = parse_shape_option(text)
-        if name in shapes:
-            raise UsageError(f"--input-shape gives {name!r} twice", fix="give each input once")
-        shapes[name] = dims
-    return shapes
+    given = [parse_shape_option(text) for text in args.input_shape]
+    given += [shape for text in args.atc_input_shape for shape in parse_atc_shapes(text)]
+    return _once(given, "--input-shape/--input_shape", "give each input once")
+
+
+def _dims(args) -> dict[str, int]:
+    from pypto_offline.importer.input_shapes import parse_dim_option
+
+    return _once([parse_dim_option(text) for text in args.dim], "--dim",
+                 "give each dimension once")
+
+
+def _once(pairs: list[tuple], option: str, fix: str) -> dict:
+    named: dict = {}
+    for name, value in pairs:
+        if name in named:
+            raise UsageError(f"{option} names {name!r} twice", fix=fix)
+        named[name] = value
+    return named
+
+
+def blob_path(output: str) -> Path:
+    """``-o`` as the blob's path: as given when it ends in .ptom, else ATC's --output form, a
+    stem (``out/model`` → ``out/model.ptom``)."""
+    if output.endswith(("/", os.sep)):
+        raise UsageError(f"-o {output!r} names a folder",
+                         fix="give the blob's path or its stem, e.g. -o out/model")
+    path = Path(output)
+    return path if path.name.lower().endswith(".ptom") else path.with_name(f"{path.name}.ptom")
 
 
 def _load_inputs(path: str | None) -> dict:
@@ -143,14 +189,19 @@ def kernel_line(done: int, total: int, region, kernel) -> str:
     ``... cache hit`` or ``... fell back: REASON``, with the model's strings made printable."""
     ops = "+".join(op.op_type for op in region.original)
     if not kernel.compiled:
-        reason = printable(kernel.fallback_reason or "no reason recorded")
-        reason = reason if len(reason) <= REASON_CHARS else reason[:REASON_CHARS - 1] + "…"
+        reason = short_reason(kernel.fallback_reason or "no reason recorded")
         outcome = f"fell back{' (cached)' if kernel.from_cache else ''}: {reason}"
     elif kernel.from_cache:
         outcome = "cache hit"
     else:
         outcome = f"compiled {kernel.compile_seconds:.1f} s ({_tile_text(kernel)})"
     return f"[{done}/{total}] {printable(region.id)} {printable(ops)}: {outcome}"
+
+
+def short_reason(reason: str) -> str:
+    """A fallback reason made printable and cut to ``REASON_CHARS`` for one line of stderr."""
+    reason = printable(reason)
+    return reason if len(reason) <= REASON_CHARS else reason[:REASON_CHARS - 1] + "…"
 
 
 def _tile_text(kernel) -> str:
@@ -196,7 +247,7 @@ def _shapes_per_model(args) -> dict[str, dict[str, list[int]]]:
     a name no model has is an error."""
     from pypto_offline import api
 
-    shapes = _input_shapes(args.input_shape)
+    shapes = _input_shapes(args)
     if len(args.models) == 1:
         return {args.models[0]: shapes}
     per_model, used = {}, set()
@@ -230,7 +281,7 @@ def _builds(args) -> list[_Build]:
     shapes, builds = _shapes_per_model(args), []
     for model, target in pairs:
         name = f"{Path(model).stem}.{target}.ptom"
-        output = Path(args.output) if args.output else \
+        output = blob_path(args.output) if args.output else \
             Path(args.output_dir) / name if args.output_dir else Path(model).with_name(name)
         report = None if args.no_report else Path(args.report) if args.report \
             else report_path(output)
@@ -240,6 +291,11 @@ def _builds(args) -> list[_Build]:
         (lambda b: (f"{b.model} for {b.target}: the blob", f"{b.model} for {b.target}: the report"))
     outputs = {label: path for b in builds
                for label, path in zip(labels(b), (b.output, b.report)) if path}
+    if args.output and Path(args.output) != builds[0].output:
+        # a stem is checked as given too: one naming a folder, a device or the model itself is
+        # a slip, refused, not written beside
+        outputs = {"-o": Path(args.output), "the blob": builds[0].output,
+                   **{k: v for k, v in outputs.items() if k != "-o"}}
     models = {"input model": Path(args.models[0])} if len(args.models) == 1 else \
         {f"input model {m}": Path(m) for m in args.models}
     check_outputs(outputs, {**models,
@@ -284,7 +340,7 @@ def _run_build(build: _Build, args, inputs: dict, progress) -> tuple[int, dict |
 
     started = time.perf_counter()
     try:
-        compiled = api.compile(build.model, build.target, build.shapes,
+        compiled = api.compile(build.model, build.target, build.shapes, dims=_dims(args),
                                cache_dir=args.cache_dir, jobs=args.jobs,
                                tile_search=not args.no_tile_search,
                                kernel_timeout=args.kernel_timeout, progress=progress,
@@ -304,6 +360,10 @@ def _run_build(build: _Build, args, inputs: dict, progress) -> tuple[int, dict |
                "compile_seconds": round(time.perf_counter() - started, 2),
                "timings": compiled.timings.as_dict()}
     _print(summary, args, _human_summary)
+    fell_back = [k for k in summary["kernels"] if k["status"] == "fell_back"]
+    if args.fail_on_fallback and fell_back:
+        _print_fallbacks(build, fell_back, len(summary["kernels"]))
+        return EXIT_VERIFY_FAILED, summary
     return (EXIT_VERIFY_FAILED if summary["verification"]["status"] == "failed" else EXIT_OK,
             summary)
 
@@ -317,6 +377,18 @@ def _batch_table(summaries: list[dict | None]) -> str:
     widths = [max(len(printable(row[i])) for row in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(printable(cell).ljust(width) for cell, width in zip(row, widths))
                      .rstrip() for row in rows)
+
+
+def _print_fallbacks(build: _Build, fell_back: list[dict], planned: int) -> None:
+    """--fail-on-fallback's failures (the summary's kernels that fell back), on stderr whatever
+    --quiet says: they are why the build failed."""
+    for kernel in fell_back:
+        print(f"pypto-offline: fell back: {printable(kernel['id'])} "
+              f"{printable('+'.join(kernel['ops']))}: {short_reason(kernel['fallback_reason'])}",
+              file=sys.stderr)
+    print(f"pypto-offline: --fail-on-fallback: {printable(build.model)} for {build.target}: "
+          f"{len(fell_back)} of {planned} planned regions fell back (the blob and report are "
+          f"written)", file=sys.stderr)
 
 
 def report_path(blob: Path) -> Path:
@@ -403,9 +475,9 @@ def run_targets(argv: list[str]) -> int:
     parser = _Parser(prog="pypto-offline targets", description="The chips and their figures.")
     _common(parser)
     args = parser.parse_args(argv)
-    listing = {name: {"notes": t.notes, **{key: {"value": f.value, "source": f.source,
-                                                 "estimate": f.estimate}
-                                           for key, f in t.figures().items()}}
+    listing = {name: {"notes": t.notes, "chip_names": chip_names(t),
+                      **{key: {"value": f.value, "source": f.source, "estimate": f.estimate}
+                         for key, f in t.figures().items()}}
                for name, t in TARGETS.items()}
     if args.json:
         from pypto_offline.offline_compiler.summary import SCHEMA_VERSION
@@ -415,8 +487,9 @@ def run_targets(argv: list[str]) -> int:
         return EXIT_OK
     for name, figures in listing.items():
         print(name + (f" — {figures['notes']}" if figures["notes"] else ""))
+        print(f"  {'chip names':20s} {', '.join(figures['chip_names'])}  (--target, any case)")
         for key, f in figures.items():
-            if key != "notes":
+            if key not in ("notes", "chip_names"):
                 flag = " [estimate]" if f["estimate"] else ""
                 print(f"  {key:20s} {f['value']}{flag}  ({f['source']})")
     return EXIT_OK
@@ -488,10 +561,68 @@ def run_report(argv: list[str]) -> int:
     return EXIT_OK
 
 
+def cache_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="pypto-offline cache", description=(
+        "The kernel cache: what it holds, and removing entries (safe while builds use it: "
+        "docs/kernel-cache.md)."))
+    actions = parser.add_subparsers(dest="action", required=True, metavar="{info,clean}")
+    info = actions.add_parser("info", help="the folder, its entries by kind, its size",
+                              description="The kernel cache's folder, entries and size.")
+    clean = actions.add_parser("clean", help="remove entries (all of them without an option)",
+                               description="Remove kernel cache entries: every one without "
+                                           "an option.")
+    clean.add_argument("--older-than", type=float, metavar="DAYS",
+                       help="remove the entries not used for DAYS days")
+    clean.add_argument("--max-size", type=float, metavar="GB",
+                       help="then remove the least recently used entries until the cache "
+                            "holds at most GB gigabytes (10^9 bytes)")
+    for action in (info, clean):
+        action.add_argument("--cache-dir", help=CACHE_DIR_HELP)
+        _common(action)
+    return parser
+
+
+def run_cache(argv: list[str]) -> int:
+    args = cache_parser().parse_args(argv)
+    from pypto_offline.pypto_kernels.cache import cache_folder
+    from pypto_offline.pypto_kernels.cache_maintenance import cache_info, clean_cache
+
+    from pypto_offline.offline_compiler.summary import SCHEMA_VERSION
+
+    folder = cache_folder(args.cache_dir)
+    if args.action == "info":
+        _print({"schema_version": SCHEMA_VERSION, **cache_info(folder)}, args,
+               _human_cache_info)
+    else:
+        _print({"schema_version": SCHEMA_VERSION,
+                **clean_cache(folder, args.older_than, args.max_size)}, args, _human_cache_clean)
+    return EXIT_OK
+
+
+def _human_cache_info(info: dict) -> str:
+    kinds = ", ".join(f"{kind} {count}" for kind, count in info["entries_by_kind"].items())
+    return "\n".join([
+        f"{info['folder']}" + ("" if info["exists"] else " (does not exist yet)"),
+        f"  entries: {info['entries']}" + (f" ({kinds})" if kinds else ""),
+        f"  size: {info['total_bytes']} bytes ({_mib(info['total_bytes'])}; entries "
+        f"{info['entry_bytes']} bytes)"])
+
+
+def _human_cache_clean(result: dict) -> str:
+    removed, left = result["removed"], result["left"]
+    return (f"removed {removed['entries']} entries, {removed['bytes']} bytes "
+            f"({_mib(removed['bytes'])}), from {result['folder']}; left: {left['entries']} "
+            f"entries, {left['total_bytes']} bytes ({_mib(left['total_bytes'])})")
+
+
+def _mib(count: int) -> str:
+    return f"{count / 2**20:.1f} MiB"
+
+
 def run(argv: list[str]) -> int:
     if argv and argv[0] in SUBCOMMANDS:
         return {"targets": run_targets, "inspect": run_inspect, "verify": run_verify,
-                "report": run_report}[argv[0]](argv[1:])
+                "report": run_report, "cache": run_cache}[argv[0]](argv[1:])
     return run_compile(argv)
 
 

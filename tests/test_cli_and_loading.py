@@ -14,7 +14,7 @@ from tests.malformed import EXAMPLE
 def test_symbolic_inputs_are_a_usage_error(capfd, tmp_path):
     assert cli.main([str(EXAMPLE), "--target", "kirin9050", "-o", str(tmp_path / "b.ptom")]) == 2
     err = capfd.readouterr().err
-    assert "input 'x' has no static shape" in err and "--input-shape x=" in err
+    assert "input 'x' has symbolic dims ['batch']: give --dim batch=N or --input-shape x=" in err
     assert list(tmp_path.iterdir()) == []
 
 

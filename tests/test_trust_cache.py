@@ -291,6 +291,7 @@ def test_cache_folders_are_absolute_whatever_the_user_gave(tmp_path, monkeypatch
     from pypto_offline.pypto_kernels.compiler import calculator_cache
 
     monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("PYPTO_OFFLINE_CACHE", raising=False)  # it would move the kernel cache
     monkeypatch.setenv("XDG_CACHE_HOME", "relative-xdg")
     assert KernelCache("rel").root == tmp_path / "rel"
     assert kernel_cache.default_cache_dir() == tmp_path / "relative-xdg/pypto-offline/kernels"

@@ -37,13 +37,16 @@ def import_model(source: "str | os.PathLike | bytes | onnx.ModelProto",
                  input_shapes: Mapping[str, Sequence[int]] | None = None,
                  base_dir: "str | os.PathLike | None" = None, *,
                  inputs: Mapping[str, np.ndarray] | None = None,
-                 must_run: bool = False) -> ImportedGraph:
+                 must_run: bool = False,
+                 dims: Mapping[str, int] | None = None) -> ImportedGraph:
     """Load, check, fold and normalise a model. Raises ``PyptoOfflineError`` on bad input.
 
     ``inputs``: real values of some inputs (checked against them), fed to the shape probe so a
     model whose shapes depend on them (a Reshape's shape given as an input) gets static shapes.
     ``must_run``: the model will be verified in onnxruntime, so one that cannot run there (a
     custom-domain op) is refused now rather than after the whole compile.
+    ``dims``: symbolic dimensions fixed by name in every input that has them (``--dim``);
+    ``input_shapes`` wins for the inputs it names.
     """
     started = time.perf_counter()
     model, label = load_model(source, base_dir)
@@ -51,7 +54,7 @@ def import_model(source: "str | os.PathLike | bytes | onnx.ModelProto",
     opset = default_opset(model, label)
     check_structure(model, label)
     run_checker(model, label)
-    fix_input_shapes(model, input_shapes, label)
+    fix_input_shapes(model, input_shapes, label, dims)
     given = dict(inputs or {})
     check_given_inputs(model, given, label)
     model, probed, cannot_run = _fold_to_fixed_point(model, given, label)

@@ -19,20 +19,53 @@ MAX_ELEMENTS = 2**31 - 1
 # holds every tensor of the graph at once, and an on-device activation of this size is already
 # far beyond any NPU's memory. A 1e8-element float32 tensor (400 MB) is refused.
 MAX_TENSOR_BYTES = 256 << 20
+# The name ``_check_declared`` gives an exporter's -1 (a dynamic dimension without a name): no
+# --dim can fix it, as --dim matches the names the model declares.
+UNNAMED = "dynamic"
 
 
 def parse_shape_option(text: str) -> tuple[str, list[int]]:
     """``NAME=D0,D1,...`` (the CLI's ``--input-shape``) → (name, dims)."""
     name, sep, dims = text.rpartition("=")
+    example = "for example --input-shape x=1,3,224,224"
     if not sep or not name:
-        raise UsageError(f"--input-shape {text!r} is not NAME=D0,D1,...",
-                         fix="for example --input-shape x=1,3,224,224")
+        raise UsageError(f"--input-shape {text!r} is not NAME=D0,D1,...", fix=example)
+    return name, _whole_numbers(dims, f"--input-shape {text!r}", example)
+
+
+def parse_atc_shapes(text: str) -> list[tuple[str, list[int]]]:
+    """``NAME:D0,D1,...;NAME:D0,...`` (ATC's ``--input_shape``) → [(name, dims), ...]. The name
+    is what precedes the last colon, as a TensorFlow name ``x:0`` may hold one; an empty part (a
+    trailing ``;``) is skipped."""
+    example = 'for example --input_shape "x:1,3,224,224;y:1,16"'
+    shapes = []
+    for part in filter(str.strip, text.split(";")):
+        name, sep, dims = part.rpartition(":")
+        if not sep or not name:
+            raise UsageError(f"--input_shape {text!r}: {part!r} is not NAME:D0,D1,...",
+                             fix=example)
+        shapes.append((name, _whole_numbers(dims, f"--input_shape {text!r}", example)))
+    return shapes
+
+
+def parse_dim_option(text: str) -> tuple[str, int]:
+    """``NAME=VALUE`` (the CLI's ``--dim``, a symbolic dimension by name) → (name, value)."""
+    name, sep, value = text.partition("=")
+    example = "for example --dim batch=1"
+    if not sep or not name.strip():
+        raise UsageError(f"--dim {text!r} is not NAME=VALUE", fix=example)
     try:
-        values = [int(d) for d in dims.split(",")] if dims.strip() else []
+        return name.strip(), int(value)
     except ValueError:
-        raise UsageError(f"--input-shape {text!r}: dimensions must be whole numbers",
-                         fix="for example --input-shape x=1,3,224,224") from None
-    return name, values
+        raise UsageError(f"--dim {text!r}: the value must be a whole number",
+                         fix=example) from None
+
+
+def _whole_numbers(text: str, option: str, example: str) -> list[int]:
+    try:
+        return [int(d) for d in text.split(",")] if text.strip() else []
+    except ValueError:
+        raise UsageError(f"{option}: dimensions must be whole numbers", fix=example) from None
 
 
 def graph_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
@@ -87,34 +120,107 @@ def check_tensor_bytes(dims: Sequence[int], elem_type: int, where: str) -> int:
 
 
 def fix_input_shapes(model: onnx.ModelProto, input_shapes: Mapping[str, Sequence[int]] | None,
-                     label: str) -> None:
-    """Write the caller's shapes into the graph inputs (in place) and validate declared dims."""
+                     label: str, dims: Mapping[str, int] | None = None) -> None:
+    """Write the caller's shapes into the graph inputs (in place) and validate declared dims.
+    ``dims`` fixes symbolic dimensions by name (``--dim batch=1``) in every input that has them;
+    a shape in ``input_shapes`` wins for the input it names. A given shape must keep the
+    model's static dimensions: only its symbolic ones are the caller's to choose."""
     inputs = {i.name: i for i in graph_inputs(model)}
     given = dict(input_shapes or {})
+    named = dict(dims or {})
     unknown = sorted(set(given) - set(inputs))
     if unknown:
         raise UsageError(f"the model has no input {unknown[0]!r}", where=label,
                          fix=f"its inputs are: {', '.join(inputs) or '(none)'}")
+    _check_named_dims(inputs.values(), named, label)
     for name, value in inputs.items():
         where = f"{label}, input {name!r}"
         if not value.type.HasField("tensor_type"):
             continue  # sequences and optionals pass through; they cannot be fused
         shape = value.type.tensor_type.shape
         if name in given:
-            dims = [int(d) for d in given[name]]
-            check_dims(dims, where)
-            check_tensor_bytes(dims, value.type.tensor_type.elem_type, where)
-            if value.type.tensor_type.HasField("shape") and len(shape.dim) != len(dims):
-                raise UsageError(f"the model declares rank {len(shape.dim)}, got {len(dims)} "
-                                 f"dimensions {dims}", where=where,
-                                 fix="give one number per dimension")
-            _write_dims(value, dims)
+            dims_given = [int(d) for d in given[name]]
+            check_dims(dims_given, where)
+            check_tensor_bytes(dims_given, value.type.tensor_type.elem_type, where)
+            if value.type.tensor_type.HasField("shape"):
+                _check_keeps_static_dims(shape, dims_given, where)
+            _write_dims(value, dims_given)
         elif value.type.tensor_type.HasField("shape"):
+            _fix_named_dims(shape, named)
             _check_declared(shape, where)
             if all(d.HasField("dim_value") for d in shape.dim):
                 check_dims([d.dim_value for d in shape.dim], where)
                 check_tensor_bytes([d.dim_value for d in shape.dim],
                                    value.type.tensor_type.elem_type, where)
+
+
+def symbolic_dims(value: onnx.ValueInfoProto) -> list[str]:
+    """The names of an input's symbolic dimensions, in order, each once (those ``--dim`` can
+    fix: not an exporter's -1 nor a dimension without a name)."""
+    shape = value.type.tensor_type.shape
+    return list(dict.fromkeys(d.dim_param for d in shape.dim
+                              if not d.HasField("dim_value") and d.dim_param
+                              and d.dim_param != UNNAMED))
+
+
+def symbolic_input_error(value: onnx.ValueInfoProto, label: str) -> UsageError:
+    """The error for an input left without a static shape, naming what would fix it: ``--dim``
+    for each of its named symbolic dims when that is enough, else ``--input-shape``."""
+    name = value.name
+    tensor = value.type.tensor_type
+    if not value.type.HasField("tensor_type") or not tensor.HasField("shape"):
+        return UsageError(f"input {name!r} has no declared shape: give --input-shape "
+                          f"{name}=D0,D1,...", where=label)
+    names = symbolic_dims(value)
+    unnamed = sum(not d.HasField("dim_value") and d.dim_param in ("", UNNAMED)
+                  for d in tensor.shape.dim)
+    has = [f"symbolic dims {names}"] if names else []
+    has += [f"{unnamed} dynamic dim(s) without a name"] if unnamed else []
+    has = has or ["no static shape"]
+    by_name = "" if unnamed else " ".join(f"--dim {n}=N" for n in names) + " or "
+    return UsageError(f"input {name!r} has {' and '.join(has)}: give {by_name}--input-shape "
+                      f"{name}=...", where=label)
+
+
+def _check_named_dims(inputs, dims: Mapping[str, int], label: str) -> None:
+    """A ``--dim`` must name a symbolic dimension of some input (a typo would otherwise fix
+    nothing and surface later as an input left dynamic) and give it a size."""
+    declared = list(dict.fromkeys(name for value in inputs if value.type.HasField("tensor_type")
+                                  for name in symbolic_dims(value)))
+    for name, size in dims.items():
+        if isinstance(size, bool) or not isinstance(size, (int, np.integer)) \
+                or not 0 <= size <= MAX_ELEMENTS:
+            raise UsageError(f"--dim {name}={size}: a dimension is a whole number from 0 to "
+                             f"{MAX_ELEMENTS}", where=label, fix="for example --dim batch=1")
+        if name not in declared:
+            raise UsageError(f"--dim {name!r} names no symbolic dimension of the model's inputs",
+                             where=label, fix=f"its symbolic dimensions are: "
+                                              f"{', '.join(declared) or '(none)'}")
+
+
+def _fix_named_dims(shape: onnx.TensorShapeProto, dims: Mapping[str, int]) -> None:
+    for dim in shape.dim:
+        if not dim.HasField("dim_value") and dim.dim_param in dims:
+            dim.dim_value = int(dims[dim.dim_param])  # clears dim_param: one of the two is set
+
+
+def _check_keeps_static_dims(shape: onnx.TensorShapeProto, dims: Sequence[int],
+                             where: str) -> None:
+    """A given shape has the declared rank and every static dimension the model declares: a
+    model built for 224x224 does not compute the same thing at 256x256, so a shape that
+    contradicts it is the caller's mistake, not a choice. Declared sizes 0 and -1 are
+    exporters' ways to write "dynamic" and constrain nothing."""
+    if len(shape.dim) != len(dims):
+        raise UsageError(f"the model declares rank {len(shape.dim)}, got {len(dims)} "
+                         f"dimensions {dims}", where=where, fix="give one number per dimension")
+    declared = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0
+                else (d.dim_param or "?") for d in shape.dim]
+    for axis, (fixed, size) in enumerate(zip(declared, dims)):
+        if isinstance(fixed, int) and fixed != size:
+            raise UsageError(f"--input-shape gives {list(dims)}, but the model declares "
+                             f"{declared}: dimension {axis} is static, {fixed}", where=where,
+                             fix="keep the model's static dimensions; only its symbolic ones "
+                                 "can be given")
 
 
 def check_given_inputs(model: onnx.ModelProto, given: Mapping[str, np.ndarray],
@@ -166,4 +272,4 @@ def _check_declared(shape: onnx.TensorShapeProto, where: str) -> None:
                                  where=where, fix="fix the model's input shape or pass --input-shape")
         if dim.HasField("dim_value") and dim.dim_value == -1:
             dim.Clear()
-            dim.dim_param = "dynamic"
+            dim.dim_param = UNNAMED

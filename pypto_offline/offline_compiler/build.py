@@ -20,6 +20,7 @@ from pypto_offline.fusion import FusionPlan, Region, plan_fusion, without_region
 from pypto_offline.fusion.cost import cube_handoff_bytes, cube_reread_bytes
 from pypto_offline.fusion.records import DOES_NOT_PAY, FAILED_CHECK, RegionOp
 from pypto_offline.importer import ImportedGraph, import_model
+from pypto_offline.importer.input_shapes import symbolic_input_error
 from pypto_offline.importer.ops import MATMUL, kind_of
 from pypto_offline.offline_compiler import ptom_pb2
 from pypto_offline.progress import SILENT, Progress, Timings
@@ -35,6 +36,8 @@ from pypto_offline.targets import Target
 @dataclass(frozen=True)
 class BuildOptions:
     input_shapes: Mapping[str, Sequence[int]] = field(default_factory=dict)
+    # Symbolic dimensions fixed by name (--dim batch=1); input_shapes wins for its inputs.
+    dims: Mapping[str, int] = field(default_factory=dict)
     cache_dir: Path | None = None
     jobs: int = 2
     tile_search: bool = True
@@ -52,6 +55,8 @@ class BuildOptions:
         shapes = ";".join(f"{k}={','.join(map(str, v))}" for k, v in sorted(self.input_shapes.items()))
         options = {"input_shapes": shapes, "tile_search": str(self.tile_search).lower(),
                    "baseline": MEASURED if self.measure_baseline else ESTIMATED}
+        if self.dims:  # only when given: a blob built without them stays byte-identical
+            options["dims"] = ";".join(f"{k}={v}" for k, v in sorted(self.dims.items()))
         if self.inputs:  # their values may fix shapes the model leaves to them
             options["inputs"] = ";".join(
                 f"{name}={hashlib.sha256(np.ascontiguousarray(value).tobytes()).hexdigest()[:16]}"
@@ -92,7 +97,7 @@ def build(source, target: Target, options: BuildOptions, progress: Progress = SI
     progress.stage("importing")
     with timings.stage("import_s"):
         graph = import_model(source, options.input_shapes, inputs=options.inputs,
-                             must_run=options.verify)
+                             must_run=options.verify, dims=options.dims)
         _require_static_inputs(graph, name)
     progress.stage("planning fusion")
     with timings.stage("plan_s"):
@@ -198,11 +203,11 @@ def unfused_baseline(graph: ImportedGraph, regions: Sequence[Region], target: Ta
 
 def _require_static_inputs(graph: ImportedGraph, name: str) -> None:
     """An offline model has static shapes: every input's shape must be known (as ATC asks for
-    --input_shape on a dynamic model)."""
+    --input_shape on a dynamic model). The error names the input's symbolic dims."""
+    declared = {value.name: value for value in graph.model.graph.input}
     for input_name in graph.inputs:
         if graph.tensors[input_name].shape is None:
-            raise UsageError(f"input {input_name!r} has no static shape", where=name,
-                             fix=f"give it with --input-shape {input_name}=D0,D1,...")
+            raise symbolic_input_error(declared[input_name], name)
 
 
 def _category(kernel: Kernel) -> str:

@@ -51,8 +51,20 @@ def user_cache_base() -> Path:
     return absolute(os.environ.get("XDG_CACHE_HOME") or "~/.cache") / "pypto-offline"
 
 
+# Moves the default kernel cache (a build farm's shared disk, a CI cache folder); --cache-dir
+# (``KernelCache(root)``) wins over it.
+CACHE_ENV = "PYPTO_OFFLINE_CACHE"
+
+
 def default_cache_dir() -> Path:
-    return user_cache_base() / "kernels"
+    """``$PYPTO_OFFLINE_CACHE``, else ``<XDG cache home>/pypto-offline/kernels``."""
+    chosen = os.environ.get(CACHE_ENV)
+    return absolute(chosen) if chosen else user_cache_base() / "kernels"
+
+
+def cache_folder(root=None) -> Path:
+    """The kernel cache a build or a ``cache`` command uses: ``root`` (--cache-dir) if given."""
+    return absolute(root) if root else default_cache_dir()
 
 
 def cache_key(**parts) -> str:
@@ -67,7 +79,7 @@ def new_staging(root: Path, label: str = "") -> Path:
 
 class KernelCache:
     def __init__(self, root: Path | None = None):
-        self.root = absolute(root) if root else default_cache_dir()
+        self.root = cache_folder(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self._locks: dict[str, threading.Lock] = {}
         self._locks_guard = threading.Lock()
@@ -99,11 +111,16 @@ class KernelCache:
         if not os.path.lexists(path):
             return None
         try:
-            return parse(verified_files(path, key))
+            found = parse(verified_files(path, key))
         except DamagedEntry as why:
             reason = str(why)
         except (ValueError, KeyError, TypeError) as why:
             reason = f"kernel.json does not describe its kernel ({type(why).__name__})"
+        else:
+            touch(path)
+            return found
+        if not os.path.lexists(path):  # removed as we read it (`cache clean`): a miss, no damage
+            return None
         print(f"pypto-offline: warning: kernel cache entry {path} is damaged ({reason}); "
               f"compiling it again", file=sys.stderr)
         self._discard(path)
@@ -138,6 +155,16 @@ class KernelCache:
         except OSError:
             pass
         shutil.rmtree(aside, ignore_errors=True)
+
+
+def touch(entry: Path) -> None:
+    """Mark an entry used now (its folder's mtime), for `cache clean`'s least-recently-used
+    order: the access time is no guide, as most mounts update it once a day at most. Best
+    effort: a cache another user shares, or a read-only one, is read all the same."""
+    try:
+        os.utime(entry)
+    except OSError:
+        pass
 
 
 def entry_folders(root: Path) -> list[Path]:
