@@ -79,7 +79,7 @@ def test_an_unknown_chip_name_is_one_line_listing_the_known_ones(capfd):
 
 def test_targets_lists_each_targets_chip_names(capfd):
     assert cli.main(["targets", "--json"]) == 0
-    listing = json.loads(capfd.readouterr().out)
+    listing = json.loads(capfd.readouterr().out)["targets"]
     assert listing["kirin9050"]["chip_names"] == ["KirinDev0000", "Kirin9050"]
     assert "Ascend950DT" in listing["ascend950"]["chip_names"]
     assert cli.main(["targets"]) == 0
