@@ -112,7 +112,9 @@ def channel_rows(ops: Sequence[RegionOp], shapes: Mapping[str, Sequence[int]]
     ConvTranspose bias, BatchNorm affine and ReLU on 1x24x320x320 found no tile within
     kirin9050's UB (the smallest needed 194,592 B). None when the region holds anything but
     elementwise and view ops, or broadcasts nothing per channel."""
-    if any(kind_of(op.op_type) not in (ELEMENTWISE, BROADCAST, VIEW) for op in ops):
+    gates = [op for op in ops if _channel_gate(op, shapes)]
+    if any(kind_of(op.op_type) not in (ELEMENTWISE, BROADCAST, VIEW) and op not in gates
+           for op in ops):
         return None
     full = max((tuple(shapes[name]) for op in ops for name in op.outputs), key=prod)
     if len(full) < 3:
@@ -121,6 +123,10 @@ def channel_rows(ops: Sequence[RegionOp], shapes: Mapping[str, Sequence[int]]
     kinds: dict[str, str] = {}
     try:
         for op in ops:
+            if op in gates:  # its product is [C, 1] as the cube writes it: a per-channel row
+                _set(kinds, op.outputs[0], ROW if prod(shapes[op.outputs[0]]) == rows
+                     else FULL, op)
+                continue
             _assign(op, shapes, rows, columns, kinds)
     except NotRows:
         return None
@@ -128,6 +134,12 @@ def channel_rows(ops: Sequence[RegionOp], shapes: Mapping[str, Sequence[int]]
         return None
     return RowLayout(rows, columns, MappingProxyType(kinds), whole_rows=False,
                      split_columns=True)
+
+
+def _channel_gate(op: RegionOp, shapes) -> bool:
+    """A 1x1 convolution of a pooled image (1x1 pixels): a squeeze-and-excite branch's, whose
+    product is one value per channel."""
+    return op.op_type == "Conv" and prod(shapes[op.outputs[0]][2:]) == 1
 
 
 def _rows_and_columns(ops, shapes) -> tuple[int, int]:

@@ -268,9 +268,10 @@ def kernel_source(region: Region, policy: TilePolicy, constants: Mapping[str, np
         w.rows = conv_rows(region.simplified, _shapes(region)) or \
             channel_rows(region.simplified, _shapes(region))
     if w.rows is not None and w.rows.split_columns:  # channel rows: the arguments are rows
-        w.declared.update({tensor: tuple(w.rows.shape(tensor))
-                           for tensor in region.inputs + region.outputs
-                           if not is_scalar_constant(tensor, constants)})
+        w.declared.update({tensor: tuple(w.rows.shape(tensor))  # (a convolution's own
+                           for tensor in region.inputs + region.outputs  # operands are not)
+                           if tensor in w.rows.kinds
+                           and not is_scalar_constant(tensor, constants)})
     inputs = {}
     for index, tensor in enumerate(region.inputs):
         if is_scalar_constant(tensor, constants):

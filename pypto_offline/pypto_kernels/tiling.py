@@ -35,6 +35,12 @@ CANDIDATE_OPERANDS = 2
 DEFAULT_OPERANDS = 4
 CANDIDATE_BUDGETS = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
 DEFAULT_BUDGET = 8192
+# A tile that cuts rows takes this many of them: on ppocrv4_det's squeeze-and-excite tail (a
+# [96, 1] gate, under a (96, 8) tile, times [96, 6400] channel rows, two adds), (8, 1024) tiles
+# ran in 24.0 us with 98,560 B of UB, (1, 1024) ones in 47.7 us with 184,416 B (over
+# kirin9050's plan). PyPTO's UB peak varies with the pair of tiles in no simple way ((8, 512):
+# 164,096 B; (16, 512): 98,816 B): the tile search's budgets try several.
+SPLIT_TILE_ROWS = 8
 # Above this many tiles of the largest tensor a smaller budget only adds tasks (and compile time).
 # 1024 keeps 4 KiB for a 2-4 MiB tensor: the best tile of the 1x64x128x128 fp16 Slice->Pad->Tile.
 MAX_TILES = 1024
@@ -72,8 +78,9 @@ class TilePolicy:
         tile = [1] * rank
         last = rank - 1
         tile[last] = -(-shape[last] // align) * align
-        if split_last and last not in whole_axes:
-            tile[last] = min(tile[last], max(align, self.budget_bytes // itemsize // align * align))
+        if split_last and last not in whole_axes:  # a block of rows, each cut the same
+            columns = self.budget_bytes // itemsize // SPLIT_TILE_ROWS // align * align
+            tile[last] = min(tile[last], max(align, columns))
         budget = max(self.budget_bytes // itemsize, tile[last])
         for axis in whole_axes:
             if axis != last:
