@@ -8,11 +8,13 @@ around its jobs (the last two tests)."""
 from __future__ import annotations
 
 import gc
+import hashlib
 import json
 import time
 from pathlib import Path
 
 import numpy as np
+import onnx
 from pypto_offline.pypto_kernels import compiler, tiling, worker
 from pypto_offline.pypto_kernels.cache import KernelCache
 from pypto_offline.targets import TARGETS
@@ -90,6 +92,12 @@ def run_jobs_here(cache_dir: Path, jobs: list[tuple[dict, list]], timeout: float
     return done
 
 
+def written(folder: Path, name: str) -> Path:
+    """A file the job's first candidate wrote in its working folder (its current folder)."""
+    (path,) = (folder / compiler.WORK).glob(f"c0*/**/{name}")
+    return path
+
+
 def compiled(result: dict) -> bool:
     return "error" not in result and all(c["compiled"] for c in result["candidates"])
 
@@ -123,7 +131,7 @@ def test_a_timed_out_job_loses_its_process_group_and_the_server_serves_the_next(
         tmp_path, [tiny_job(append=HANGING), tiny_job()], timeout=20)
     assert hung == {"error": f"{compiler.TIMED_OUT} 20 s", "transient": True}
     assert (folder / compiler.STARTED_MARKER).exists(), "the job never reached its kernel"
-    grandchild = int((folder / "grandchild.pid").read_text())
+    grandchild = int(written(folder, "grandchild.pid").read_text())
     assert not live(grandchild), "the timed-out job's own child runs on"
     assert compiled(then), then
     assert first == second, "the server did not survive the time-out"
@@ -141,13 +149,15 @@ def test_the_servers_are_gone_when_the_build_is(tmp_path):
 def test_every_child_writes_its_pypto_side_files_into_its_job_folder(tmp_path):
     """PyPTO reads its config and log folder at import: one server per cost-model config, whose
     log folder the child points at its job's folder; the run data folder (read per compile)
-    goes there too. A 910B build and an ascend950 one (A5 cost tables) in turn."""
+    goes into the compile's working folder there, whose path has one length. A 910B build and
+    an ascend950 one (A5 cost tables) in turn."""
     times = {}
     for target in ("kirin9050", "ascend950"):
         ((result, folder, _),) = run_jobs(tmp_path / target, [tiny_job()],
                                           target=TARGETS[target])
         assert compiled(result), result
-        assert list((folder / "pypto_home").glob("run/rundata_*/rundata.json"))
+        (rundata,) = (folder / compiler.WORK).glob("c0*/**/pypto_home/run/*/rundata.json")
+        assert len(str(rundata.parents[3])) == compiler.WORKSPACE_CHARS, rundata
         assert (folder / "ascend_log").is_dir() and not (folder / "ascend_log").is_symlink()
         config = (folder / "tile_fwk_config.json").read_text()
         assert ("Model.deviceArch=A5" in config) == (target == "ascend950")
@@ -176,6 +186,57 @@ def test_a_kernel_compiled_after_other_jobs_of_its_server_has_the_same_artifacts
     assert first.compiled and not failed["candidates"][0]["compiled"]
     assert one_server, "the jobs did not share one server"
     assert later.artifacts == first.artifacts and not later.from_cache
+
+
+def window_merge() -> onnx.ModelProto:
+    """tf_swin's region_16 in small: a window's projection (MatMul, bias), the windows put back
+    in place (Reshape, Transpose, Reshape), the shift rolled back (Slice and Concat on two
+    axes), cropped and added to the residual. PyPTO inserts a COPY_OUT/COPY_IN pair for each
+    consumer of the product in the order of their addresses (docs/determinism.md)."""
+    b = GraphBuilder()
+    rng = np.random.default_rng(0)
+    product = b.op("Add", [b.op("MatMul", [b.input("x", [16, 16, 32]), b.const(
+        rng.standard_normal((32, 32)))]), b.const(rng.standard_normal(32))])
+    window = b.op("Reshape", [b.op("Transpose", [b.op("Reshape", [product],
+                                                      shape=[1, 4, 4, 4, 4, 32])],
+                                   perm=[0, 1, 3, 2, 4, 5])], shape=[1, 16, 16, 32])
+    for axis in (1, 2):
+        window = b.op("Concat", [b.op("Slice", [window], starts=[14], ends=[16], axes=[axis]),
+                                 b.op("Slice", [window], starts=[0], ends=[14], axes=[axis])],
+                      axis=axis)
+    crop = b.op("Slice", [window], starts=[0, 0], ends=[14, 14], axes=[1, 2])
+    return b.model(b.op("Reshape", [b.op("Add", [b.input("r", [1, 14, 14, 32]), crop])],
+                        shape=[1, 196, 32]))
+
+
+def test_a_kernel_ships_the_same_artifacts_whatever_its_folder_and_the_jobs_before(tmp_path):
+    """The compile whose artifacts ship allocates from a heap of its own, with paths of one
+    length (docs/determinism.md, "The heap a compile starts from"). Three checked compiles of
+    the window-merge kernel's 512-byte tile in one server: alone in job folders of 1 and 30
+    characters, and second of two candidates (in a child of its job's process): the same
+    artifacts. Before, the op numbers differed with the folder's length and the server's jobs
+    (tf_swin built with --jobs 2: 6 artifact sets of that kernel in 7 builds)."""
+    graph, plan = fuse(window_merge())
+    (region,) = plan.regions
+    constants = graph.constant_values()
+    sources = compiler.distinct_sources(region, tiling.candidate_policies(
+        TARGET.ub_plan_bytes.value, compiler.largest_tensor_bytes(region)), constants)
+    tile, other = (next(p for p in sources if p.budget_bytes == budget) for budget in (512, 32768))
+    arrays, reference = compiler._region_data(region, graph, constants)
+    jobs = {"a": [tile], "b" * 30: [other, tile], "c": [tile]}
+
+    def work(_):  # one pool thread: one server runs the three jobs
+        return [compiler._run_worker(tmp_path / name / "final", region, TARGET,
+                                     {p: sources[p] for p in tiles}, "0" * 64, arrays, reference,
+                                     True, 300)["candidates"][-1] for name, tiles in jobs.items()]
+    answers = compiler._each_region([None], 1, work)[0]
+    assert all(a["compiled"] and a["tasks"] > 100 for a in answers), answers  # 105 tasks
+    shipped = [{p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in
+                Path(a["artifacts"]).iterdir()} for a in answers]
+    assert "program.json.gz" in shipped[0] and len(shipped[0]) > 10, shipped[0]
+    differ = sorted(name for name in set().union(*shipped)
+                    if len({files.get(name) for files in shipped}) > 1)
+    assert not differ, f"artifacts that differ between the three compiles: {differ}"
 
 
 def servers_running(folder: Path) -> list[int]:
@@ -209,7 +270,7 @@ def test_a_job_child_never_collects_the_objects_its_server_imported(tmp_path):
     all (and wrote to, hence copied, the server's pages)."""
     ((result, folder, _),) = run_jobs(tmp_path, [tiny_job(append=FROZEN_PROBE)])
     assert compiled(result), result
-    frozen = int((folder / "frozen.txt").read_text())
+    frozen = int(written(folder, "frozen.txt").read_text())
     assert frozen > 100_000, f"only {frozen} objects frozen: the server did not freeze its imports"
 
 
@@ -245,7 +306,8 @@ def test_a_search_job_may_compile_its_candidates_in_parallel_children(tmp_path):
     figures = ("aicore_us", "total_us", "tasks", "ub_bytes", "gm_bytes")
     for answer in together["candidates"][1:]:
         assert {k: answer[k] for k in figures} == {k: alone["candidates"][0][k] for k in figures}
-    assert sorted(p.name for p in (folder / "run").iterdir()) == ["c0", "c1", "c2"]
+    assert sorted(p.name.rstrip(compiler.PAD) for p in (folder / compiler.WORK).iterdir()) == \
+        ["c0", "c1", "c2"]
 
 
 def test_a_region_searches_in_parallel_only_where_a_thread_would_idle():

@@ -98,13 +98,14 @@ def test_a_relative_cache_dir_is_resolved_and_the_region_fuses(clean):
 
 
 # Loaded by every Python process of the build (through PYTHONPATH); acts in workers only: once
-# PyPTO has started compiling the kernel, the job's process gets the signal. Jobs run in children
-# the fork server forks (a thread does not survive a fork), so the watch starts in each child.
+# PyPTO has started compiling the kernel (its run folder exists in the compile's working folder,
+# the current one), the job's process gets the signal. Jobs run in children the fork server
+# forks (a thread does not survive a fork), so the watch starts in each child.
 KILL_WORKER_IN_COMPILE = '''
 import glob, os, signal, sys, threading, time
 
 def _signal_when_compiling():
-    while not glob.glob("run/output_*"):
+    while not glob.glob("run*/output_*"):
         time.sleep(0.005)
     os.kill(os.getpid(), signal.{signal})
 

@@ -3,8 +3,9 @@ runs the build, nor on another build running at the same time (docs/determinism.
 
 The parent process generates everything a PyPTO worker compiles (the plan, each region's
 argument order, the kernel source of every tile candidate and of every single op of the unfused
-baseline); the first tests check that text across hash seeds without compiling, the last ones
-build a rotary embedding cold through the command line."""
+baseline); the first tests check that text across hash seeds without compiling, the next ones
+build a rotary embedding cold through the command line, and the last one checks that a task
+list PyPTO's emulator wrote twice ships once."""
 from __future__ import annotations
 
 import json
@@ -147,3 +148,21 @@ def test_cold_builds_with_different_hash_seeds_at_once_give_identical_blobs(rota
     summary = rotary_blobs["own_cache_seed_1"][1]
     assert summary["pypto"]["compiled"] == 1 and summary["kernel_cache"]["compiled"] >= 1
 
+
+
+def test_a_task_list_the_emulator_wrote_twice_ships_once(tmp_path):
+    """PyPTO's emulator now and then writes dyn_topo.txt's task list twice (on a loaded machine:
+    3 checked compiles in 18 cold tf_swin builds); the artifact keeps one list, and a list
+    with no repeat is kept as written."""
+    from pypto_offline.pypto_kernels import worker
+
+    header = "seqNo,taskId,rootIndex,rootHash,opmagic,leafIndex,leafHash,coreType,psgId,\n"
+    tasks = ["0,0,0,65,10000,1,155,0,0,,1\n", "0,1,0,65,10001,2,156,0,0,\n"]
+    for written, kept in ((header + "".join(tasks * 2), header + "".join(tasks)),
+                          (header + "".join(tasks), header + "".join(tasks)),
+                          (header + tasks[0] + tasks[0] + tasks[1], None), (header, header)):
+        run = tmp_path / f"run{len(list(tmp_path.iterdir()))}"
+        run.mkdir()
+        (run / "dyn_topo.txt").write_text(written)
+        worker._keep_artifacts(run, run / "kept", {})
+        assert (run / "kept" / "dyn_topo.txt").read_text() == (kept or written)

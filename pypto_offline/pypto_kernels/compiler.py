@@ -56,24 +56,62 @@ from pypto_offline.runtime import TOLERANCE, run_model
 from pypto_offline.targets import Target
 
 PYPTO_VERSION = "0.2.0"
-KERNEL_FORMAT = 18  # bump when the generator changes what a cached entry means (18: a matmul's
-# L0C and L1 tensors were counted as UB; 17: compiles after a failed one in the same process
-# were cached as failed, docs/workers.md)
+KERNEL_FORMAT = 19  # bump when the generator changes what a cached entry means (19: a checked
+# compile's artifacts come from a heap of its own, before they followed the build's history,
+# docs/determinism.md; 18: a matmul's L0C and L1 tensors were counted as UB; 17: compiles after
+# a failed one in the same process were cached as failed, docs/workers.md)
 DEFAULT_TIMEOUT_S = 300
 # ascend950: the cost model can use its A5 tables (pypto-cpu.md §6); everything else is 910B.
 COST_MODEL = {"ascend950": ("A5", "ASCEND_950PR_9579")}
 # Written by a job's child in its folder before it compiles: from there a death is the kernel's.
 STARTED_MARKER = "worker.started"
+# In a job's folder: the working folder of each of its compiles (worker.enter_workspace), where
+# PyPTO writes its run folder, home, pass-verify dumps; not kept in a kernel's entry.
+WORK = "work"
 # The fork server's first line, once torch and pypto are imported: a server that dies before it
 # never ran a compile, so its death says something about the environment, not about a region.
 SERVER_READY = "ready"
 REAP_S = 10  # a killed child's group is gone at once; the server reports it within this
+# PyPTO 0.2.0 orders some of its sets by object address (AssignMemoryType inserts a COPY_OUT/
+# COPY_IN pair for each consumer in a std::set<Operation *>), so the op numbers and symbol names
+# of its program.json and AICore sources follow where malloc puts its objects. With ASLR off,
+# they are a function of the kernel once a compile allocates from a heap of its own
+# (worker._in_fresh_thread, ``worker_environment``) and the strings it makes have the same
+# lengths: the paths of its server's folder and of its own working folder (``workspace``), and
+# its run folder's name, which PyPTO ends with the process id (worker.run_folder_name).
+# docs/determinism.md, "The heap a compile starts from".
+WORKSPACE_CHARS = 400
+COMPONENT_CHARS = 200  # the longest padding component (a file name has at most 255 bytes)
+PAD = "_"
+
+
+def workspace(folder: Path, name: str) -> Path:
+    """``folder/name`` with underscores added (in components of at most ``COMPONENT_CHARS``)
+    until its real path is ``WORKSPACE_CHARS`` long, whatever the cache folder, staging folder
+    and job it is in: PyPTO takes the real path of every file it writes (``RealPath``) and of the
+    config and log folders it reads, and their lengths are sizes of strings it allocates. A
+    folder longer already (the cache folder would be ~300 characters long) keeps its length."""
+    base = folder.resolve() / name
+    components, tail = divmod(max(0, WORKSPACE_CHARS - len(str(base))), COMPONENT_CHARS + 1)
+    return base.with_name(name + PAD * tail).joinpath(*[PAD * COMPONENT_CHARS] * components)
+
+
+NO_TCACHE = "glibc.malloc.tcache_count=0"
 
 
 def worker_environment() -> dict[str, str]:
     """PyPTO's frontend walks hash-ordered containers: its program.json (op seeds, symbol names)
-    depends on the hash seed. A fixed seed makes every build of a kernel the same bytes."""
-    return {**os.environ, "PYTHONHASHSEED": "0"}
+    depends on the hash seed. A fixed seed makes every build of a kernel the same bytes.
+
+    And malloc's per-thread cache (tcache) off. A compile allocates from an arena apart from the
+    main heap (worker._in_fresh_thread; ``WORKSPACE_CHARS`` says why that matters), but a chunk
+    of the main heap that the compile frees would go into its thread's cache and serve its next
+    allocation of that size, at an address the server's import left. Measured on tf_swin's
+    region_16: one more environment variable of the build, or a 3-digit pid, changed its op
+    numbers; not with the cache off, which costs ~3% CPU."""
+    tunables = [t for t in os.environ.get("GLIBC_TUNABLES", "").split(":")
+                if t and not t.startswith(NO_TCACHE.split("=")[0] + "=")]
+    return {**os.environ, "PYTHONHASHSEED": "0", "GLIBC_TUNABLES": ":".join(tunables + [NO_TCACHE])}
 
 
 ADDR_NO_RANDOMIZE = 0x0040000  # <sys/personality.h>
@@ -228,7 +266,10 @@ class _Server:
 
     def __init__(self, workers: _Workers, staging_root: Path, config: tuple):
         arch, platform = config
-        self.folder = new_staging(staging_root, "server")
+        self.staging = new_staging(staging_root, "server")
+        # PyPTO reads its config and log folder's paths at import: of one length (``workspace``)
+        self.folder = workspace(self.staging, "server")
+        self.folder.mkdir(parents=True)
         (self.folder / "server.json").write_text(json.dumps(
             {"cost_model_arch": arch, "device_platform": platform,
              "calculator_cache": str(calculator_cache())}))
@@ -298,7 +339,7 @@ class _Server:
         for stream in (self.process.stdin, self.process.stdout):
             with contextlib.suppress(OSError):
                 stream.close()
-        shutil.rmtree(self.folder, ignore_errors=True)
+        shutil.rmtree(self.staging, ignore_errors=True)
 
 
 _pool_thread = threading.local()  # the _Workers of the build a pool thread works for
@@ -966,7 +1007,7 @@ def _save(kernel: Kernel, staged: Path) -> None:
     # keep the chosen compile's artifacts (``ARTIFACTS``), drop the simulator's bulky output
     # and the other checked candidates' artifacts
     for name in (p.name for p in staged.iterdir() if p.is_dir() and p.name != CHOSEN_ARTIFACTS):
-        for bulky in ("run", "verify", "pypto_home", "ascend_log", "artifacts"):
+        for bulky in (WORK, "ascend_log", "artifacts"):
             shutil.rmtree(staged / name / bulky, ignore_errors=True)
         for data in ("inputs.npz", "reference.npz"):  # re-derived by any build; every stored
             (staged / name / data).unlink(missing_ok=True)  # byte is hashed on each read

@@ -33,7 +33,7 @@ from pathlib import Path
 # In the kernel cache, a cache of its own: its entries are no kernels (no kernel.json), and
 # this keeps them apart from those, easy to measure or delete.
 SUBFOLDER = "host-compiler"
-WRAPPER_FOLDER = "host_compiler"  # in the job folder: the g++ wrapper and its configuration
+WRAPPER_FOLDER = "host_compiler"  # in a compile's folder: the g++ wrapper and its configuration
 LOG = "host_compiler_cache.log"  # in the job folder: one line per cached compile, hit or miss
 RECORD = "host_compiler.json"
 FORMAT = 1  # bump when the key or the entry changes: older entries are then never hits
@@ -60,21 +60,22 @@ SOURCE_DIR, JOB_DIR = "@PYPTO_OFFLINE_SOURCE_DIR@", "@PYPTO_OFFLINE_JOB_DIR@"
 
 # --- in the worker ---------------------------------------------------------------------------
 
-def install(folder: Path, cache_root: str | None) -> None:
-    """After ``import pypto``, in the worker: PyPTO's ``g++`` calls go through the cache in
-    ``cache_root`` (the kernel cache). Without a cache or a host g++, nothing changes."""
+def install(folder: Path, cache_root: str | None, job: Path) -> Path | None:
+    """After ``import pypto``, in the worker, for a compile run in ``folder``: the folder to put
+    first on PATH for PyPTO's ``g++`` calls to go through the cache in ``cache_root`` (the
+    kernel cache), logged in the job's folder ``job``. None without a cache or a host g++:
+    nothing changes."""
     if not cache_root:
-        return
-    tools = write_wrapper(folder, Path(cache_root))
-    if tools is not None:
-        os.environ["PATH"] = f"{tools}{os.pathsep}{os.environ.get('PATH', '')}"
+        return None
+    return write_wrapper(folder, Path(cache_root), log=job)
 
 
-def write_wrapper(folder: Path, cache_root: Path, path: str | None = None) -> Path | None:
+def write_wrapper(folder: Path, cache_root: Path, path: str | None = None,
+                  log: Path | None = None) -> Path | None:
     """Write ``<folder>/host_compiler/g++`` for the real ``g++`` found on ``path`` (PATH by
     default) and return its folder; None without a g++. No wrapper's folder is searched, this
     job's or another's (a process forked from a worker inherits its PATH): a wrapper must call
-    the compiler, not a wrapper."""
+    the compiler, not a wrapper. Its compiles are logged in ``log`` (default ``folder``)."""
     tools = folder / WRAPPER_FOLDER
     search = [p for p in (path or os.environ.get("PATH", "")).split(os.pathsep)
               if p and Path(p).name != WRAPPER_FOLDER]
@@ -85,7 +86,8 @@ def write_wrapper(folder: Path, cache_root: Path, path: str | None = None) -> Pa
     tools.mkdir(parents=True, exist_ok=True)
     config = tools / "config.json"
     config.write_text(json.dumps({"compiler": real, "identity": compiler_identity(real),
-                                  "cache": str(cache_root), "job": str(folder.absolute())},
+                                  "cache": str(cache_root), "job": str(folder.absolute()),
+                                  "log": str((log or folder).absolute() / LOG)},
                                  indent=1))
     # -I -S: no site-packages, no PYTHONPATH; the script finds this package by its own path
     runner = " ".join(shlex.quote(p) for p in (sys.executable, "-I", "-S", __file__, str(config)))
@@ -381,7 +383,7 @@ def _replay(files: dict[str, bytes], key: str) -> dict[str, bytes]:
 def _log(config: dict, outcome: str, output: Path, key: str) -> None:
     """One line in the job folder (kept in the kernel's entry): what each compile did."""
     line = f"{outcome} {output.name} {key[:16]}\n".encode()
-    fd = os.open(Path(config["job"]) / LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    fd = os.open(config["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     try:
         os.write(fd, line)  # one write: parallel compiles of one job do not interleave
     finally:

@@ -31,6 +31,7 @@ import os
 import select
 import signal
 import sys
+import threading
 import time
 import traceback
 import types
@@ -42,7 +43,8 @@ import numpy as np
 
 from pypto_offline.pypto_kernels import host_compiler_cache
 from pypto_offline.pypto_kernels.codegen import ARGUMENT_SHAPES
-from pypto_offline.pypto_kernels.compiler import PR_SET_PDEATHSIG, SERVER_READY, STARTED_MARKER
+from pypto_offline.pypto_kernels.compiler import (PAD, PR_SET_PDEATHSIG, SERVER_READY,
+                                                  STARTED_MARKER, WORK, workspace)
 
 TILE_GRAPH, LEAF_GRAPH = 1, 3  # program.json graphtypes: the tile graph, a leaf (AICore) function
 CYCLES_PER_US = 1800.0  # the simulator's swim-lane time base (1.8 GHz)
@@ -226,19 +228,74 @@ exit 0
 """
 
 
-def keep_aicore_sources(folder: Path) -> None:
+def keep_aicore_sources(folder: Path) -> Path:
     """After ``import pypto``: make codegen write ``kernel_aicore/*.cpp`` (pypto-cpu.md §5, way B).
-    ASCEND_HOME_PATH only needs an ``include/pto`` folder; bisheng is the stand-in above."""
+    ASCEND_HOME_PATH only needs an ``include/pto`` folder; bisheng is the stand-in above, in the
+    folder returned (for PATH)."""
     home = folder / "no_cann"
     (home / "include" / "pto").mkdir(parents=True, exist_ok=True)
     tools = folder / "bin"
     tools.mkdir(exist_ok=True)
     (tools / "bisheng").write_text(STAND_IN_BISHENG)
     (tools / "bisheng").chmod(0o755)
-    for key, value in (("ASCEND_HOME_PATH", str(home)),
-                       ("PATH", f"{tools}{os.pathsep}{os.environ.get('PATH', '')}")):
-        os.environ[key] = value
-        os.putenv(key, value)
+    os.environ["ASCEND_HOME_PATH"] = str(home)  # os.environ's assignment also calls putenv
+    return tools
+
+
+PID_DIGITS = 7  # a Linux pid has at most 7 (pid_max is at most 2**22)
+INHERITED_PATH = os.environ.get("PATH", "")  # read at import, in the server: before any job's
+
+
+def run_folder_name() -> str:
+    """The folder PyPTO makes its run folder in (TILE_FWK_OUTPUT_DIR), named so that the run
+    folder's path has one length: PyPTO names it ``output_<time>_<pid>_<host address>``, and
+    this name takes up the digits the pid lacks of ``PID_DIGITS``."""
+    return "run" + PAD * max(0, PID_DIGITS - len(str(os.getpid())))
+
+
+def enter_workspace(job: dict, folder: Path, index: int) -> Path:
+    """A candidate's own working folder (``workspace``), made the current one, with everything
+    PyPTO reads at each compile pointing into it: its home, its run folder, the pass-verify
+    dumps, the g++ wrapper and the bisheng stand-in on PATH. Returns the folder."""
+    space = workspace(folder / WORK, f"c{index}")
+    space.mkdir(parents=True)
+    os.chdir(space)
+    # the g++ wrapper's settings name this folder (docs/kernel-cache.md)
+    tools = [host_compiler_cache.install(space, job.get("host_compiler_cache"), folder)]
+    if job.get("verify"):
+        tools.append(keep_aicore_sources(space))
+        # the kernel's module reads it as it runs: it turns pass-verify on
+        os.environ["PYPTO_OFFLINE_VERIFY_DIR"] = str(space / "verify")
+    os.environ["PYPTO_HOME"] = str(space / "pypto_home")
+    os.environ["TILE_FWK_OUTPUT_DIR"] = str(space / run_folder_name())
+    os.environ["PATH"] = os.pathsep.join([str(t) for t in tools if t] + [INHERITED_PATH])
+    return space
+
+
+def _in_fresh_thread(work: Callable[[], object]):
+    """``work()`` (a compile) in a thread of its own, after a full collection; its exception
+    raised here (compiler.WORKSPACE_CHARS says why the compile's heap matters). glibc gives the
+    thread a malloc arena apart from the main heap: what PyPTO allocates does not land in the
+    holes this process's history (the server's earlier jobs, the job's own paths and files) left
+    there, nor, with the thread cache off (compiler.worker_environment), in chunks of it that
+    the compile frees. The collection sets the collector's counters to zero, so that its
+    collections during the compile free PyPTO's objects at the same points. Measured on
+    tf_swin's region_16: without the thread, its artifacts changed with the server's job count;
+    with it but without the collection, they still took two forms."""
+    gc.collect()
+    outcome: dict = {}
+
+    def run():
+        try:
+            outcome["value"] = work()
+        except BaseException as error:  # noqa: BLE001 - raised again in the calling thread
+            outcome["error"] = error
+    thread = threading.Thread(target=run, name="pypto-compile")
+    thread.start()
+    thread.join()
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome.get("value")
 
 
 def _load_kernel(candidate: dict, name: str):
@@ -277,28 +334,18 @@ def _as_arguments(tensors: list, declared) -> list:
     return [t.reshape(tuple(shape)) for t, shape in zip(tensors, declared)]
 
 
-def _compile_once(job: dict, candidate: dict, folder: Path, arrays: list, torch,
-                  run_root: Path | None = None) -> dict:
+def _compile_once(job: dict, candidate: dict, folder: Path, arrays: list, torch) -> dict:
+    """Compile (and run) one candidate in the working folder ``enter_workspace`` made current,
+    in a fresh thread (``_in_fresh_thread``)."""
     outputs = [torch.zeros(tuple(o["shape"]) or (1,), dtype=getattr(torch, o["dtype"]))
                for o in job["outputs"]]
     inputs = [torch.from_numpy(np.ascontiguousarray(a).reshape(a.shape or (1,))) for a in arrays]
-    run_root = run_root or folder / "run"
+    run_root = Path(os.environ["TILE_FWK_OUTPUT_DIR"])
     run_root.mkdir(parents=True, exist_ok=True)
-    os.environ["TILE_FWK_OUTPUT_DIR"] = str(run_root)
-    os.putenv("TILE_FWK_OUTPUT_DIR", str(run_root))
     before = set(run_root.glob("output_*"))
     started = time.perf_counter()
     try:
-        kernel, declared = _load_kernel(candidate, job["function"])
-        arguments = _as_arguments(inputs + outputs, declared)
-        if job.get("verify"):  # PyPTO compares its interpreted outputs with onnxruntime's too
-            import pypto
-
-            reference = np.load(folder / "reference.npz")
-            goldens = [torch.from_numpy(np.ascontiguousarray(reference[f"out{i}"]).reshape(
-                tuple(argument.shape))) for i, argument in enumerate(arguments[len(inputs):])]
-            pypto.set_verify_golden_data(goldens=[None] * len(inputs) + goldens)
-        kernel(*arguments)
+        _in_fresh_thread(partial(_run_kernel, job, candidate, folder, inputs, outputs, torch))
     except MemoryError:
         raise  # the machine's state, not the kernel's: the worker dies, nothing is cached
     except Exception as error:  # noqa: BLE001 - any failure is this candidate's verdict
@@ -317,6 +364,22 @@ def _compile_once(job: dict, candidate: dict, folder: Path, arrays: list, torch,
     result["outputs"] = [o.numpy().reshape(tuple(spec["shape"])) for o, spec in
                          zip(outputs, job["outputs"])]
     return result
+
+
+def _run_kernel(job: dict, candidate: dict, folder: Path, inputs: list, outputs: list,
+                torch) -> None:
+    """Load the candidate's kernel and call it on ``inputs`` + ``outputs``: PyPTO compiles it,
+    runs it in SIM mode (writing ``outputs``) and, with ``verify``, checks it."""
+    kernel, declared = _load_kernel(candidate, job["function"])
+    arguments = _as_arguments(inputs + outputs, declared)
+    if job.get("verify"):  # PyPTO compares its interpreted outputs with onnxruntime's too
+        import pypto
+
+        reference = np.load(folder / "reference.npz")
+        goldens = [torch.from_numpy(np.ascontiguousarray(reference[f"out{i}"]).reshape(
+            tuple(argument.shape))) for i, argument in enumerate(arguments[len(inputs):])]
+        pypto.set_verify_golden_data(goldens=[None] * len(inputs) + goldens)
+    kernel(*arguments)
 
 
 def read_program(path: Path) -> dict:
@@ -363,10 +426,6 @@ def run_job(job: dict, torch) -> dict:
     gives ``parallel`` > 1 and for a checked job of several: its artifacts ship, and PyPTO's
     drift within a process (symbol numbers) would make a candidate's depend on those before."""
     folder = Path(job["folder"])
-    # per job: the g++ wrapper's settings name this job's folder (docs/kernel-cache.md)
-    host_compiler_cache.install(folder, job.get("host_compiler_cache"))
-    if job.get("verify"):
-        keep_aicore_sources(folder)
     if len(job["candidates"]) > 1 and (job.get("parallel", 1) > 1 or job.get("verify")):
         return _in_processes(job, folder, torch, job.get("parallel", 1))
     results, data = [], np.load(folder / "inputs.npz")
@@ -377,30 +436,28 @@ def run_job(job: dict, torch) -> dict:
     return {"candidates": results}
 
 
-def _candidate(job: dict, index: int, folder: Path, torch, data,
-               run_root: Path | None = None) -> dict:
-    """One candidate of a job compiled (and checked), as the build reads it back; ``data``: the
-    job's ``inputs.npz``, opened by this process (an open archive's file offset is shared with
-    a forked process)."""
+def _candidate(job: dict, index: int, folder: Path, torch, data) -> dict:
+    """One candidate of a job compiled (and checked) in a working folder of its own
+    (``enter_workspace``), as the build reads it back; ``data``: the job's ``inputs.npz``,
+    opened by this process (an open archive's file offset is shared with a forked process)."""
     candidate = job["candidates"][index]
     shared = [f"in{i}" for i in range(len(data.files))]  # one kernel's inputs, in order
     # a candidate may be a kernel of its own (the unfused baseline compiles one per op)
     arrays = ([data[name] for name in candidate["inputs"]] if "inputs" in candidate
               else [data[name] for name in shared] if set(shared) == set(data.files) else [])
     own = {**job, **{k: candidate[k] for k in ("function", "outputs") if k in candidate}}
-    # each checked candidate's pass-verify dumps and artifacts in folders of its own: a job may
-    # check several (the first round of a small region's tile search, docs/compile-time.md)
-    checked, kept = folder / "verify" / f"c{index}", folder / "artifacts" / f"c{index}"
-    if job.get("verify"):  # the kernel's module reads it as it runs: it turns pass-verify on
-        os.environ["PYPTO_OFFLINE_VERIFY_DIR"] = str(checked)
-    result = _compile_once(own, candidate, folder, arrays, torch, run_root)
+    # each checked candidate's artifacts in a folder of its own: a job may check several (the
+    # first round of a small region's tile search, docs/compile-time.md)
+    space, kept = enter_workspace(job, folder, index), folder / "artifacts" / f"c{index}"
+    result = _compile_once(own, candidate, folder, arrays, torch)
     outputs = result.pop("outputs", None)
     if job.get("verify") and outputs is not None:
-        result["verdicts"] = verdicts(checked)
+        result["verdicts"] = verdicts(space / "verify")
         result.update(_compare(outputs, folder / "reference.npz"))
-        # longest first: the run folder (named with a timestamp and pid) is inside `folder`
-        portable = {result["run_dir"]: "<build>/run",
-                    str(_pypto_lib().parent): "<pypto>", str(folder): "<build>"}
+        # longest first: the run folder (named with a timestamp and pid) is inside the working
+        # folder, which is inside `folder`
+        portable = {result["run_dir"]: "<build>/run", str(space): "<build>",
+                    str(_pypto_lib().parent): "<pypto>", str(folder.resolve()): "<build>"}
         _keep_artifacts(Path(result["run_dir"]), kept, portable)
         result["artifacts"] = str(kept)
     # handed back as given (its tile policy, whatever fields it has), less the kernel itself
@@ -411,9 +468,10 @@ def _candidate(job: dict, index: int, folder: Path, torch, data,
 def _in_processes(job: dict, folder: Path, torch, parallel: int) -> dict:
     """Each candidate compiled in a child of this job's process, ``parallel`` at a time (the
     build asks for more than one when a pool thread would idle: a model of one region, the
-    last region of a build; a checked job's candidates each need a fresh process). Each child starts from this process's state, which has compiled nothing; its
-    PyPTO output goes to a run folder of its own; a failure dies with its child. A child that
-    dies without an answer makes the whole job's outcome transient, as a worker's crash does."""
+    last region of a build; a checked job's candidates each need a fresh process). Each child
+    starts from this process's state, which has compiled nothing; its PyPTO output goes to a
+    working folder of its own; a failure dies with its child. A child that dies without an
+    answer makes the whole job's outcome transient, as a worker's crash does."""
     pending, running, codes = list(range(len(job["candidates"]))), {}, {}
     while pending or running:
         while pending and len(running) < parallel:
@@ -431,10 +489,8 @@ def _in_processes(job: dict, folder: Path, torch, parallel: int) -> dict:
 
 
 def _candidate_child(job: dict, index: int, folder: Path, torch) -> None:
-    """In a candidate's child: PyPTO's home (read at each compile) and run folder of its own."""
-    os.environ["PYPTO_HOME"] = str(folder / "pypto_home" / f"c{index}")
-    answer = _candidate(job, index, folder, torch, np.load(folder / "inputs.npz"),
-                        folder / "run" / f"c{index}")
+    """In a candidate's child: its answer in the job's folder."""
+    answer = _candidate(job, index, folder, torch, np.load(folder / "inputs.npz"))
     _write_json(answer, folder / f"candidate{index}.json")
 
 
@@ -491,7 +547,20 @@ def _keep_artifacts(run_dir: Path, target: Path, paths: dict[str, str]) -> None:
                     gzip.GzipFile(fileobj=packed, mode="wb", mtime=0, filename="") as z:
                 z.write(text.encode())  # mtime 0, no name: the same bytes on every build
         else:
-            (target / name).write_text(text)
+            (target / name).write_text(topology_once(text) if name == "dyn_topo.txt" else text)
+
+
+def topology_once(text: str) -> str:
+    """``dyn_topo.txt`` with its tasks listed once. PyPTO's emulator, on a loaded machine, now
+    and then writes a run's whole task list twice into the file (its header once, then every
+    line twice over, in the same order; each line names its task, so a true list repeats
+    none): 3 checked compiles in 18 cold builds of tf_swin, 8 with the code before the heap fix
+    and 10 after, the kernel's figures those of the single list. The copy is dropped."""
+    header, *tasks = text.splitlines(keepends=True) or [""]
+    half = len(tasks) // 2
+    if half and len(tasks) == 2 * half and tasks[:half] == tasks[half:]:
+        return header + "".join(tasks[:half])
+    return text
 
 
 def guard_process_group() -> int | None:
@@ -531,11 +600,10 @@ def guard_process_group() -> int | None:
 
 
 def enter_job(folder: Path, server: Path) -> None:
-    """In a job's child: PyPTO's per-compile output and side files go into the job's folder.
-    ``PYPTO_HOME`` is read at each compile; the log folder was fixed at import, so its name
-    (a symbolic link in the server's folder) is pointed at the job's own. A copy of the config
-    the server imported with stays with the job (docs/workers.md)."""
-    os.environ["PYPTO_HOME"] = str(folder / "pypto_home")
+    """In a job's child: PyPTO's side files go into the job's folder (its per-compile output
+    into each candidate's working folder: ``enter_workspace``). The log folder was fixed at
+    import, so its name (a symbolic link in the server's folder) is pointed at the job's own. A
+    copy of the config the server imported with stays with the job (docs/workers.md)."""
     (folder / "ascend_log").mkdir(exist_ok=True)
     link = server / "ascend_log"
     staged = server / "ascend_log.tmp"
