@@ -176,6 +176,19 @@ def input_names(model) -> list[str]:
     return [value.name for value in graph_inputs(load_model(model)[0])]
 
 
+def executor(name: str = "local", address: str | None = None):
+    """Where the PyPTO compiles of the builds in the block run: ``local`` (fork servers on this
+    machine) or ``ray`` (a Ray cluster at ``address``, default ``RAY_ADDRESS``, else one started
+    for the block; ``pypto_kernels/farm.py``). Yields the farm (its ``slots``), or None."""
+    if name == "local":
+        return nullcontext(None)
+    if name == "ray":
+        from pypto_offline.pypto_kernels.farm import ray_executor
+
+        return ray_executor(address)
+    raise UsageError(f"unknown executor {name!r}", fix="use --executor local or ray")
+
+
 def shared_workers(jobs: int = 2):
     """A block in which every ``compile`` shares one pool of ``jobs`` PyPTO worker threads and
     their fork servers (torch and PyPTO imported once for a batch of models and targets)::

@@ -33,6 +33,7 @@ from pypto_offline.targets import TARGETS, chip_names
 
 # 1 is also a build's exit code under --fail-on-fallback when a region fell back.
 EXIT_OK, EXIT_VERIFY_FAILED, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
+DEFAULT_JOBS = 2
 SUBCOMMANDS = ("targets", "inspect", "verify", "report", "cache")
 CACHE_DIR_HELP = ("kernel cache folder (default: $PYPTO_OFFLINE_CACHE, else "
                   "~/.cache/pypto-offline/kernels)")
@@ -80,7 +81,14 @@ def compile_parser() -> argparse.ArgumentParser:
                              "for the inputs it names)")
     parser.add_argument("--inputs", help=".npz of real inputs for the check, by input name")
     parser.add_argument("--cache-dir", help=CACHE_DIR_HELP)
-    parser.add_argument("--jobs", type=int, default=2, help="parallel PyPTO compiles")
+    parser.add_argument("--jobs", type=int, help="parallel PyPTO compiles (default 2; with "
+                                                 "--executor ray, the cluster's CPUs)")
+    parser.add_argument("--executor", choices=("local", "ray"), default="local",
+                        help="where PyPTO compiles run: fork servers on this machine, or a Ray "
+                             "cluster (pip install 'pypto-offline[ray]'); the blobs are the same")
+    parser.add_argument("--ray-address", metavar="ADDRESS",
+                        help="the Ray cluster for --executor ray (default: $RAY_ADDRESS, else "
+                             "a Ray instance started for this invocation)")
     parser.add_argument("--kernel-timeout", type=float, metavar="SECONDS",
                         help="time limit per PyPTO compile; past it the region stays unfused "
                              "(default 300)")
@@ -307,17 +315,22 @@ def run_compile(argv: list[str]) -> int:
     args = compile_parser().parse_args(argv)
     from pypto_offline import api
 
-    api.check_limits(args.jobs, args.kernel_timeout)
+    api.check_limits(1 if args.jobs is None else args.jobs, args.kernel_timeout)
+    if args.ray_address and args.executor != "ray":
+        raise UsageError("--ray-address is for --executor ray", fix="add --executor ray")
     if args.output_dir:
         Path(args.output_dir).mkdir(parents=True, exist_ok=True)
     builds = _builds(args)
     inputs = _load_inputs(args.inputs)
     codes, summaries = [], []
-    with _progress(args.quiet) as progress, _batch(api, args.jobs, len(builds)):
-        for build in builds:
-            code, summary = _run_build(build, args, inputs, progress)
-            codes.append(code)
-            summaries.append(summary)
+    with _progress(args.quiet) as progress, \
+            api.executor(args.executor, args.ray_address) as farm:
+        args.jobs = args.jobs or (farm.slots if farm else DEFAULT_JOBS)
+        with _batch(api, args.jobs, len(builds)):
+            for build in builds:
+                code, summary = _run_build(build, args, inputs, progress)
+                codes.append(code)
+                summaries.append(summary)
     if len(builds) > 1 and not (args.json or args.quiet):
         print(_batch_table(summaries))
     return max(codes)

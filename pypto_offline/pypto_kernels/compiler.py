@@ -895,11 +895,17 @@ def _run_job(folder: Path, job: dict, target: Target, timeout: float) -> dict:
     return answer
 
 
+# Where jobs run when not here: a compile farm's ``run`` (``farm.ray_executor``), or None.
+_remote = None
+
+
 def _run_job_once(folder: Path, job: dict, target: Target, timeout: float) -> dict:
-    """Write the job, run it in a child of this thread's fork server, read its result (or say
-    why there is none). A failure that says nothing about the kernel (time-out, crash, kill) is
-    ``transient``: the region falls back for this build only."""
+    """Write the job, run it in a child of this thread's fork server (or on the compile farm),
+    read its result (or say why there is none). A failure that says nothing about the kernel
+    (time-out, crash, kill) is ``transient``: the region falls back for this build only."""
     folder = folder.absolute()  # the worker runs in it: a relative --cache-dir would not resolve
+    if _remote is not None:
+        return _remote(folder, job, target, timeout)
     arch, platform = COST_MODEL.get(target.name, (None, None))
     host_compiler_cache = cache_root_of(folder)  # the kernel cache this job is staged in
     job = {**job, "folder": str(folder),
