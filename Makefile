@@ -13,7 +13,7 @@ $(STAMP): setup.cfg pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	# torch first and pinned: the CPU wheel on disk, never a multi-GB CUDA build from a range.
 	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e '.[test,corpus]'
+	$(PY) -m pip install --quiet -e '.[test,corpus,ray]'
 	touch $(STAMP)
 
 run: $(STAMP)

@@ -1,0 +1,96 @@
+"""Issue 20's compile farm: a batch build with ``--executor ray`` on a real local Ray cluster of
+two nodes gives the blobs a local build gives, byte for byte.
+
+The cluster and its driver run in a network namespace of their own (``unshare -n``, loopback
+up): on the host network Ray binds the machine's external interface, which a test must never
+use. The test starts a head and a second node (``ray start --address``), builds two models for
+two targets on it, stops it, and compares with the same batch built locally. Bounded in time."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.malformed import EXAMPLE
+from tests.onnx_builders import GraphBuilder
+
+REPO = Path(__file__).resolve().parent.parent
+RAY = Path(sys.executable).with_name("ray")
+TARGETS = "kirin9050,ascend910b"
+PORT = 6399
+CLUSTER_SCRIPT = """
+set -eu
+ip link set lo up
+export RAY_USAGE_STATS_ENABLED=0
+trap '"{ray}" stop --force >/dev/null 2>&1 || true' EXIT
+"{ray}" start --head --port {port} --num-cpus 2 --node-ip-address 127.0.0.1 \\
+    --include-dashboard=false --object-store-memory 200000000 --disable-usage-stats >/dev/null
+"{ray}" start --address 127.0.0.1:{port} --num-cpus 2 --node-ip-address 127.0.0.1 \\
+    --object-store-memory 200000000 --disable-usage-stats >/dev/null
+"{python}" -c 'import ray; ray.init(address="127.0.0.1:{port}", logging_level="ERROR"); \\
+print("nodes", sum(n["Alive"] for n in ray.nodes()))'
+"{python}" -m pypto_offline {models} --target {targets} --input-shape x=1,3,64,64 \\
+    --output-dir "{out}" --cache-dir "{cache}" --no-report --json --quiet \\
+    --executor ray --ray-address 127.0.0.1:{port}
+"""
+
+
+def _environment() -> dict:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(
+        filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+
+
+def small_model(path: Path) -> Path:
+    b = GraphBuilder()
+    x = b.input("frames", [1, 8, 16, 16])
+    path.write_bytes(b.model(b.op("Sigmoid", [b.op("Neg", [b.op("Relu", [x])])]))
+                     .SerializeToString())
+    return path
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory) -> list[Path]:
+    folder = tmp_path_factory.mktemp("models")
+    shutil.copy(EXAMPLE, folder / "example.onnx")
+    return [folder / "example.onnx", small_model(folder / "small.onnx")]
+
+
+@pytest.fixture(scope="module")
+def on_the_farm(models, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("farm")
+    script = CLUSTER_SCRIPT.format(ray=RAY, python=sys.executable, port=PORT,
+                                   models=" ".join(f'"{m}"' for m in models), targets=TARGETS,
+                                   out=folder / "out", cache=folder / "cache")
+    done = subprocess.run(["unshare", "-n", "bash", "-c", script], capture_output=True,
+                          text=True, env=_environment(), cwd=REPO, timeout=1500)
+    return folder, done
+
+
+@pytest.fixture(scope="module")
+def locally(models, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("local")
+    done = subprocess.run(
+        [sys.executable, "-m", "pypto_offline", *map(str, models), "--target", TARGETS,
+         "--input-shape", "x=1,3,64,64", "--output-dir", str(folder / "out"), "--cache-dir",
+         str(folder / "cache"), "--no-report", "--json", "--quiet"],
+        capture_output=True, text=True, env=_environment(), cwd=REPO, timeout=1500)
+    return folder, done
+
+
+def test_a_batch_on_a_two_node_ray_cluster_gives_the_local_blobs(on_the_farm, locally, models):
+    (farm, on_ray), (local, here) = on_the_farm, locally
+    assert on_ray.returncode == 0, on_ray.stderr[-3000:]
+    assert here.returncode == 0, here.stderr[-3000:]
+    assert "nodes 2" in on_ray.stdout, on_ray.stdout
+    summaries = [json.loads(line) for line in on_ray.stdout.splitlines() if line.startswith("{")]
+    assert len(summaries) == 4 and all(s["pypto"]["fell_back"] == 0 for s in summaries)
+    assert summaries[0]["kernel_cache"]["pypto_compiles"] > 0  # compiled on the farm, cold
+    names = sorted(p.name for p in (local / "out").iterdir())
+    assert names == sorted(p.name for p in (farm / "out").iterdir()) and len(names) == 4
+    for name in names:
+        assert (farm / "out" / name).read_bytes() == (local / "out" / name).read_bytes(), name
