@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -166,3 +167,29 @@ def test_a_task_list_the_emulator_wrote_twice_ships_once(tmp_path):
         (run / "dyn_topo.txt").write_text(written)
         worker._keep_artifacts(run, run / "kept", {})
         assert (run / "kept" / "dyn_topo.txt").read_text() == (kept or written)
+
+
+PYPTO_RUN_FOLDER = """
+import os, sys
+from pypto import pypto_impl
+os.environ["TILE_FWK_OUTPUT_DIR"] = sys.argv[1]
+pypto_impl.ResetLog("")
+print(os.listdir(sys.argv[1])[0])
+"""
+
+
+def test_pypto_in_a_worker_sees_no_host_address(tmp_path):
+    """PyPTO ends its run folders' names with the host's IPv4 address (8 hex digits, or nothing
+    without one), which moves its op numbers (docs/determinism.md, "The host's address"): with
+    the fork server's preloaded library every host names them alike, ``output_<time>_<pid>_``."""
+    from pypto_offline.pypto_kernels import compiler, no_host_address
+
+    library = no_host_address.build(tmp_path)
+    environment = no_host_address.preloaded(compiler.worker_environment(), library)
+    assert environment["LD_PRELOAD"].split(os.pathsep)[0] == str(library)
+    (tmp_path / "run").mkdir()
+    done = subprocess.run([sys.executable, "-c", PYPTO_RUN_FOLDER, str(tmp_path / "run")],
+                          capture_output=True, text=True, env=environment, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    name = done.stdout.strip().splitlines()[-1]
+    assert re.fullmatch(r"output_\d{8}_\d{6}_\d{6}_\d+_", name), name  # no address after the pid

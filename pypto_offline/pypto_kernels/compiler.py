@@ -41,6 +41,7 @@ from pypto_offline.fusion.classify import kernel_dtype
 from pypto_offline.fusion.records import CANNOT_EXPRESS, FusionPlan, Region
 from pypto_offline.importer import ImportedGraph
 from pypto_offline.progress import SILENT, Progress
+from pypto_offline.pypto_kernels import no_host_address
 from pypto_offline.pypto_kernels.cache import (DamagedEntry, KernelCache, cache_key,
                                                cache_root_of, new_staging, user_cache_base)
 from pypto_offline.pypto_kernels.codegen import (KERNEL_FUNCTION, CannotExpress,
@@ -56,7 +57,8 @@ from pypto_offline.runtime import TOLERANCE, run_model
 from pypto_offline.targets import Target
 
 PYPTO_VERSION = "0.2.0"
-KERNEL_FORMAT = 19  # bump when the generator changes what a cached entry means (19: a checked
+KERNEL_FORMAT = 20  # bump when the generator changes what a cached entry means (20: PyPTO sees
+# no host address, no_host_address.py: artifacts alike on every host; 19: a checked
 # compile's artifacts come from a heap of its own, before they followed the build's history,
 # docs/determinism.md; 18: a matmul's L0C and L1 tensors were counted as UB; 17: compiles after
 # a failed one in the same process were cached as failed, docs/workers.md)
@@ -78,7 +80,8 @@ REAP_S = 10  # a killed child's group is gone at once; the server reports it wit
 # they are a function of the kernel once a compile allocates from a heap of its own
 # (worker._in_fresh_thread, ``worker_environment``) and the strings it makes have the same
 # lengths: the paths of its server's folder and of its own working folder (``workspace``), and
-# its run folder's name, which PyPTO ends with the process id (worker.run_folder_name).
+# its run folder's name, which PyPTO ends with the process id and the host's address
+# (worker.run_folder_name).
 # docs/determinism.md, "The heap a compile starts from".
 WORKSPACE_CHARS = 400
 COMPONENT_CHARS = 200  # the longest padding component (a file name has at most 255 bytes)
@@ -277,7 +280,8 @@ class _Server:
             self.process = workers.start(
                 [sys.executable, "-m", WORKER_MODULE, "--serve", str(self.folder)],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, cwd=self.folder,
-                env=worker_environment())
+                env=no_host_address.preloaded(worker_environment(),
+                                              no_host_address.build(self.folder)))
         self._replies = _Replies(self.process.stdout)
         self.ready = False
 
