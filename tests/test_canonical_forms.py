@@ -129,6 +129,19 @@ def test_transpose_flatten_gather_defaults_are_explicit():
     np.testing.assert_array_equal(run_model(graph.model, {"x": x})["y0"], x[[4, 0]])
 
 
+@pytest.mark.parametrize("image, in_scope", [([1, 2, 256, 255], True), ([1, 2, 256, 256], False)])
+def test_a_1x1_conv_past_the_cube_inner_axis_limit_stays_a_boundary(image, in_scope):
+    """PyPTO's cube takes an operand's inner axis below 65535: a 1x1 Conv on 256x256 pixels
+    (x[2, 65536]) failed its parser after recording (ppocrv4_det's 320x320 ones, F21004)."""
+    weights = np.ones((4, 2, 1, 1), np.float32)
+    graph = import_model(one_node("Conv", image, opset=13, params={"w": weights}))
+    (node,) = graph.nodes
+    assert node.in_scope is in_scope, node.why_not_canonical
+    if not in_scope:
+        assert "inner axis of 65536 is not below PyPTO's cube limit of 65535" \
+            in node.why_not_canonical
+
+
 def test_gather_with_run_time_indices_stays_a_boundary():
     model = one_node("Gather", [5, 2], opset=13, runtime_inputs=[("idx", TensorProto.INT64, [3])])
     graph = import_model(model)

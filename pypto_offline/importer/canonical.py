@@ -486,6 +486,20 @@ def _normalised_shapes(ctx: NodeContext) -> tuple[int, ...]:
 MATMUL_FORM = "the kernel generator takes a MatMul of matrices with equal batch axes"
 
 
+# PyPTO 0.2.0's cube takes an ND operand whose inner (last) axis is below 65535 ("inner axis must
+# be less than 65535", CheckOperandShapeBound; docs/pypto-ops.md, "MatMul"). Past it, a 1x1
+# Conv on a 320x320 image (x[16, 102400], ppocrv4_det) recorded and then failed PyPTO's parser
+# (F21004, FFFFFF): such a contraction stays a boundary, with this reason.
+CUBE_INNER_AXIS_LIMIT = 65535
+
+
+def _within_cube_bound(form: str, inner_axes: dict[str, int]) -> None:
+    for operand, extent in inner_axes.items():
+        if extent >= CUBE_INNER_AXIS_LIMIT:
+            raise NotCanonical(f"{form} ({operand}'s inner axis of {extent} is not below "
+                               f"PyPTO's cube limit of {CUBE_INNER_AXIS_LIMIT})")
+
+
 @normaliser("MatMul")
 def _matmul(ctx: NodeContext) -> dict[str, Any]:
     """Canonical: both operands of rank 2 or more, and the right one 2-D (a weight) or with the
@@ -496,6 +510,7 @@ def _matmul(ctx: NodeContext) -> dict[str, Any]:
     if len(right) > 2 and tuple(left[:-2]) != tuple(right[:-2]):
         raise NotCanonical(f"{MATMUL_FORM} (batch axes {list(left[:-2])} and "
                            f"{list(right[:-2])} broadcast)")
+    _within_cube_bound(MATMUL_FORM, {"the left operand": left[-1], "the right operand": right[-1]})
     return {}
 
 
@@ -514,6 +529,7 @@ def _gemm(ctx: NodeContext) -> dict[str, Any]:
     if bias is not None and (len(bias) not in (1, 2) or bias[-1] != n
                              or any(d != 1 for d in bias[:-1])):
         raise NotCanonical(f"{GEMM_FORM} (C of shape {list(bias)})")
+    _within_cube_bound(GEMM_FORM, {"A": ctx.in_shape(0)[-1], "B": ctx.in_shape(1)[-1]})
     return {"transB": int(ctx.attr("transB", 0))}
 
 
@@ -536,6 +552,7 @@ def _pointwise_conv(ctx: NodeContext) -> dict[str, Any]:
     if not ones or any(ctx.attr("pads", [0])) or ctx.attr("group", 1) != 1:
         raise NotCanonical(f"{CONV_FORM} (kernel {list(weights[2:])}, strides "
                            f"{list(ctx.attr('strides', [1, 1]))}, group {ctx.attr('group', 1)})")
+    _within_cube_bound(CONV_FORM, {"the weight": weights[1], "the image": image[2] * image[3]})
     return {}
 
 

@@ -17,7 +17,7 @@ A pattern outside these limits raises ``CannotExpress`` and the region falls bac
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property, partial
 from math import prod
 from typing import Callable, Mapping, Sequence
@@ -247,6 +247,21 @@ def _rows_within_cube_tile(w: _Writer, shape: tuple[int, ...], tile: tuple[int, 
     return (rows, *tile[1:])
 
 
+def _conv_rows(region: Region, policy: TilePolicy) -> RowLayout | None:
+    """A 1x1 convolution's product rows (``fusion/rows.conv_rows``), cut along the row where one
+    row is larger than the candidate's budget, as channel rows are: whole, ppocrv4_det's
+    32->48 and 48->48 Convs (with bias and HardSwish) on 160x160 images took vector tiles of
+    one 25,600-element fp32 row (100 KiB, with the epilogue's beyond UB), and PyPTO's parser
+    failed them (FFFFFF); cut, both compile and pass the check."""
+    rows = conv_rows(region.simplified, _shapes(region))
+    if rows is None:
+        return None
+    product = next(op.outputs[0] for op in region.simplified if op.op_type == "Conv")
+    if rows.columns * itemsize_of(region.tensor_types[product][1]) > policy.budget_bytes:
+        return replace(rows, split_columns=True)
+    return rows
+
+
 def itemsize_of(dtype: int) -> int:
     return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(dtype)).itemsize
 
@@ -265,8 +280,7 @@ def kernel_source(region: Region, policy: TilePolicy, constants: Mapping[str, np
     if has_reduction(region.simplified):
         w.rows = _row_layout(region)
     else:
-        w.rows = conv_rows(region.simplified, _shapes(region)) or \
-            channel_rows(region.simplified, _shapes(region))
+        w.rows = _conv_rows(region, policy) or channel_rows(region.simplified, _shapes(region))
     if w.rows is not None and w.rows.split_columns:  # channel rows: the arguments are rows
         w.declared.update({tensor: tuple(w.rows.shape(tensor))  # (a convolution's own
                            for tensor in region.inputs + region.outputs  # operands are not)
