@@ -213,3 +213,16 @@ def test_a_transpose_stays_where_moving_it_saves_nothing(residual_shape, read_tw
     assert_compiled_matches(graph, plan)
     for region in plan.regions:
         assert "transpose_back_through_binary" not in region.rules_applied
+
+
+@pytest.mark.parametrize("op_type", ["ReduceMean", "ReduceMax", "ReduceSum"])
+@pytest.mark.parametrize("keepdims", [0, 1])
+def test_a_reduction_over_lone_elements_is_a_reshape(op_type, keepdims):
+    """silero_vad's ReduceMean over an axis of one element: no row layout takes it ("a reduction
+    over one element"), and it is only a reshape of its input."""
+    b = GraphBuilder()
+    x = b.input("x", [2, 1, 8, 10])
+    y = b.op(op_type, [b.op("Neg", [x]), b.const(np.array([1], np.int64))], keepdims=keepdims)
+    region = simplified(b.model(b.op("Relu", [y])))
+    assert "reduction_over_one_element" in region.rules_applied
+    assert op_type not in ops_of(region) and "Relu" in ops_of(region)

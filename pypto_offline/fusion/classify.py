@@ -14,7 +14,8 @@ import onnx
 
 from pypto_offline.fusion.records import BOUNDARY, CANNOT_EXPRESS
 from pypto_offline.fusion.program import region_op
-from pypto_offline.fusion.rows import NotRows, reduced_rows, row_layout, trailing_axes
+from pypto_offline.fusion.rows import (NotRows, reduced_rows, reduces_lone_elements, row_layout,
+                                       trailing_axes)
 from pypto_offline.importer import ImportedGraph, Node
 from pypto_offline.importer.ops import (POOL_OPS, REDUCTION, VIEW_ONLY_OPS, data_inputs,
                                         in_scope, kind_of, op_def)
@@ -107,6 +108,8 @@ ROW_TILES_IN_UB = 4
 def _why_no_rows(node: Node, graph: ImportedGraph, target: Target) -> tuple[str, str] | None:
     info = graph.tensors[node.inputs[0]]
     axes = node.params["axes"]
+    if reduces_lone_elements(node, info.shape):
+        return None  # a reshape (rules.reduction_over_one_element)
     if not trailing_axes(axes, len(info.shape)):
         return CANNOT_EXPRESS, (f"{node.op_type} over axes {list(axes)}: only trailing axes "
                                 "reduce in rows")

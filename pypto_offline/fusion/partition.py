@@ -17,7 +17,7 @@ import networkx as nx
 
 from pypto_offline.fusion.classify import node_id, node_tensors
 from pypto_offline.fusion.program import region_op
-from pypto_offline.fusion.rows import NotRows, row_layout
+from pypto_offline.fusion.rows import NotRows, reduces_lone_elements, row_layout
 from pypto_offline.importer import ImportedGraph, Node
 from pypto_offline.importer.ops import (MATMUL, REDUCTION, data_inputs, kind_of,
                                         matmul_extents, op_def)
@@ -94,7 +94,8 @@ def _rows_agree(graph: ImportedGraph, members: list[Node]) -> bool:
     """A region with a reduction must run as rows (``rows``): a merge that breaks that is
     refused, as one that overflows UB is. Most merges hold no reduction: they are told from the
     registry's kinds, without building the region's ops (this runs for every merge tried)."""
-    if not any(kind_of(n.op_type) == REDUCTION for n in members):
+    if not any(kind_of(n.op_type) == REDUCTION
+               and not reduces_lone_elements(n, graph.tensors[n.inputs[0]].shape) for n in members):
         return True
     ops = [region_op(n, {name: graph.tensors[name].shape for name in n.outputs}) for n in members]
     shapes = {name: graph.tensors[name].shape for op in ops for name in op.inputs + op.outputs

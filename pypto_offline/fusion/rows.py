@@ -52,6 +52,18 @@ class RowLayout:
                 self.columns if kind in (FULL, COLUMN) else 1]
 
 
+# Reductions that take a lone element as it is (not ReduceSumSquare, ReduceL1, ReduceL2,
+# ReduceLogSum or ReduceLogSumExp: those still compute on it)
+AS_IS_OVER_ONE = frozenset({"ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd"})
+
+
+def reduces_lone_elements(op: RegionOp, shape: Sequence[int]) -> bool:
+    """A reduction over axes of one element that keeps each element as it is: a reshape of its
+    input (``rules.reduction_over_one_element``), so no reduction to lay rows out for."""
+    axes = op.params.get("axes")
+    return op.op_type in AS_IS_OVER_ONE and axes is not None and all(shape[a] == 1 for a in axes)
+
+
 def has_reduction(ops: Sequence[RegionOp]) -> bool:
     return any(kind_of(op.op_type) == REDUCTION for op in ops)
 
@@ -145,7 +157,7 @@ def _channel_gate(op: RegionOp, shapes) -> bool:
 def _rows_and_columns(ops, shapes) -> tuple[int, int]:
     found = set()
     for op in ops:
-        if kind_of(op.op_type) == REDUCTION:
+        if kind_of(op.op_type) == REDUCTION and not reduces_lone_elements(op, shapes[op.inputs[0]]):
             shape = tuple(shapes[op.inputs[0]])
             axes = op.params["axes"]
             if not trailing_axes(axes, len(shape)):
@@ -167,6 +179,8 @@ def _set(kinds: dict, tensor: str, kind: str, op: RegionOp) -> None:
 
 def _assign(op: RegionOp, shapes, rows: int, columns: int, kinds: dict) -> None:
     kind = kind_of(op.op_type)
+    if kind == REDUCTION and reduces_lone_elements(op, shapes[op.inputs[0]]):
+        kind = VIEW  # a reshape
     if kind == REDUCTION:
         _reduction(op, shapes, rows, columns, kinds)
     elif kind in (ELEMENTWISE, BROADCAST) or op.op_type == "Expand":

@@ -13,6 +13,7 @@ import onnx
 
 from pypto_offline.fusion.program import Program
 from pypto_offline.fusion.records import RegionOp
+from pypto_offline.fusion.rows import reduces_lone_elements
 from pypto_offline.fusion.views import ViewStack
 from pypto_offline.importer.ops import BROADCASTING_OPS
 
@@ -53,6 +54,15 @@ def no_op(prog: Program, op: RegionOp) -> list[RegionOp] | None:
         "Split": lambda: len(op.outputs) == 1,
     }.get(op.op_type)
     return _identity(source, op) if trivial is not None and trivial() else None
+
+
+def reduction_over_one_element(prog: Program, op: RegionOp) -> list[RegionOp] | None:
+    """A ReduceMean, ReduceSum, ReduceMax, ReduceMin or ReduceProd whose axes all have one element
+    is a reshape of its input (silero_vad's ReduceMean over such an axis, which no row layout
+    takes: "a reduction over one element")."""
+    if not reduces_lone_elements(op, prog.shapes[op.inputs[0]]):
+        return None
+    return [_op("Reshape", [op.inputs[0]], op.outputs, shape=tuple(prog.shapes[op.outputs[0]]))]
 
 
 def view_chain(prog: Program, op: RegionOp) -> list[RegionOp] | None:
@@ -360,8 +370,8 @@ def pool_as_window_views(prog: Program, op: RegionOp) -> list[RegionOp] | None:
 
 
 RULES: tuple[Rule, ...] = (
-    no_op, view_chain, slice_of_slice, pad_of_pad, slice_of_pad, transpose_of_transpose,
-    slice_before_transpose, reshape_of_reshape, slices_concat_roll, split_then_concat,
+    no_op, reduction_over_one_element, view_chain, slice_of_slice, pad_of_pad, slice_of_pad,
+    transpose_of_transpose, slice_before_transpose, reshape_of_reshape, slices_concat_roll, split_then_concat,
     expand_into_broadcast, bias_into_matmul, transpose_back_through_binary,
     pool_as_window_views,
 )
