@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from pypto_offline.pypto_kernels import compile_kernels
+from pypto_offline.pypto_kernels.tiling import MERGE_CAPS
 from pypto_offline.runtime import generate_inputs, max_abs_diff, run_model
 from pypto_offline.targets import TARGETS
 from tests.fusion_helpers import fuse
@@ -60,3 +61,27 @@ def test_a_mobilenet_v3_block_is_its_3x3_conv_and_one_kernel_per_run(tmp_path):
     expected, actual = run_model(model, feeds), run_model(plan.compiled_model, feeds)
     for name, want in expected.items():
         assert max_abs_diff(want, actual[name]) <= 1e-4 * max(1.0, np.abs(want).max()), name
+
+
+def squeeze_excite_tail():
+    """ppocrv4_det's squeeze-and-excite tail on a 160x160 feature map: gate * x + x + y."""
+    b = GraphBuilder()
+    x, y = b.input("x", [1, 96, 160, 160]), b.input("y", [1, 96, 160, 160])
+    gate = b.op("HardSigmoid", [b.input("pooled", [1, 96, 1, 1])], alpha=0.2, beta=0.5)
+    return b.model(b.op("Add", [b.op("Add", [x, b.op("Mul", [x, gate])]), y]))
+
+
+def test_a_region_no_tile_fits_under_pypto_s_merging_ships_with_the_merge_capped(tmp_path):
+    """Under PyPTO's own merging of identical vector subgraphs every tile of this region needed
+    more UB than kirin9050's plan (164,352 B at the least); the search then caps the merge
+    (``TilePolicy.vec_merge``) and ships the fastest cap that fits, checked. A warm build takes
+    it from the cache (its source is the one this build would write for that tile)."""
+    graph, plan = fuse(squeeze_excite_tail())
+    target = TARGETS["kirin9050"]
+    (kernel,) = compile_kernels(graph, plan, target, cache_dir=tmp_path)
+    assert kernel.compiled and kernel.functional_ok, kernel.fallback_reason
+    assert kernel.tuned_tile.vec_merge in MERGE_CAPS
+    assert kernel.tuned_tile.ub_bytes <= target.ub_plan_bytes.value
+    assert f"vec_nbuffer_setting={{-1: {kernel.tuned_tile.vec_merge}}}" in kernel.source
+    (again,) = compile_kernels(graph, plan, target, cache_dir=tmp_path)
+    assert again.from_cache and again.pypto_compiles == 0 and again.source == kernel.source

@@ -325,7 +325,9 @@ def kernel_source(region: Region, policy: TilePolicy, constants: Mapping[str, np
         "@pypto.frontend.jit(runtime_options={\"run_mode\": pypto.RunMode.SIM}, verify_options=VERIFY)",
         f"def {KERNEL_FUNCTION}({', '.join(arguments)}):",
     ]
-    return "\n".join(header + w.lines) + "\n"
+    merge = [f"    pypto.set_pass_options(vec_nbuffer_setting={{-1: {policy.vec_merge}}})"] \
+        if policy.vec_merge else []
+    return "\n".join(header + merge + w.lines) + "\n"
 
 
 def _lower_program(w: _Writer, outputs: Mapping[str, str]) -> None:

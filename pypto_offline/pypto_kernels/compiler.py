@@ -49,8 +49,8 @@ from pypto_offline.pypto_kernels.codegen import (KERNEL_FUNCTION, CannotExpress,
                                                  itemsize_of, kernel_source)
 from pypto_offline.pypto_kernels.records import (CHECK_FAILED, COMPILE_FAILED, CRASHED, NO_TILE_FITS,
                                                  TIMED_OUT, Kernel, TileResult)
-from pypto_offline.pypto_kernels.tiling import (SEARCH_RULES, TilePolicy, candidate_policies,
-                                                default_policy, defer_flat_rows,
+from pypto_offline.pypto_kernels.tiling import (MERGE_CAPS, SEARCH_RULES, TilePolicy,
+                                                candidate_policies, default_policy, defer_flat_rows,
                                                 defer_swapped, fits_ub, next_flat_rows,
                                                 next_swapped, search_rounds)
 from pypto_offline.runtime import TOLERANCE, run_model
@@ -564,7 +564,8 @@ def compile_region(region: Region, graph: ImportedGraph, target: Target, cache: 
                     default=default.budget_bytes, cost_model=COST_MODEL.get(target.name),
                     search=SEARCH_RULES)
     with cache.holding([key]):
-        hit = cache.read(key, lambda files: _cached_kernel(files, region.id, key, sources))
+        hit = cache.read(key, lambda files: _cached_kernel(
+            files, region.id, key, sources, partial(_source_of, region, constants, sources)))
         if hit is not None:
             return hit
         staged = cache.staging()
@@ -586,8 +587,19 @@ def compile_region(region: Region, graph: ImportedGraph, target: Target, cache: 
                        pypto_compiles=compiles[0])
 
 
+def _source_of(region: Region, constants: dict, sources: dict[TilePolicy, str],
+               policy: TilePolicy) -> str | None:
+    """The module this build would compile for ``policy``: a searched tile's, or a leaf merge
+    cap of one (``_merge_capped``); None for any other."""
+    if policy.vec_merge:
+        return kernel_source(region, policy, constants) \
+            if replace(policy, vec_merge=0) in sources else None
+    return sources.get(policy)
+
+
 def _cached_kernel(files: dict[str, bytes], region_id: str, key: str,
-                   sources: dict[TilePolicy, str]) -> Kernel:
+                   sources: dict[TilePolicy, str],
+                   source_of: Callable[[TilePolicy], str | None]) -> Kernel:
     """A cache entry's kernel, if it is the one this build would compile: stored under this key
     and from the very source generated now for its tile (the manifest only shows the files are
     as they were stored)."""
@@ -595,8 +607,8 @@ def _cached_kernel(files: dict[str, bytes], region_id: str, key: str,
     if kernel.cache_key != key:
         raise DamagedEntry("its kernel.json names another key")
     tile = kernel.tuned_tile
-    expected = (sources.get(TilePolicy(tile.budget_bytes, tile.swapped_transposes,
-                                       tile.flat_rows)) if tile is not None
+    expected = (source_of(TilePolicy(tile.budget_bytes, tile.swapped_transposes,
+                                     tile.flat_rows, tile.vec_merge)) if tile is not None
                 else kernel.source if kernel.source in sources.values() else None)
     if kernel.source != expected:
         raise DamagedEntry("its kernel source is not the one generated for this build")
@@ -644,12 +656,13 @@ def _job_candidate(policy: TilePolicy, key: str, source: str) -> dict:
     the job, in this build's private staging folder, with a name made of its content key: the
     worker runs it under that name and imports no file (docs/kernel-cache.md)."""
     return {"budget": policy.budget_bytes, "swapped": policy.swap_transpose_tiles,
-            "flat": policy.flat_rows, "module": f"kernel/{key[:16]}_{policy.name}.py",
-            "source": source}
+            "flat": policy.flat_rows, "merge": policy.vec_merge,
+            "module": f"kernel/{key[:16]}_{policy.name}.py", "source": source}
 
 
 def _policy(candidate: dict) -> TilePolicy:
-    return TilePolicy(candidate["budget"], candidate["swapped"], candidate.get("flat", False))
+    return TilePolicy(candidate["budget"], candidate["swapped"], candidate.get("flat", False),
+                      candidate.get("merge", 0))
 
 
 def _build(region, graph, target, cache, constants, interface, sources, untuned, key, staged,
@@ -697,6 +710,13 @@ def _build(region, graph, target, cache, constants, interface, sources, untuned,
         if not pending and not any(fits_ub(c.get("ub_bytes"), ub) for c in tried):
             pending, rest = rest, []  # the smaller budgets, only when no large tile fits
     compiled = [c for c in tried if c.get("compiled") and c["aicore_us"]]
+    if compiled and not any(fits_ub(c.get("ub_bytes"), ub) for c in compiled):
+        capped = _merge_capped(region, constants, compiled)
+        sources = {**sources, **capped}
+        searched = compile_(staged / "search-merge", capped, verify=False)
+        if not searched.get("transient"):
+            tried += [{**c, "checked": False} for c in searched.get("candidates", [])]
+            compiled = [c for c in tried if c.get("compiled") and c["aicore_us"]]
     fitting = [c for c in compiled if fits_ub(c.get("ub_bytes"), ub)]
     if not compiled:
         return (Kernel(region.id, False, _failure(searched), source=_untuned_source(sources, untuned),
@@ -718,6 +738,16 @@ def _build(region, graph, target, cache, constants, interface, sources, untuned,
                 bool(final.get("transient")))
     _keep_chosen_artifacts(result, staged / CHOSEN_ARTIFACTS)  # placed by ``_save``
     return _kernel_record(region, sources[chosen], key, best, default, result), False
+
+
+def _merge_capped(region: Region, constants: dict, compiled: list[dict]
+                  ) -> dict[TilePolicy, str]:
+    """The candidate whose leaves need the least UB, with PyPTO's merging of identical vector
+    subgraphs capped (``tiling.MERGE_CAPS``): where no tile fits under PyPTO's own merging,
+    the leaves' size is the merge's, not the tile's (``TilePolicy.vec_merge``)."""
+    smallest = _policy(min(compiled, key=lambda c: c.get("ub_bytes") or 0))
+    return {policy: kernel_source(region, policy, constants)
+            for policy in (replace(smallest, vec_merge=cap) for cap in MERGE_CAPS)}
 
 
 # A region whose largest tensor is at most this size checks the first round of its tile search
@@ -854,7 +884,7 @@ def _tile(candidate) -> TileResult | None:
     policy = _policy(candidate)
     return TileResult(policy.budget_bytes, candidate["aicore_us"], candidate["total_us"],
                       candidate["tasks"], candidate.get("ub_bytes"),
-                      policy.swap_transpose_tiles, policy.flat_rows)
+                      policy.swap_transpose_tiles, policy.flat_rows, policy.vec_merge)
 
 
 def _failure(result: dict) -> str:

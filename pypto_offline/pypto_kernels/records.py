@@ -37,6 +37,7 @@ class TileResult:
     ub_bytes: int | None = None  # UB the compiled leaves allocate at peak
     swapped_transposes: bool = False  # transpose tiles in the other orientation (tiling.py)
     flat_rows: bool = False  # an elementwise region run on rows of its elements (tiling.py)
+    vec_merge: int = 0  # PyPTO's leaf merging capped (tiling.TilePolicy.vec_merge; 0: its own)
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,9 @@ DEFAULT_BUDGET = 8192
 # kirin9050's plan). PyPTO's UB peak varies with the pair of tiles in no simple way ((8, 512):
 # 164,096 B; (16, 512): 98,816 B): the tile search's budgets try several.
 SPLIT_TILE_ROWS = 8
+# The leaf merge caps the search tries, in one round, when no candidate fits UB under PyPTO's
+# own merging (``TilePolicy.vec_merge``; compiler._build).
+MERGE_CAPS = (8, 4, 2, 1)
 # Above this many tiles of the largest tensor a smaller budget only adds tasks (and compile time).
 # 1024 keeps 4 KiB for a 2-4 MiB tensor: the best tile of the 1x64x128x128 fp16 Slice->Pad->Tile.
 MAX_TILES = 1024
@@ -60,11 +63,19 @@ class TilePolicy:
     # (axes fused, then split: TVM's fuse + split) instead of its own shape, whose last axis pads
     # to 32 bytes in every tile: nudenet's 1x64x20x20 SiLU pads each 20-float row to 24.
     flat_rows: bool = False
+    # At most this many identical vector subgraphs in one leaf (PyPTO's ``vec_nbuffer_setting``;
+    # 0: its own merging). PyPTO merges the tiles of a large elementwise region into leaves
+    # that hold each merged tile's buffers at once: ppocrv4_det's squeeze-and-excite tail
+    # ([96, 1] gate times [96, 25600] rows, two adds) needed 188,672 B of UB under (8, 256)
+    # tiles whatever the budget, over kirin9050's plan; capped at 4 (``MERGE_CAPS``) it needs
+    # 106,752 B and runs in 89.8 us (57.0 unmerged-capped, 266 at 1: more tasks).
+    vec_merge: int = 0
 
     @property
     def name(self) -> str:
         return (f"{self.budget_bytes}{'-swapped' if self.swap_transpose_tiles else ''}"
-                f"{'-flat' if self.flat_rows else ''}")
+                f"{'-flat' if self.flat_rows else ''}"
+                f"{f'-merge{self.vec_merge}' if self.vec_merge else ''}")
 
     def tile(self, shape: tuple[int, ...], itemsize: int, whole_axes: tuple[int, ...] = (),
              split_last: bool = False) -> tuple[int, ...]:
@@ -195,7 +206,8 @@ def default_policy(ub_plan_bytes: int) -> TilePolicy:
 SEARCHED_BUDGETS = 3
 # What decides which candidates compile, in the kernel's cache key: a change of it recompiles.
 SEARCH_RULES = (f"{SEARCHED_BUDGETS} largest budgets + default; flat rows deferred on UB; "
-                "swapped transposes at the best own budget")
+                "swapped transposes at the best own budget; "
+                f"leaf merges capped at {MERGE_CAPS} when no candidate fits")
 
 
 def search_rounds(policies: list[TilePolicy], default: TilePolicy
