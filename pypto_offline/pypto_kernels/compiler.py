@@ -57,7 +57,8 @@ from pypto_offline.runtime import TOLERANCE, run_model
 from pypto_offline.targets import Target
 
 PYPTO_VERSION = "0.2.0"
-KERNEL_FORMAT = 20  # bump when the generator changes what a cached entry means (20: PyPTO sees
+KERNEL_FORMAT = 21  # bump when the generator changes what a cached entry means (21: one OpenMP
+# thread in the workers; 20: PyPTO sees
 # no host address, no_host_address.py: artifacts alike on every host; 19: a checked
 # compile's artifacts come from a heap of its own, before they followed the build's history,
 # docs/determinism.md; 18: a matmul's L0C and L1 tensors were counted as UB; 17: compiles after
@@ -111,10 +112,17 @@ def worker_environment() -> dict[str, str]:
     of the main heap that the compile frees would go into its thread's cache and serve its next
     allocation of that size, at an address the server's import left. Measured on tf_swin's
     region_16: one more environment variable of the build, or a 3-digit pid, changed its op
-    numbers; not with the cache off, which costs ~3% CPU."""
+    numbers; not with the cache off, which costs ~3% CPU.
+
+    And one OpenMP thread: the threads a worker's libraries start leave malloc arenas that a
+    forked job's compile thread takes over, so their number moved tf_swin's region_16 op
+    numbers too (``OMP_NUM_THREADS=1``, as a Ray worker has it, against the default of one per
+    core: two blobs; docs/determinism.md, "The host's address"). Pinned, a build does not
+    depend on the machine's core count or the caller's setting."""
     tunables = [t for t in os.environ.get("GLIBC_TUNABLES", "").split(":")
                 if t and not t.startswith(NO_TCACHE.split("=")[0] + "=")]
-    return {**os.environ, "PYTHONHASHSEED": "0", "GLIBC_TUNABLES": ":".join(tunables + [NO_TCACHE])}
+    return {**os.environ, "PYTHONHASHSEED": "0", "GLIBC_TUNABLES": ":".join(tunables + [NO_TCACHE]),
+            "OMP_NUM_THREADS": "1"}
 
 
 ADDR_NO_RANDOMIZE = 0x0040000  # <sys/personality.h>
