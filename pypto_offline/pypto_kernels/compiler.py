@@ -58,9 +58,8 @@ from pypto_offline.targets import Target
 
 PYPTO_VERSION = "0.2.0"
 KERNEL_FORMAT = 21  # bump when the generator changes what a cached entry means (21: one OpenMP
-# thread in the workers; 20: PyPTO sees
-# no host address, no_host_address.py: artifacts alike on every host; 19: a checked
-# compile's artifacts come from a heap of its own, before they followed the build's history,
+# thread in the workers; 20: PyPTO sees no host address, no_host_address.py: artifacts alike on
+# every host; 19: a checked compile's artifacts come from a heap of its own, before they followed the build's history,
 # docs/determinism.md; 18: a matmul's L0C and L1 tensors were counted as UB; 17: compiles after
 # a failed one in the same process were cached as failed, docs/workers.md)
 DEFAULT_TIMEOUT_S = 300
@@ -81,8 +80,8 @@ REAP_S = 10  # a killed child's group is gone at once; the server reports it wit
 # they are a function of the kernel once a compile allocates from a heap of its own
 # (worker._in_fresh_thread, ``worker_environment``) and the strings it makes have the same
 # lengths: the paths of its server's folder and of its own working folder (``workspace``), and
-# its run folder's name, which PyPTO ends with the process id and the host's address
-# (worker.run_folder_name).
+# its run folder's name, which PyPTO ends with the process id (worker.run_folder_name) and the
+# host's address, which the workers hide (no_host_address.py).
 # docs/determinism.md, "The heap a compile starts from".
 WORKSPACE_CHARS = 400
 COMPONENT_CHARS = 200  # the longest padding component (a file name has at most 255 bytes)
