@@ -4,7 +4,7 @@ two-node Ray cluster (``--executor ray``), and one process a build (what a pipel
 tool per model does), each from an empty cache. Prints and keeps wall times, PyPTO compiles and
 cache hits, and whether every blob is the same bytes in the three.
 
-    python -m bench.farm [--models a,b] [--targets kirin9050,ascend910b] [--out DIR]
+    python -m bench.farm [--models a,b] [--targets kirin9050,ascend910b] [--modes m,n] [--out DIR]
 
 The Ray cluster and its driver run in a network namespace of their own (``unshare -n``,
 loopback up; needs root): on the host network Ray binds the machine's external interface. On
@@ -26,6 +26,7 @@ from pathlib import Path
 from bench import corpus
 
 RAY_PORT = 6398
+MODES = ("batch_local", "batch_ray", "separate")
 RAY = Path(sys.executable).with_name("ray")
 
 
@@ -100,7 +101,8 @@ def table(results: list[dict], identical: bool) -> str:
              "|---|---|---|---|---|"]
     lines += [f"| {r['mode']} | {r['wall_s']} | {r['pypto_compiles']} | {r['cache_hits']} | "
               f"{r['fell_back']} |" for r in results]
-    lines.append(f"\nblobs identical across the three modes: {'yes' if identical else 'NO'}")
+    lines.append(f"\nblobs identical across the {len(results)} modes: "
+                 f"{'yes' if identical else 'NO'}")
     return "\n".join(lines)
 
 
@@ -109,6 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", default=",".join(corpus.MODELS))
     parser.add_argument("--targets", default="kirin9050,ascend910b")
     parser.add_argument("--out", type=Path, default=Path("bench/results/farm"))
+    parser.add_argument("--modes", default=",".join(MODES),
+                        help="which of the three ways to build, in this order")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--cache", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--executor", default="local", help=argparse.SUPPRESS)
@@ -120,21 +124,29 @@ def main(argv: list[str] | None = None) -> int:
                                args.address):
             print(json.dumps(row), flush=True)
         return 0
-    results = []
+    results: list[dict] = []
+    identical = False
     with tempfile.TemporaryDirectory(prefix="bench-farm-") as scratch:
-        for mode in ("batch_local", "batch_ray", "separate"):
+        for mode in args.modes.split(","):
             results.append(run_mode(mode, models, targets, Path(scratch)))
             print(f"{mode}: {results[-1]['wall_s']} s", file=sys.stderr, flush=True)
+            # Kept after every mode: a run of hours that is stopped still leaves what it measured.
+            identical = record(args.out, models, targets, results)
+    print(table(results, identical))
+    return 0 if identical else 1
+
+
+def record(out: Path, models: list[str], targets: list[str], results: list[dict]) -> bool:
+    """Write farm.json and farm.md for the modes run so far; whether their blobs agree."""
     digests = [{(b["model"], b["target"]): b["sha256"] for b in r["builds"]} for r in results]
     identical = all(d == digests[0] for d in digests) and len(digests[0]) == \
         len(models) * len(targets)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "farm.json").write_text(json.dumps(
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "farm.json").write_text(json.dumps(
         {"models": models, "targets": targets, "identical": identical, "results": results},
         indent=1))
-    (args.out / "farm.md").write_text(table(results, identical) + "\n")
-    print(table(results, identical))
-    return 0 if identical else 1
+    (out / "farm.md").write_text(table(results, identical) + "\n")
+    return identical
 
 
 if __name__ == "__main__":
