@@ -6,7 +6,7 @@ PYTHON ?= python3
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test clean chromium
+.PHONY: run test clean chromium graphviz
 
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -16,19 +16,22 @@ $(STAMP): setup.cfg pyproject.toml
 	$(PY) -m pip install --quiet -e '.[test,corpus,ray]'
 	touch $(STAMP)
 
-run: $(STAMP)
+run: $(STAMP) graphviz
 	$(VENV)/bin/pypto-offline examples/example.onnx --target kirin9050 --input-shape x=1,3,64,64
 
-test: $(STAMP) chromium
+test: $(STAMP) graphviz chromium
 	$(PY) -m pytest -q tests
 
-# The report test renders pages in Debian's headless Chromium (Playwright drives it and downloads no
-# browser of its own).
+# Debian packages, installed when missing: Graphviz's dot lays out the report's graph; the report
+# test renders pages in headless Chromium (Playwright drives it and downloads no browser of its own).
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+APT_INSTALL = $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq
+
+graphviz:
+	@command -v dot >/dev/null || { $(APT_INSTALL) graphviz >/dev/null; }
+
 chromium:
-	@command -v chromium >/dev/null || { \
-	  SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
-	  $$SUDO apt-get update -qq && \
-	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium >/dev/null; }
+	@command -v chromium >/dev/null || { $(APT_INSTALL) chromium >/dev/null; }
 
 clean:
 	rm -rf $(VENV) build *.egg-info

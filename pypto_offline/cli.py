@@ -308,6 +308,10 @@ def _builds(args) -> list[_Build]:
         {f"input model {m}": Path(m) for m in args.models}
     check_outputs(outputs, {**models,
                             **({"--inputs file": Path(args.inputs)} if args.inputs else {})})
+    if any(b.report for b in builds):
+        from pypto_offline.report.graph_view import require_dot
+
+        require_dot()  # before the work, as the outputs: a build must not end without its report
     return builds
 
 
@@ -567,6 +571,9 @@ def run_report(argv: list[str]) -> int:
 
     path = Path(args.output) if args.output else report_path(Path(args.blob))
     check_outputs({"-o": path}, {"blob": Path(args.blob)})
+    from pypto_offline.report.graph_view import require_dot
+
+    require_dot()
     compiled = api.load(args.blob)
     compiled.write_report(path)
     _print({**compiled.summary(), "blob": args.blob, "report": str(path)}, args,

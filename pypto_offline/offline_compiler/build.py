@@ -252,7 +252,7 @@ def _tile(tile) -> ptom_pb2.TileChoice | None:
         return None
     return ptom_pb2.TileChoice(budget_bytes=tile.budget_bytes, tasks=tile.tasks,
                                swapped_transposes=tile.swapped_transposes,
-                               flat_rows=tile.flat_rows, **_present(
+                               flat_rows=tile.flat_rows, vec_merge=tile.vec_merge, **_present(
                                    aicore_us=tile.aicore_us, total_us=tile.total_us,
                                    ub_bytes=tile.ub_bytes))
 
@@ -280,7 +280,8 @@ def _kernel_message(region: Region, kernel: Kernel, baseline: Baseline) -> ptom_
         **_unfused_figure(baseline.of(region.id) if kernel.compiled else None, baseline.basis),
         verdicts=[ptom_pb2.PassVerdict(pass_name=p, result=r) for p, r in kernel.verdicts],
         artifacts=[ptom_pb2.Artifact(name=n, data=d, sha256=hashlib.sha256(d).hexdigest())
-                   for n, d in sorted(kernel.artifacts.items())])
+                   for n, d in sorted(kernel.artifacts.items())],
+        candidates=[_tile(tile) for tile in kernel.candidates])
     for field_name, tile in (("default_tile", kernel.default_tile),
                              ("tuned_tile", kernel.tuned_tile)):
         if tile is not None:

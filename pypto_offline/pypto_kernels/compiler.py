@@ -57,7 +57,8 @@ from pypto_offline.runtime import TOLERANCE, run_model
 from pypto_offline.targets import Target
 
 PYPTO_VERSION = "0.2.0"
-KERNEL_FORMAT = 21  # bump when the generator changes what a cached entry means (21: one OpenMP
+KERNEL_FORMAT = 22  # bump when the generator changes what a cached entry means (22: an entry
+# keeps every tile candidate tried, the report's tile table; 21: one OpenMP
 # thread in the workers; 20: PyPTO sees no host address, no_host_address.py: artifacts alike on
 # every host; 19: a checked compile's artifacts come from a heap of its own, before they followed the build's history,
 # docs/determinism.md; 18: a matmul's L0C and L1 tensors were counted as UB; 17: compiles after
@@ -725,14 +726,16 @@ def _build(region, graph, target, cache, constants, interface, sources, untuned,
             tried += [{**c, "checked": False} for c in searched.get("candidates", [])]
             compiled = [c for c in tried if c.get("compiled") and c["aicore_us"]]
     fitting = [c for c in compiled if fits_ub(c.get("ub_bytes"), ub)]
+    candidates = tuple(_tried(c) for c in tried)
     if not compiled:
         return (Kernel(region.id, False, _failure(searched), source=_untuned_source(sources, untuned),
-                       cache_key=key), bool(searched.get("transient")))
+                       cache_key=key, candidates=candidates), bool(searched.get("transient")))
     if not fitting:
         least = min((c.get("ub_bytes") or 0 for c in compiled), default=0)
         return (Kernel(region.id, False, f"{NO_TILE_FITS} {target.name}'s planned UB of {ub} "
                        f"bytes: the smallest compiled candidate's leaves need {least}",
-                       source=_untuned_source(sources, untuned), cache_key=key), False)
+                       source=_untuned_source(sources, untuned), cache_key=key,
+                       candidates=candidates), False)
     best = min(fitting, key=lambda c: (c["aicore_us"], c["total_us"] or 0,
                                        astuple(_policy(c))))
     default = default_candidate(fitting, untuned.budget_bytes)
@@ -741,10 +744,11 @@ def _build(region, graph, target, cache, constants, interface, sources, untuned,
         compile_(staged / "final", {chosen: sources[chosen]}, verify=True)
     result = (final.get("candidates") or [{}])[0]
     if not result.get("compiled"):
-        return (Kernel(region.id, False, _failure(final), source=sources[chosen], cache_key=key),
-                bool(final.get("transient")))
+        return (Kernel(region.id, False, _failure(final), source=sources[chosen], cache_key=key,
+                       candidates=candidates), bool(final.get("transient")))
     _keep_chosen_artifacts(result, staged / CHOSEN_ARTIFACTS)  # placed by ``_save``
-    return _kernel_record(region, sources[chosen], key, best, default, result), False
+    return replace(_kernel_record(region, sources[chosen], key, best, default, result),
+                   candidates=candidates), False
 
 
 def _merge_capped(region: Region, constants: dict, compiled: list[dict]
@@ -892,6 +896,15 @@ def _tile(candidate) -> TileResult | None:
     return TileResult(policy.budget_bytes, candidate["aicore_us"], candidate["total_us"],
                       candidate["tasks"], candidate.get("ub_bytes"),
                       policy.swap_transpose_tiles, policy.flat_rows, policy.vec_merge)
+
+
+def _tried(candidate: dict) -> TileResult:
+    """A candidate of the search as the report lists it: its figures when it compiled."""
+    policy, compiled = _policy(candidate), bool(candidate.get("compiled"))
+    return TileResult(policy.budget_bytes, candidate.get("aicore_us") if compiled else None,
+                      candidate.get("total_us") if compiled else None, candidate.get("tasks") or 0,
+                      candidate.get("ub_bytes"), policy.swap_transpose_tiles, policy.flat_rows,
+                      policy.vec_merge)
 
 
 def _failure(result: dict) -> str:
@@ -1066,6 +1079,7 @@ def _save(kernel: Kernel, staged: Path) -> None:
     for tile in ("default_tile", "tuned_tile"):
         if record[tile] is not None:
             record[tile] = record[tile].__dict__
+    record["candidates"] = [c.__dict__ for c in record["candidates"]]
     (staged / "kernel.json").write_text(json.dumps(record, indent=1, sort_keys=True))
 
 
@@ -1080,6 +1094,7 @@ def _load(files: dict[str, bytes], region_id: str, from_cache: bool) -> Kernel:
     for tile in ("default_tile", "tuned_tile"):
         if record[tile] is not None:
             record[tile] = TileResult(**record[tile])
+    record["candidates"] = tuple(TileResult(**c) for c in record["candidates"])
     record["verdicts"] = tuple(tuple(v) for v in record["verdicts"])
     artifacts = {name[len(ARTIFACTS):]: data for name, data in files.items()
                  if name.startswith(ARTIFACTS)}

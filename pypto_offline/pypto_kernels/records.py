@@ -49,6 +49,8 @@ class Kernel:
     cache_key: str = ""
     default_tile: TileResult | None = None
     tuned_tile: TileResult | None = None
+    # every tile candidate the search compiled, in order; one that did not compile has no times
+    candidates: tuple[TileResult, ...] = ()
     gm_bytes_read: int = 0
     gm_bytes_written: int = 0
     functional_ok: bool = False

@@ -11,12 +11,51 @@ from pypto_offline.offline_compiler import ptom_pb2
 from pypto_offline.pypto_kernels.baseline import ESTIMATED
 from pypto_offline.offline_compiler.summary import (NOT_MEASURED, measured, provenance, shown,
                                                   summarise, tile_us)
-from pypto_offline.report.graph_view import Drawing, layout
+from pypto_offline.report import kernel_table
+from pypto_offline.report.downloads import downloads
+from pypto_offline.report.graph_view import Drawing, GraphFacts, draw, graphviz_version
+from pypto_offline.report.tensors import TensorType, UNKNOWN, graph_io, tensor_types
 from pypto_offline.report.plots import Series, bar_chart
 
 # Shown instead of a wall-clock figure: reports, like blobs, are byte-identical between builds.
 COMPILE_TIME_NOTE = ("not in the report: a wall-clock figure would make two identical builds "
                      "differ; the build prints it and --json gives compile_seconds and timings")
+
+# Said at the top of every page: what the kernels in a blob are compiled for (docs/report.md).
+PLATFORM_NOTICE = ("Kernels are compiled by PyPTO 0.2.0 for its only platform, the Ascend 910B "
+                   "(DAV_2201), within this target's Unified Buffer size; no device loader reads "
+                   "a .ptom yet. Figures marked estimate rest on target figures that are "
+                   "estimates (see the target's sources below).")
+
+
+@dataclass(frozen=True)
+class Headline:
+    label: str
+    text: str
+    estimate: bool = False
+    kind: str = ""      # a CSS class: passed / failed / skipped for the verdict
+
+
+def headline(message: ptom_pb2.CompiledModel, summary: dict) -> list[Headline]:
+    """The few facts a reader wants first, each also in the summary table below."""
+    pypto, check = summary["pypto"], summary["verification"]
+    before, after = summary["est_time_us_before"], summary["est_time_us_after"]
+    fused, unfused = pypto["cost_us_fused"], pypto["cost_us_unfused"]
+    cost = (NOT_MEASURED if fused is None or unfused is None else
+            f"{shown(unfused, ',.1f')} µs unfused → {shown(fused, ',.1f')} µs fused over "
+            f"{pypto['kernels_cost_compared']} kernels ({pypto['cost_us_unfused_basis']} "
+            f"unfused)")
+    return [
+        Headline("Model → target", f"{summary['model']} → {summary['target']}"),
+        Headline("Kernels", f"{summary['kernels_before']} → {summary['kernels_after']} "
+                            f"({pypto['compiled']} fused kernels, {pypto['fell_back']} fell "
+                            f"back)"),
+        Headline("Estimated time on the target", f"{shown(before, ',.1f')} µs → "
+                 f"{shown(after, ',.1f')} µs", estimate=True),
+        Headline("PyPTO cost model", cost,
+                 estimate=pypto["cost_us_unfused_basis"] == ESTIMATED),
+        Headline("Verification against onnxruntime", check["status"], kind=check["status"]),
+    ]
 
 
 TILE_CALL = re.compile(r"pypto\.set_vec_tile_shapes\(([^)]*)\)")
@@ -77,16 +116,22 @@ def _lookup(summary: dict, key: str):
     return value
 
 
-def kernel_cards(message: ptom_pb2.CompiledModel) -> list[dict]:
+def kernel_cards(message: ptom_pb2.CompiledModel, types: dict[str, TensorType]
+                 ) -> list[dict]:
+    """One card per group of identical kernels (kernel_table.groups), the first one's facts."""
+    typed = lambda names: [(n, types.get(n, UNKNOWN).text) for n in names]  # noqa: E731
     return [{
-        "id": k.id, "compiled": k.compiled, "fallback_reason": k.fallback_reason,
+        "id": k.id, "ids": [other.id for other in group], "compiled": k.compiled, "fallback_reason": k.fallback_reason,
         "signature": k.region_signature, "sha256": k.sha256, "platform": k.platform,
         "original": [_op(o) for o in k.original], "simplified": [_op(o) for o in k.simplified],
-        "rules": list(k.rules_applied), "inputs": list(k.inputs), "outputs": list(k.outputs),
+        "rules": list(k.rules_applied), "inputs": typed(k.inputs), "outputs": typed(k.outputs),
+        "verdict": kernel_table.verdict(k),
         "source": k.source, "tile_shapes": tile_shapes(k.source),
-        "tiles": [(name, _tile(k, field)) for name, field in
+        "tiles": [(name, _tile(getattr(k, field))) for name, field in
                   (("default", "default_tile"), ("tuned", "tuned_tile"))
                   if k.compiled and k.HasField(field)],
+        "candidates": [(_tile(c), k.HasField("tuned_tile") and c == k.tuned_tile)
+                       for c in k.candidates],
         "bytes": {"unfused": k.gm_bytes_unfused, "lower_bound": k.gm_bytes_lower_bound,
                   "read": k.gm_bytes_read, "written": k.gm_bytes_written,
                   "measured": k.gm_bytes_read + k.gm_bytes_written,
@@ -97,16 +142,15 @@ def kernel_cards(message: ptom_pb2.CompiledModel) -> list[dict]:
         "functional_ok": k.functional_ok, "max_abs_diff": measured(k, "max_abs_diff"),
         "verdicts": [(v.pass_name, v.result) for v in k.verdicts],
         "artifacts": [(a.name, len(a.data), a.sha256) for a in k.artifacts],
-    } for k in message.kernels]
+    } for group in kernel_table.groups(message, types) for k in group[:1]]
 
 
-def _tile(kernel: ptom_pb2.Kernel, field: str) -> dict:
+def _tile(tile: ptom_pb2.TileChoice) -> dict:
     """One tile row of a kernel card; a figure the blob does not hold is None (not measured)."""
-    tile = getattr(kernel, field)
     return {"budget_bytes": tile.budget_bytes, "tasks": tile.tasks,
             "swapped_transposes": tile.swapped_transposes, "flat_rows": tile.flat_rows,
-            "ub_bytes": measured(tile, "ub_bytes"), "aicore_us": measured(tile, "aicore_us"),
-            "total_us": measured(tile, "total_us")}
+            "vec_merge": tile.vec_merge, "ub_bytes": measured(tile, "ub_bytes"),
+            "aicore_us": measured(tile, "aicore_us"), "total_us": measured(tile, "total_us")}
 
 
 def tile_shapes(source: str) -> list[tuple[str, str]]:
@@ -136,12 +180,12 @@ def unfused_groups(message: ptom_pb2.CompiledModel) -> list[tuple[str, list]]:
     return sorted(groups.items(), key=lambda item: (-len(item[1]), item[0]))
 
 
-def graph_drawing(message: ptom_pb2.CompiledModel) -> Drawing:
-    model = onnx.load_from_string(message.source_onnx_model)
-    region_of = {node: k.id for k in message.kernels for node in k.nodes}
-    compiled = {k.id: k.compiled for k in message.kernels}
-    unfused = {u.node: f"{u.category}: {u.reason}" for u in message.unfused}
-    return layout(model, region_of, compiled, unfused)
+def graph_drawing(message: ptom_pb2.CompiledModel, model: onnx.ModelProto,
+                  types: dict[str, TensorType]) -> Drawing:
+    return draw(GraphFacts(
+        model, types, region_of={node: k.id for k in message.kernels for node in k.nodes},
+        compiled={k.id: k.compiled for k in message.kernels},
+        unfused={u.node: f"{u.category}: {u.reason}" for u in message.unfused}))
 
 
 def plots(message: ptom_pb2.CompiledModel) -> list[str]:
@@ -167,10 +211,16 @@ def plots(message: ptom_pb2.CompiledModel) -> list[str]:
 
 def context(message: ptom_pb2.CompiledModel) -> dict:
     summary = summarise(message)
-    return {"summary": summary, "figures": summary_figures(summary),
+    model = onnx.load_from_string(message.source_onnx_model)
+    types = tensor_types(model)
+    inputs, outputs = graph_io(model, types)
+    return {"summary": summary, "headline": headline(message, summary),
+            "figures": summary_figures(summary), "platform_notice": PLATFORM_NOTICE,
             "compile_time_note": COMPILE_TIME_NOTE, "provenance": provenance(message),
+            "graphviz": graphviz_version(), "model_inputs": inputs, "model_outputs": outputs,
             "target": message.target.name, "target_notes": message.target.notes,
-            "target_figures": list(message.target.figures), "kernels": kernel_cards(message),
+            "target_figures": list(message.target.figures),
+            "kernels": kernel_cards(message, types), "kernel_rows": kernel_table.rows(message, types),
             "unfused": unfused_groups(message), "unfused_count": len(message.unfused),
-            "graph": graph_drawing(message), "plots": plots(message),
-            "verification": message.verification}
+            "graph": graph_drawing(message, model, types), "plots": plots(message),
+            "downloads": downloads(message), "verification": message.verification}

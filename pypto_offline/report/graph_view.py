@@ -1,149 +1,205 @@
-"""The model drawn as a layered graph, fused regions as single boxes, long boundary runs condensed.
+"""The model drawn as a layered DAG by Graphviz's ``dot``: every op a box, every fused region a
+cluster holding its ops, the model's inputs and outputs at the ends, every tensor edge labelled
+with its shape and dtype (docs/report.md, "The graph").
 
-A few hundred nodes must stay readable, so the drawing is of a condensed graph:
-- every fused region is one box (clicking it opens its kernel card);
-- a chain of ops outside every region, each with one producer and one consumer inside the chain,
-  is one box that names how many ops it holds and which;
-- the rest is one box per op, memory-bound ops left unfused marked with their reason.
-Layers come from the longest path from the inputs (networkx), the order inside a layer from one
-barycentre sweep, which removes most crossings in these mostly-chain-shaped models.
+``dot`` lays out a DAG in layers with few crossings, as Netron and TensorBoard draw models; the
+page embeds the SVG it writes (no request leaves the page) and its script adds pan, zoom, search
+and collapsing. Graphviz is a system package (Debian's ``graphviz``): a build that writes a
+report checks for it before any work (``require_dot``).
 """
 from __future__ import annotations
 
+import re
+import shutil
+import subprocess
 from dataclasses import dataclass
 
-import networkx as nx
 import onnx
 
-BOX_W, BOX_H, GAP_X, GAP_Y, MARGIN = 168, 30, 16, 34, 12
-MAX_LABEL = 24
+from pypto_offline.errors import PyptoOfflineError
+from pypto_offline.report.tensors import TensorType, UNKNOWN
+
+# The attributes dot writes on each label for the fonts set below (the page's CSS sets them)
+FONT_ATTRIBUTES = (' text-anchor="middle"', ' font-family="Helvetica,sans-Serif"',
+                   ' font-size="10.00"', ' font-size="8.00"')
+MAX_NAME = 32           # characters of a node's name shown in its box (all of it on hover)
+DOT_TIMEOUT_S = 120     # a graph of ~900 ops and ~100 clusters lays out in a few seconds
 
 
-@dataclass(frozen=True)
-class Box:
-    id: str
-    kind: str           # "region", "unfused", "run", "op"
-    label: str
-    title: str          # tooltip: every op it stands for
-    x: int
-    y: int
-    kernel: str = ""    # region id, for the click
-    compiled: bool = True
+class GraphvizMissing(PyptoOfflineError):
+    """The machine cannot lay out the report's graph: an environment to fix, exit code 2."""
+
+
+def require_dot() -> str:
+    """The path of ``dot``; raises GraphvizMissing (what to install) when there is none."""
+    found = shutil.which("dot")
+    if not found:
+        raise GraphvizMissing("the report's graph is laid out by Graphviz's 'dot', which is "
+                              "not on PATH", fix="install Graphviz (Debian: apt-get install "
+                              "graphviz), or pass --no-report")
+    return found
+
+
+def graphviz_version() -> str:
+    done = subprocess.run([require_dot(), "-V"], capture_output=True, text=True, check=False)
+    found = re.search(r"version (\S+)", done.stderr)
+    return found.group(1) if found else "unknown"
 
 
 @dataclass(frozen=True)
 class Drawing:
-    width: int
-    height: int
-    boxes: tuple[Box, ...]
-    edges: tuple[tuple[int, int, int, int], ...]   # x1, y1, x2, y2
+    svg: str                      # the <svg> element dot wrote, prolog and comments removed
+    search: dict[str, str]        # svg element id -> text a search matches (op, names, tensors)
+    members: dict[str, list[str]] # region id -> svg ids of its ops and inner edges
+    nodes: int
+    regions: int
 
 
-def op_graph(model: onnx.ModelProto) -> nx.DiGraph:
-    """Nodes by id (first output name, as the fusion stage names them), edges along tensors."""
-    graph = nx.DiGraph()
-    producer = {}
-    for index, node in enumerate(model.graph.node):
-        node_id = node.output[0]
-        graph.add_node(node_id, op_type=node.op_type, order=index)
-        for out in node.output:
-            producer[out] = node_id
-    for node in model.graph.node:
-        for name in node.input:
-            if name in producer:
-                graph.add_edge(producer[name], node.output[0])
-    return graph
+@dataclass(frozen=True)
+class GraphFacts:
+    """What the drawing shows of the model, apart from how dot places it."""
+    model: onnx.ModelProto
+    types: dict[str, TensorType]
+    region_of: dict[str, str]     # node id (first output) -> region id
+    compiled: dict[str, bool]     # region id -> its kernel shipped
+    unfused: dict[str, str]       # node id -> "category: reason"
 
 
-def condense(graph: nx.DiGraph, region_of: dict[str, str], unfused: dict[str, str]
-             ) -> tuple[nx.DiGraph, dict[str, list[str]]]:
-    """Quotient graph: a group per region, per boundary chain, per other node."""
-    group_of = {node: region_of.get(node, node) for node in graph}
-    quotient = nx.quotient_graph(graph, _partition(group_of), create_using=nx.DiGraph)
-    members = {}
-    for block in quotient.nodes:
-        members[group_of[next(iter(block))]] = sorted(block, key=lambda n: graph.nodes[n]["order"])
-    condensed = nx.relabel_nodes(quotient, {b: group_of[next(iter(b))] for b in quotient.nodes})
-    return _merge_chains(condensed, members, set(region_of.values()) | set(unfused)), members
+def draw(facts: GraphFacts) -> Drawing:
+    source, search, members = dot_source(facts)
+    return Drawing(_clean(_run_dot(source)), search, members, len(facts.model.graph.node),
+                   len(facts.compiled))
 
 
-def _partition(group_of: dict[str, str]) -> list[set[str]]:
-    blocks: dict[str, set[str]] = {}
-    for node, group in group_of.items():
-        blocks.setdefault(group, set()).add(node)
-    return list(blocks.values())
+def dot_source(facts: GraphFacts) -> tuple[str, dict[str, str], dict[str, list[str]]]:
+    """The graph in dot's language, with the search text and cluster members of each id."""
+    graph = facts.model.graph
+    weights = {init.name for init in graph.initializer}
+    node_id = {node.output[0]: f"op{index}" for index, node in enumerate(graph.node)}
+    producer = {out: node_id[node.output[0]] for node in graph.node for out in node.output}
+    search: dict[str, str] = {}
+    members: dict[str, list[str]] = {region: [] for region in facts.compiled}
+    lines = ['digraph model {', 'graph [rankdir=TB, nodesep=0.25, ranksep=0.35, '
+             'fontname="Helvetica", fontsize=10, newrank=true];',
+             'node [shape=box, style="rounded,filled", fontname="Helvetica", fontsize=10, '
+             'height=0.3, margin="0.08,0.03"];',
+             'edge [fontname="Helvetica", fontsize=8, arrowsize=0.6];']
+    for index, value in enumerate(v for v in graph.input if v.name not in weights):
+        ident = f"in{index}"
+        producer[value.name] = ident
+        lines.append(_tensor_node(ident, value.name, facts, "input"))
+        search[ident] = f"input {value.name}"
+    by_region: dict[str, list[str]] = {}
+    for node in graph.node:
+        key, ident = node.output[0], node_id[node.output[0]]
+        line = _op_node(ident, node, facts)
+        search[ident] = " ".join([node.op_type, node.name, *node.input, *node.output])
+        region = facts.region_of.get(key)
+        if region is None:
+            lines.append(line)
+        else:
+            by_region.setdefault(region, []).append(line)
+            members[region].append(ident)
+    for region, body in by_region.items():
+        lines.append(_cluster(region, body, facts.compiled[region]))
+    for index, value in enumerate(graph.output):
+        ident = f"out{index}"
+        lines.append(_tensor_node(ident, value.name, facts, "output"))
+        search[ident] = f"output {value.name}"
+        if value.name in producer:
+            lines.append(_edge(producer[value.name], ident, value.name, facts, f"e_{ident}"))
+    edge_index = 0
+    for node in graph.node:
+        target = node_id[node.output[0]]
+        for name in dict.fromkeys(node.input):
+            if not name or name in weights or name not in producer:
+                continue
+            edge = f"e{edge_index}"
+            edge_index += 1
+            lines.append(_edge(producer[name], target, name, facts, edge))
+            region = facts.region_of.get(node.output[0])
+            if region is not None and producer[name] in members[region]:
+                members[region].append(edge)
+    lines.append("}")
+    return "\n".join(lines), search, members
 
 
-def _merge_chains(graph: nx.DiGraph, members: dict[str, list[str]], keep: set[str]) -> nx.DiGraph:
-    """Fold a plain op into its predecessor group while both sit on a simple chain."""
-    graph = graph.copy()
-    for node in list(nx.lexicographical_topological_sort(graph)):
-        if node in keep or graph.in_degree(node) != 1:
-            continue
-        (pred,) = graph.predecessors(node)
-        if pred in keep or graph.out_degree(pred) != 1:
-            continue
-        members[pred] = members[pred] + members.pop(node)
-        for succ in list(graph.successors(node)):
-            graph.add_edge(pred, succ)
-        graph.remove_node(node)
-    return graph
+def _tensor_node(ident: str, name: str, facts: GraphFacts, kind: str) -> str:
+    shown = facts.types.get(name, UNKNOWN).text
+    label = f"{kind} {_short(name)}\n{shown}"
+    return (f'{ident} [id="{ident}", class="tensor {kind}", shape=ellipse, fillcolor="#eef5e9", '
+            f'label={_quote(label)}, '
+            f'tooltip={_quote(f"{kind} {name}: {shown}")}];')
 
 
-def layout(model: onnx.ModelProto, region_of: dict[str, str], compiled: dict[str, bool],
-           unfused: dict[str, str]) -> Drawing:
-    ops = op_graph(model)
-    condensed, members = condense(ops, region_of, unfused)
-    layers = _layers(condensed)
-    positions = {}
-    for row, layer in enumerate(layers):
-        for column, node in enumerate(layer):
-            positions[node] = (MARGIN + column * (BOX_W + GAP_X), MARGIN + row * (BOX_H + GAP_Y))
-    boxes = tuple(_box(node, members[node], ops, positions[node], region_of, compiled, unfused)
-                  for layer in layers for node in layer)
-    edges = tuple((positions[a][0] + BOX_W // 2, positions[a][1] + BOX_H,
-                   positions[b][0] + BOX_W // 2, positions[b][1])
-                  for a, b in sorted(condensed.edges, key=lambda e: (positions[e[0]], positions[e[1]])))
-    width = 2 * MARGIN + max((len(layer) for layer in layers), default=1) * (BOX_W + GAP_X)
-    height = 2 * MARGIN + len(layers) * (BOX_H + GAP_Y)
-    return Drawing(width, height, boxes, edges)
+def _op_node(ident: str, node: onnx.NodeProto, facts: GraphFacts) -> str:
+    key = node.output[0]
+    region = facts.region_of.get(key)
+    reason = facts.unfused.get(key)
+    if region is not None:
+        kind, fill = ("fused", "#d7e9f7") if facts.compiled[region] else ("fell-back", "#fde0dc")
+    elif reason is not None:
+        kind, fill = "unfused", "#fff3e0"
+    else:
+        kind, fill = "other", "#ffffff"
+    outputs = "\n".join(f"{out}: {facts.types.get(out, UNKNOWN).text}" for out in node.output)
+    tip = f"{node.op_type} {node.name or key}\n{outputs}" + (f"\nnot fused: {reason}"
+                                                             if reason else "")
+    label = node.op_type + (f"\n{_short(node.name)}" if node.name else "")
+    return (f'{ident} [id="{ident}", class="op {kind}", fillcolor="{fill}", '
+            f'label={_quote(label)}, tooltip={_quote(tip)}];')
 
 
-def _layers(graph: nx.DiGraph) -> list[list[str]]:
-    """Longest-path layering, then each layer ordered by the mean column of its predecessors."""
-    depth: dict[str, int] = {}
-    for node in nx.lexicographical_topological_sort(graph):
-        depth[node] = max((depth[p] + 1 for p in graph.predecessors(node)), default=0)
-    layers: list[list[str]] = [[] for _ in range(max(depth.values(), default=-1) + 1)]
-    for node in nx.lexicographical_topological_sort(graph):
-        layers[depth[node]].append(node)
-    column: dict[str, float] = {}
-    for layer in layers:
-        layer.sort(key=lambda n: (_barycentre(graph, n, column), n))
-        column.update({node: index for index, node in enumerate(layer)})
-    return layers
+def _cluster(region: str, body: list[str], compiled: bool) -> str:
+    state = "compiled" if compiled else "fell back"
+    colour, fill = ("#2b7bb9", "#eef6fc") if compiled else ("#b3261e", "#fdf1ef")
+    head = (f'subgraph "cluster_{_escape(region)}" {{ id="region-{_escape(region)}"; '
+            f'class="region{"" if compiled else " fell-back"}"; '
+            f'label={_quote(f"{region} ({len(body)} ops, {state})")}; labeljust=l; '
+            f'style="rounded,filled"; color="{colour}"; fillcolor="{fill}"; '
+            f'tooltip={_quote(f"{region}: click for its kernel card")};')
+    return "\n".join([head, *body, "}"])
 
 
-def _barycentre(graph: nx.DiGraph, node: str, column: dict[str, float]) -> float:
-    placed = [column[p] for p in graph.predecessors(node) if p in column]
-    return sum(placed) / len(placed) if placed else -1.0
+def _edge(tail: str, head: str, tensor: str, facts: GraphFacts, ident: str) -> str:
+    shown = facts.types.get(tensor, UNKNOWN)
+    return (f'{tail} -> {head} [id="{ident}", label={_quote(_dims(shown))}, '
+            f'tooltip={_quote(f"{tensor}: {shown.text}")}];')
 
 
-def _box(node, members, ops, position, region_of, compiled, unfused) -> Box:
-    types = [ops.nodes[m]["op_type"] for m in members]
-    title = "\n".join(f"{ops.nodes[m]['op_type']} {m}" + (f": {unfused[m]}" if m in unfused else "")
-                      for m in members)
-    x, y = position
-    if node in compiled:
-        return Box(node, "region", _short(f"{node}: {'+'.join(types)}"), title, x, y, node,
-                   compiled[node])
-    if node in unfused:
-        return Box(node, "unfused", _short(f"{types[0]} (not fused)"), title, x, y)
-    if len(members) > 1:
-        return Box(node, "run", _short(f"{len(members)} ops: {', '.join(dict.fromkeys(types))}"),
-                   title, x, y)
-    return Box(node, "op", _short(types[0]), title, x, y)
+def _dims(tensor: TensorType) -> str:
+    """The edge's label: ``1×64×32 f32``, short enough to sit beside the edge."""
+    short = tensor.dtype.replace("float", "f").replace("uint", "u").replace("int", "i")
+    return f"{'×'.join(str(d) for d in tensor.shape) or 'scalar'} {short}"
 
 
 def _short(text: str) -> str:
-    return text if len(text) <= MAX_LABEL else text[:MAX_LABEL - 1] + "…"
+    return text if len(text) <= MAX_NAME else "…" + text[-(MAX_NAME - 1):]
+
+
+def _escape(text: str) -> str:
+    return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _quote(text: str) -> str:
+    return f'"{_escape(text)}"'
+
+
+def _run_dot(source: str) -> str:
+    done = subprocess.run([require_dot(), "-Tsvg"], input=source.encode(), capture_output=True,
+                          timeout=DOT_TIMEOUT_S, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"Graphviz's dot failed on the report's graph: "
+                           f"{done.stderr.decode(errors='replace')[-500:]}")
+    return done.stdout.decode()
+
+
+def _clean(svg: str) -> str:
+    """The <svg> element alone: no XML prolog, doctype or comments (they name dot's version
+    and the graph; the page says which Graphviz drew it), the fixed size left to the page."""
+    svg = re.sub(r"<!--.*?-->\s*", "", svg[svg.index("<svg"):], flags=re.S)
+    # the font of every label is the page's CSS (#graph-svg text): a page of 300 kernels
+    # carries ~2,000 labels, and these attributes were 150 KB of it
+    for attribute in FONT_ATTRIBUTES:
+        svg = svg.replace(attribute, "")
+    return re.sub(r'<svg width="[^"]*" height="[^"]*"', '<svg id="graph-svg"', svg, count=1)

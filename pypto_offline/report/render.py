@@ -1,13 +1,13 @@
-"""Render the report: jinja2 template, pygments for the PyPTO sources, one self-contained page."""
+"""Render the report: a jinja2 template and its script, one self-contained page.
+
+Kernel sources are shown as plain text: highlighted, they tripled the bytes of a card, and a page
+of 300 kernels went past its 5 MB bound (docs/report.md)."""
 from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
 
 import jinja2
-from pygments import highlight
-from pygments.formatters import HtmlFormatter
-from pygments.lexers import PythonLexer
 
 from pypto_offline.offline_compiler import ptom_pb2
 from pypto_offline.offline_compiler.blob import write_atomically
@@ -15,7 +15,6 @@ from pypto_offline.offline_compiler.summary import shown
 from pypto_offline.report.content import context
 
 TEMPLATES = Path(__file__).with_name("templates")
-_FORMATTER = HtmlFormatter(cssclass="highlight")
 
 
 @lru_cache(maxsize=1)
@@ -24,8 +23,6 @@ def _environment() -> jinja2.Environment:
                              autoescape=jinja2.select_autoescape(["html", "j2"]),
                              undefined=jinja2.StrictUndefined, trim_blocks=True,
                              lstrip_blocks=True, keep_trailing_newline=True)
-    env.filters["python"] = lambda source: jinja2.utils.markupsafe.Markup(
-        highlight(source, PythonLexer(), _FORMATTER))
     env.filters["kib"] = lambda n: f"{n / 1024:,.1f} KiB"
     env.filters["figure"] = shown  # "not measured" for a missing figure, "inf" for an infinite one
     return env
@@ -33,7 +30,7 @@ def _environment() -> jinja2.Environment:
 
 def render_report(message: ptom_pb2.CompiledModel) -> str:
     template = _environment().get_template("report.html.j2")
-    return template.render(**context(message), code_css=_FORMATTER.get_style_defs(".highlight"))
+    return template.render(**context(message))
 
 
 def write_report(path: Path, message: ptom_pb2.CompiledModel) -> Path:

@@ -1,0 +1,45 @@
+"""Debian's headless Chromium driven by Playwright (which downloads no browser of its own here):
+the report's test and its bench open pages through ``page``."""
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from pathlib import Path
+
+CHROMIUM = os.environ.get("PYPTO_OFFLINE_CHROMIUM", "/usr/bin/chromium")
+# Flags that keep Chromium from reaching out on its own (update checks, sync, safe browsing).
+QUIET_CHROMIUM = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                  "--disable-component-update", "--disable-sync", "--no-first-run",
+                  "--disable-quic", "--disable-default-apps"]
+
+
+class ChromiumMissing(RuntimeError):
+    pass
+
+
+@contextmanager
+def page(width: int = 1280, height: int = 1400):
+    """A fresh page in a fresh browser, closed on exit; its requests and script errors are
+    collected in ``page.requests`` and ``page.errors``."""
+    if not Path(CHROMIUM).exists():
+        raise ChromiumMissing(f"Chromium not found at {CHROMIUM}: install Debian's 'chromium' "
+                              f"package (make test does) or set PYPTO_OFFLINE_CHROMIUM")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as driver:
+        browser = driver.chromium.launch(executable_path=CHROMIUM, args=QUIET_CHROMIUM)
+        try:
+            opened = browser.new_page(viewport={"width": width, "height": height},
+                                      accept_downloads=True)
+            opened.requests, opened.errors = [], []
+            opened.on("request", lambda request: opened.requests.append(request.url))
+            opened.on("pageerror", lambda error: opened.errors.append(str(error)))
+            yield opened
+        finally:
+            browser.close()
+
+
+# Milliseconds from navigation to the end of the load event (the page's script has run: it
+# runs at the end of the body), as the browser's own navigation timing says.
+LOAD_MS = ("() => { const n = performance.getEntriesByType('navigation')[0]; "
+           "return n.loadEventEnd - n.startTime; }")
