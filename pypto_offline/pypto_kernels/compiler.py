@@ -890,16 +890,11 @@ def _kernel_record(region, source, key, best, default, result) -> Kernel:
 
 
 def _tile(candidate) -> TileResult | None:
-    if candidate is None:
-        return None
-    policy = _policy(candidate)
-    return TileResult(policy.budget_bytes, candidate["aicore_us"], candidate["total_us"],
-                      candidate["tasks"], candidate.get("ub_bytes"),
-                      policy.swap_transpose_tiles, policy.flat_rows, policy.vec_merge)
+    return None if candidate is None else _tried(candidate)
 
 
 def _tried(candidate: dict) -> TileResult:
-    """A candidate of the search as the report lists it: its figures when it compiled."""
+    """A candidate of the search as a kernel keeps it: its figures when it compiled."""
     policy, compiled = _policy(candidate), bool(candidate.get("compiled"))
     return TileResult(policy.budget_bytes, candidate.get("aicore_us") if compiled else None,
                       candidate.get("total_us") if compiled else None, candidate.get("tasks") or 0,

@@ -16,11 +16,19 @@
 
   function show() { svg.setAttribute("viewBox", [view.x, view.y, view.w, view.h].join(" ")); }
   function aspect() { return box.clientHeight / Math.max(box.clientWidth, 1); }
-  // Fit: the whole width when the graph is wide, else 1:1 at the top; a tall graph is read down.
+  // Fit: the whole graph in view.
   function fit() {
-    var w = Math.max(whole.w, box.clientWidth);
+    var w = Math.max(whole.w, whole.h / aspect());
     view = {x: whole.x - (w - whole.w) / 2, y: whole.y, w: w, h: w * aspect()};
-    if (view.h > whole.h) { view.y = whole.y - (view.h - whole.h) / 2; }
+    show();
+  }
+  // The first view: life size at the top, the model's first input in the middle, as Netron
+  // opens a model; "fit" shows the whole graph.
+  function start() {
+    view = {x: whole.x, y: whole.y, w: box.clientWidth, h: box.clientHeight};
+    var first = document.getElementById("in0");
+    if (first) { centre(first); }
+    view.y = whole.y;
     show();
   }
   function zoom(factor, cx, cy) {
@@ -175,5 +183,5 @@
     });
   });
 
-  fit();
+  start();
 })();
