@@ -152,11 +152,7 @@ def compile(model, target: str = "kirin9050",  # noqa: A001 - the API's verb
                            **({"kernel_timeout_s": kernel_timeout} if kernel_timeout else {}))
     timings = Timings()
     result = build(model, get_target(target), options, progress, timings)
-    hits = sum(k.from_cache for k in result.kernels)
-    compiled = sum(k.reached_pypto and not k.from_cache for k in result.kernels)
-    pypto_compiles = sum(k.pypto_compiles for k in result.kernels)
-    compiled_model = CompiledModel(result.message, {"hits": hits, "compiled": compiled,
-                                                    "pypto_compiles": pypto_compiles}, timings)
+    compiled_model = CompiledModel(result.message, result.kernel_cache(), timings)
     if verify:
         progress.stage("verifying against onnxruntime")
         compiled_model.verify(inputs)

@@ -176,3 +176,22 @@ def test_on_a_terminal_the_running_count_is_wiped_before_each_line(recorded):
     assert len(wiped) == 2 and wiped[0].endswith("\n[1/2] kernels finished")
     assert wiped[1] == cli.kernel_line(*last) + "\n"  # the last kernel: no count left behind
     assert "\x1b[2J" not in text  # the model's escape sequence is not written raw
+
+
+def test_a_re_planned_build_counts_the_compiles_of_its_first_plan():
+    """Found on ppocrv4_rec: a build whose matmuls are split from their epilogue compiles a
+    second plan whose kernels the first plan's compiles put in the cache; it said 0 PyPTO
+    compiles and 48 cache hits on a cold cache. The counts are over both plans: a kernel from
+    an entry this build made is compiled, not a hit."""
+    from pypto_offline.offline_compiler.build import BuildResult
+    from pypto_offline.pypto_kernels.records import Kernel
+
+    first = (Kernel("r0", True, cache_key="a", pypto_compiles=3),
+             Kernel("r1", False, "PyPTO compile failed: epilogue", cache_key="m", pypto_compiles=2))
+    second = (Kernel("r0", True, cache_key="a", from_cache=True),
+              Kernel("r2", True, cache_key="b", from_cache=True),  # made by an earlier build
+              Kernel("r3", True, cache_key="c", pypto_compiles=1))
+    result = BuildResult(None, None, None, second, replaced=first)
+    assert result.kernel_cache() == {"hits": 1, "compiled": 2, "pypto_compiles": 6}
+    assert BuildResult(None, None, None, second).kernel_cache() == {
+        "hits": 2, "compiled": 1, "pypto_compiles": 1}

@@ -70,6 +70,19 @@ class BuildResult:
     graph: ImportedGraph
     plan: FusionPlan
     kernels: tuple[Kernel, ...]
+    # the kernels of a first plan that a re-plan replaced (matmuls split from their epilogue):
+    # their compiles are this build's work too, and the re-plan finds them in the cache
+    replaced: tuple[Kernel, ...] = ()
+
+    def kernel_cache(self) -> dict[str, int]:
+        """Kernels compiled by PyPTO in this build, kernels taken from a cache entry made before
+        it ("hits"), and the PyPTO compiles it ran, over every plan it compiled."""
+        earlier = {k.cache_key for k in self.replaced if k.reached_pypto and not k.from_cache}
+        ours = [k.reached_pypto and (not k.from_cache or k.cache_key in earlier)
+                for k in self.kernels]
+        return {"hits": sum(k.from_cache and not own for k, own in zip(self.kernels, ours)),
+                "compiled": sum(ours),
+                "pypto_compiles": sum(k.pypto_compiles for k in (*self.replaced, *self.kernels))}
 
 
 def model_bytes(source) -> tuple[bytes, str]:
@@ -105,11 +118,12 @@ def build(source, target: Target, options: BuildOptions, progress: Progress = SI
     progress.stage(f"compiling {len(plan.regions)} kernels with PyPTO")
     with timings.stage("kernels_s"):
         kernels = _compiled(graph, plan, target, options, progress)
-    alone = _matmuls_to_split(plan, kernels)
+    alone, replaced = _matmuls_to_split(plan, kernels), ()
     if alone:  # their epilogues are fused again without them, as IREE splits a dispatch
         progress.stage(f"{len(alone)} matmul kernels failed with their epilogue: re-planning")
         with timings.stage("plan_s"):
             plan = plan_fusion(graph, target, alone)
+        replaced = kernels
         with timings.stage("kernels_s"):
             kernels = _compiled(graph, plan, target, options, progress)
     failed = {k.region_id: (_category(k), k.fallback_reason) for k in kernels if not k.compiled}
@@ -136,7 +150,7 @@ def build(source, target: Target, options: BuildOptions, progress: Progress = SI
                                             reason=u.reason) for u in shipped.unfused)
     message.totals.CopyFrom(_totals(shipped, kernels, baseline, target))
     message.verification.status = "skipped"
-    return BuildResult(message, graph, shipped, kernels)
+    return BuildResult(message, graph, shipped, kernels, replaced)
 
 
 def _compiled(graph, plan, target: Target, options: BuildOptions, progress) -> tuple:
