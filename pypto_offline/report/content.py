@@ -36,7 +36,7 @@ class Headline:
     kind: str = ""      # a CSS class: passed / failed / skipped for the verdict
 
 
-def headline(message: ptom_pb2.CompiledModel, summary: dict) -> list[Headline]:
+def headline(summary: dict) -> list[Headline]:
     """The few facts a reader wants first, each also in the summary table below."""
     pypto, check = summary["pypto"], summary["verification"]
     before, after = summary["est_time_us_before"], summary["est_time_us_after"]
@@ -121,7 +121,8 @@ def kernel_cards(message: ptom_pb2.CompiledModel, types: dict[str, TensorType]
     """One card per group of identical kernels (kernel_table.groups), the first one's facts."""
     typed = lambda names: [(n, types.get(n, UNKNOWN).text) for n in names]  # noqa: E731
     return [{
-        "id": k.id, "ids": [other.id for other in group], "compiled": k.compiled, "fallback_reason": k.fallback_reason,
+        "id": k.id, "ids": [other.id for other in group], "compiled": k.compiled,
+        "fallback_reason": k.fallback_reason,
         "signature": k.region_signature, "sha256": k.sha256, "platform": k.platform,
         "original": [_op(o) for o in k.original], "simplified": [_op(o) for o in k.simplified],
         "rules": list(k.rules_applied), "inputs": typed(k.inputs), "outputs": typed(k.outputs),
@@ -214,13 +215,14 @@ def context(message: ptom_pb2.CompiledModel) -> dict:
     model = onnx.load_from_string(message.source_onnx_model)
     types = tensor_types(model)
     inputs, outputs = graph_io(model, types)
-    return {"summary": summary, "headline": headline(message, summary),
+    return {"summary": summary, "headline": headline(summary),
             "figures": summary_figures(summary), "platform_notice": PLATFORM_NOTICE,
             "compile_time_note": COMPILE_TIME_NOTE, "provenance": provenance(message),
             "graphviz": graphviz_version(), "model_inputs": inputs, "model_outputs": outputs,
             "target": message.target.name, "target_notes": message.target.notes,
             "target_figures": list(message.target.figures),
-            "kernels": kernel_cards(message, types), "kernel_rows": kernel_table.rows(message, types),
+            "kernels": kernel_cards(message, types),
+            "kernel_rows": kernel_table.rows(message, types),
             "unfused": unfused_groups(message), "unfused_count": len(message.unfused),
             "graph": graph_drawing(message, model, types), "plots": plots(message),
             "downloads": downloads(message), "verification": message.verification}
