@@ -251,8 +251,8 @@ def test_identical_kernels_are_one_row_whatever_their_tensor_names(corpus_build)
     model = onnx.load_from_string(copy.source_onnx_model)
     types = tensor_types(model)
     types.update({renamed[n]: types[n] for n in renamed if n in types})
-    rows = kernel_table.rows(copy, types)
-    assert len(rows) == len(kernel_table.rows(message, tensor_types(model)))
+    rows = kernel_table.rows(kernel_table.groups(copy, types))
+    assert len(rows) == len(kernel_table.rows(kernel_table.groups(message, tensor_types(model))))
     assert rows[0].ids == (message.kernels[0].id, "region_twin") and rows[0].count == 2
 
 

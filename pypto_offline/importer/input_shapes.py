@@ -97,7 +97,8 @@ def tensor_bytes(dims: Sequence[int], elem_type: int) -> int:
     return int(np.prod([int(d) for d in dims], dtype=object)) * max(itemsize, 1)
 
 
-def _dtype_name(elem_type: int) -> str:
+def dtype_name(elem_type: int) -> str:
+    """numpy's name of an ONNX element type (float32, int64), else ONNX's own (bfloat16)."""
     try:
         return str(np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type)))
     except (KeyError, TypeError, ValueError):
@@ -112,7 +113,7 @@ def check_tensor_bytes(dims: Sequence[int], elem_type: int, where: str) -> int:
     """The tensor's size in bytes; refuses one larger than ``MAX_TENSOR_BYTES``."""
     size = tensor_bytes(dims, elem_type)
     if size > MAX_TENSOR_BYTES:
-        dtype = _dtype_name(elem_type)
+        dtype = dtype_name(elem_type)
         raise ModelError(f"a tensor of shape {list(dims)} ({dtype}) needs {human_bytes(size)}, "
                          f"more than the {human_bytes(MAX_TENSOR_BYTES)} a tensor may take here",
                          where=where, fix="give smaller shapes (--input-shape) or check the model")

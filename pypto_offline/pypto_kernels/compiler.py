@@ -726,16 +726,17 @@ def _build(region, graph, target, cache, constants, interface, sources, untuned,
             tried += [{**c, "checked": False} for c in searched.get("candidates", [])]
             compiled = [c for c in tried if c.get("compiled") and c["aicore_us"]]
     fitting = [c for c in compiled if fits_ub(c.get("ub_bytes"), ub)]
-    candidates = tuple(_tried(c) for c in tried)
+    candidates = tuple(_tile(c) for c in tried)
+    fell_back = lambda reason, source: Kernel(  # noqa: E731 - every fallback keeps the search
+        region.id, False, reason, source=source, cache_key=key, candidates=candidates)
     if not compiled:
-        return (Kernel(region.id, False, _failure(searched), source=_untuned_source(sources, untuned),
-                       cache_key=key, candidates=candidates), bool(searched.get("transient")))
+        return (fell_back(_failure(searched), _untuned_source(sources, untuned)),
+                bool(searched.get("transient")))
     if not fitting:
         least = min((c.get("ub_bytes") or 0 for c in compiled), default=0)
-        return (Kernel(region.id, False, f"{NO_TILE_FITS} {target.name}'s planned UB of {ub} "
-                       f"bytes: the smallest compiled candidate's leaves need {least}",
-                       source=_untuned_source(sources, untuned), cache_key=key,
-                       candidates=candidates), False)
+        return (fell_back(f"{NO_TILE_FITS} {target.name}'s planned UB of {ub} bytes: the "
+                          f"smallest compiled candidate's leaves need {least}",
+                          _untuned_source(sources, untuned)), False)
     best = min(fitting, key=lambda c: (c["aicore_us"], c["total_us"] or 0,
                                        astuple(_policy(c))))
     default = default_candidate(fitting, untuned.budget_bytes)
@@ -744,11 +745,9 @@ def _build(region, graph, target, cache, constants, interface, sources, untuned,
         compile_(staged / "final", {chosen: sources[chosen]}, verify=True)
     result = (final.get("candidates") or [{}])[0]
     if not result.get("compiled"):
-        return (Kernel(region.id, False, _failure(final), source=sources[chosen], cache_key=key,
-                       candidates=candidates), bool(final.get("transient")))
+        return fell_back(_failure(final), sources[chosen]), bool(final.get("transient"))
     _keep_chosen_artifacts(result, staged / CHOSEN_ARTIFACTS)  # placed by ``_save``
-    return replace(_kernel_record(region, sources[chosen], key, best, default, result),
-                   candidates=candidates), False
+    return _kernel_record(region, sources[chosen], key, best, default, result, candidates), False
 
 
 def _merge_capped(region: Region, constants: dict, compiled: list[dict]
@@ -871,7 +870,7 @@ def default_candidate(fitting: list[dict], default_budget: int) -> dict | None:
     return max(smaller, key=lambda c: c["budget"], default=None)
 
 
-def _kernel_record(region, source, key, best, default, result) -> Kernel:
+def _kernel_record(region, source, key, best, default, result, candidates) -> Kernel:
     verdicts = tuple((v["pass"], v["result"]) for v in result.get("verdicts", []))
     tolerance = max((TOLERANCE.get(str(np.dtype(onnx.helper.tensor_dtype_to_np_dtype(
         region.tensor_types[o][1]))), 0.0) for o in region.outputs), default=0.0)
@@ -886,15 +885,13 @@ def _kernel_record(region, source, key, best, default, result) -> Kernel:
         region.id, functional_ok, reason, source=source, cache_key=key,
         default_tile=_tile(default), tuned_tile=_tile(best),
         gm_bytes_read=traffic["read"], gm_bytes_written=traffic["written"],
-        functional_ok=functional_ok, max_abs_diff=diff, verdicts=verdicts)
+        functional_ok=functional_ok, max_abs_diff=diff, verdicts=verdicts, candidates=candidates)
 
 
-def _tile(candidate) -> TileResult | None:
-    return None if candidate is None else _tried(candidate)
-
-
-def _tried(candidate: dict) -> TileResult:
+def _tile(candidate: dict | None) -> TileResult | None:
     """A candidate of the search as a kernel keeps it: its figures when it compiled."""
+    if candidate is None:
+        return None
     policy, compiled = _policy(candidate), bool(candidate.get("compiled"))
     return TileResult(policy.budget_bytes, candidate.get("aicore_us") if compiled else None,
                       candidate.get("total_us") if compiled else None, candidate.get("tasks") or 0,

@@ -12,7 +12,7 @@ from pypto_offline.pypto_kernels.baseline import ESTIMATED
 from pypto_offline.offline_compiler.summary import (NOT_MEASURED, measured, provenance, shown,
                                                   summarise, tile_us)
 from pypto_offline.report import kernel_table
-from pypto_offline.report.downloads import downloads
+from pypto_offline.report.downloads import downloads, file_stem
 from pypto_offline.report.graph_view import Drawing, GraphFacts, draw, graphviz_version
 from pypto_offline.report.tensors import TensorType, UNKNOWN, graph_io, tensor_types
 from pypto_offline.report.plots import Series, bar_chart
@@ -116,7 +116,7 @@ def _lookup(summary: dict, key: str):
     return value
 
 
-def kernel_cards(message: ptom_pb2.CompiledModel, types: dict[str, TensorType]
+def kernel_cards(grouped: list[list[ptom_pb2.Kernel]], types: dict[str, TensorType]
                  ) -> list[dict]:
     """One card per group of identical kernels (kernel_table.groups), the first one's facts."""
     typed = lambda names: [(n, types.get(n, UNKNOWN).text) for n in names]  # noqa: E731
@@ -143,7 +143,7 @@ def kernel_cards(message: ptom_pb2.CompiledModel, types: dict[str, TensorType]
         "functional_ok": k.functional_ok, "max_abs_diff": measured(k, "max_abs_diff"),
         "verdicts": [(v.pass_name, v.result) for v in k.verdicts],
         "artifacts": [(a.name, len(a.data), a.sha256) for a in k.artifacts],
-    } for group in kernel_table.groups(message, types) for k in group[:1]]
+    } for group in grouped for k in group[:1]]
 
 
 def _tile(tile: ptom_pb2.TileChoice) -> dict:
@@ -215,14 +215,15 @@ def context(message: ptom_pb2.CompiledModel) -> dict:
     model = onnx.load_from_string(message.source_onnx_model)
     types = tensor_types(model)
     inputs, outputs = graph_io(model, types)
+    grouped = kernel_table.groups(message, types)
     return {"summary": summary, "headline": headline(summary),
             "figures": summary_figures(summary), "platform_notice": PLATFORM_NOTICE,
             "compile_time_note": COMPILE_TIME_NOTE, "provenance": provenance(message),
             "graphviz": graphviz_version(), "model_inputs": inputs, "model_outputs": outputs,
             "target": message.target.name, "target_notes": message.target.notes,
             "target_figures": list(message.target.figures),
-            "kernels": kernel_cards(message, types),
-            "kernel_rows": kernel_table.rows(message, types),
+            "kernels": kernel_cards(grouped, types), "kernel_rows": kernel_table.rows(grouped),
             "unfused": unfused_groups(message), "unfused_count": len(message.unfused),
             "graph": graph_drawing(message, model, types), "plots": plots(message),
-            "downloads": downloads(message), "verification": message.verification}
+            "downloads": downloads(message, summary), "file_stem": file_stem(message),
+            "verification": message.verification}

@@ -13,10 +13,10 @@ import json
 from dataclasses import dataclass
 
 import onnx
-from onnx import external_data_helper, numpy_helper
+from onnx import external_data_helper
 
+from pypto_offline.importer.input_shapes import tensor_bytes
 from pypto_offline.offline_compiler import ptom_pb2
-from pypto_offline.offline_compiler.summary import summarise
 
 WEIGHT_BYTES = 1024
 LEFT_OUT = "weights-not-included.bin"
@@ -32,10 +32,16 @@ class Download:
     size: int       # bytes of the file itself
 
 
-def downloads(message: ptom_pb2.CompiledModel) -> list[Download]:
-    stem = f"{message.provenance.model_name.removesuffix('.onnx')}.{message.target.name}"
+def file_stem(message: ptom_pb2.CompiledModel) -> str:
+    """``MODEL.TARGET``: what every file downloaded from the page is named after."""
+    return f"{message.provenance.model_name.removesuffix('.onnx')}.{message.target.name}"
+
+
+def downloads(message: ptom_pb2.CompiledModel, summary: dict) -> list[Download]:
+    """``summary``: the blob's summary (``summary.summarise``), as the page shows it."""
+    stem = file_stem(message)
     graph = graph_without_weights(message.onnx_model)
-    summary = json.dumps(summarise(message), indent=1, sort_keys=True).encode()
+    summary = json.dumps(summary, indent=1, sort_keys=True).encode()
     return [
         Download(f"Compiled ONNX graph (opens in Netron; weights over {WEIGHT_BYTES} B left out)",
                  f"{stem}.compiled.onnx", _data_url("application/octet-stream", graph),
@@ -51,15 +57,15 @@ def graph_without_weights(serialized: bytes) -> bytes:
     model = onnx.load_from_string(serialized)
     offset = 0
     for tensor in model.graph.initializer:
-        values = numpy_helper.to_array(tensor)
-        if values.nbytes <= WEIGHT_BYTES:
+        size = tensor_bytes(tensor.dims, tensor.data_type)
+        if size <= WEIGHT_BYTES:
             continue
         for field in VALUE_FIELDS:
             tensor.ClearField(field)
         tensor.raw_data = b"\0"  # set_external_data asks for raw data; it is dropped below
-        external_data_helper.set_external_data(tensor, LEFT_OUT, offset, values.nbytes)
+        external_data_helper.set_external_data(tensor, LEFT_OUT, offset, size)
         tensor.ClearField("raw_data")
-        offset += values.nbytes
+        offset += size
     return model.SerializeToString(deterministic=True)
 
 

@@ -27,13 +27,14 @@ class Verdict:
     basis: str                  # where the speed-up comes from
     estimate: bool              # rests on estimated figures
     reason: str = ""            # a fallback's whole reason
+    category: str = ""          # and its category (records.FALLBACK_CATEGORIES)
 
 
 def verdict(kernel: ptom_pb2.Kernel) -> Verdict:
     if not kernel.compiled:
         category = fallback_category(kernel.fallback_reason) or "other"
         return Verdict("fell-back", f"fell back: {category}", None, "", False,
-                       kernel.fallback_reason)
+                       kernel.fallback_reason, category)
     speedup, basis, estimate = _speedup(kernel)
     if speedup is None:
         return Verdict("even", "compiled (no time to compare)", None, basis, estimate)
@@ -57,7 +58,7 @@ class Row:
     ids: tuple[str, ...]        # the kernels this row stands for, identical programs
     ops: tuple[str, ...]
     verdict: Verdict
-    gm_bytes: int               # per kernel: measured from the program, else the lower bound
+    gm_bytes: int               # per kernel: measured from the program; fallen back, unfused
     gm_bytes_unfused: int
     time_us: float | None       # PyPTO cost model, tuned tile, per kernel
 
@@ -88,8 +89,9 @@ def program(kernel: ptom_pb2.Kernel, types: Mapping[str, TensorType]) -> tuple:
     return ops, tuple(types.get(name, UNKNOWN) for name in index)
 
 
-def rows(message: ptom_pb2.CompiledModel, types: Mapping[str, TensorType]) -> list[Row]:
-    return [_row(kernels) for kernels in groups(message, types)]
+def rows(grouped: list[list[ptom_pb2.Kernel]]) -> list[Row]:
+    """One row per group of ``groups``."""
+    return [_row(kernels) for kernels in grouped]
 
 
 def _row(kernels: list[ptom_pb2.Kernel]) -> Row:

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import onnx
-from onnx import helper
+
+from pypto_offline.importer.input_shapes import dtype_name
 
 
 @dataclass(frozen=True)
@@ -25,7 +26,7 @@ UNKNOWN = TensorType((), "unknown")
 
 def tensor_types(model: onnx.ModelProto) -> dict[str, TensorType]:
     """Every named tensor of the graph: inputs, outputs, intermediates and initializers."""
-    types = {init.name: TensorType(tuple(init.dims), _dtype(init.data_type))
+    types = {init.name: TensorType(tuple(init.dims), dtype_name(init.data_type))
              for init in model.graph.initializer}
     for value in (*model.graph.input, *model.graph.value_info, *model.graph.output):
         if value.type.HasField("tensor_type"):
@@ -36,14 +37,7 @@ def tensor_types(model: onnx.ModelProto) -> dict[str, TensorType]:
 def _value_type(tensor: onnx.TypeProto.Tensor) -> TensorType:
     dims = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or "?")
                  for d in tensor.shape.dim)
-    return TensorType(dims, _dtype(tensor.elem_type))
-
-
-def _dtype(elem_type: int) -> str:
-    try:
-        return helper.tensor_dtype_to_np_dtype(elem_type).name
-    except KeyError:  # bfloat16, float8 and the like: onnx's own name
-        return onnx.TensorProto.DataType.Name(elem_type).lower()
+    return TensorType(dims, dtype_name(tensor.elem_type))
 
 
 def graph_io(model: onnx.ModelProto, types: dict[str, TensorType]
