@@ -134,7 +134,7 @@ def compile(model, target: str = "kirin9050",  # noqa: A001 - the API's verb
             kernel_timeout: float | None = None, progress: Progress = SILENT,
             inputs: Mapping[str, np.ndarray] | None = None, verify: bool = False,
             measure_baseline: bool = False,
-            dims: Mapping[str, int] | None = None) -> CompiledModel:
+            dims: Mapping[str, int] | None = None, executor=None) -> CompiledModel:
     """Compile ``model`` for ``target``. ``inputs``: real values of some inputs, checked against
     the model and used to find the shapes that depend on them. ``verify``: also run the
     onnxruntime check (with ``inputs``), and refuse up front a model it could not run.
@@ -142,13 +142,14 @@ def compile(model, target: str = "kirin9050",  # noqa: A001 - the API's verb
     default nothing is printed). ``measure_baseline``: compile each fused op alone for the
     unfused cost figure instead of estimating it (docs/baseline.md). ``dims``: symbolic
     dimensions fixed by name in every input that has them (``{"batch": 1}``); ``input_shapes``
-    wins for the inputs it names."""
+    wins for the inputs it names. ``executor``: where the PyPTO jobs run (``executor()`` gives
+    one; by default the fork servers of this machine)."""
     check_limits(jobs, kernel_timeout)
     get_target(target)
     options = BuildOptions(input_shapes=dict(input_shapes or {}), dims=dict(dims or {}),
                            cache_dir=Path(cache_dir) if cache_dir else None, jobs=jobs,
                            tile_search=tile_search, inputs=dict(inputs or {}), verify=verify,
-                           measure_baseline=measure_baseline,
+                           measure_baseline=measure_baseline, executor=executor,
                            **({"kernel_timeout_s": kernel_timeout} if kernel_timeout else {}))
     timings = Timings()
     result = build(model, get_target(target), options, progress, timings)
@@ -173,13 +174,17 @@ def input_names(model) -> list[str]:
 
 
 def executor(name: str = "local", address: str | None = None):
-    """Where the PyPTO compiles of the builds in the block run: ``local`` (fork servers on this
-    machine) or ``ray`` (a Ray cluster at ``address``, default ``RAY_ADDRESS``, else one started
-    for the block; ``pypto_kernels/farm.py``). Yields the farm (its ``slots``), or None."""
+    """A block with an executor for the PyPTO jobs of the builds given it (``compile(...,
+    executor=...)``): ``local`` (fork servers on this machine) or ``ray`` (a Ray cluster at
+    ``address``, default ``RAY_ADDRESS``, else one started for the block;
+    ``pypto_kernels/jobs/ray.py``). Its ``slots``: the jobs it runs at once (None: as many as
+    the build's ``jobs``)."""
     if name == "local":
-        return nullcontext(None)
+        from pypto_offline.pypto_kernels.jobs.executor import LocalExecutor
+
+        return nullcontext(LocalExecutor())
     if name == "ray":
-        from pypto_offline.pypto_kernels.farm import ray_executor
+        from pypto_offline.pypto_kernels.jobs.ray import ray_executor
 
         return ray_executor(address)
     raise UsageError(f"unknown executor {name!r}", fix="use --executor local or ray")
@@ -193,10 +198,10 @@ def shared_workers(jobs: int = 2):
             for model in models:
                 pypto_offline.compile(model, "kirin9050").save(...)
     """
-    from pypto_offline.pypto_kernels.compiler import shared_workers as pool
+    from pypto_offline.pypto_kernels.jobs.pool import shared_pool
 
     check_limits(jobs, None)
-    return pool(jobs)
+    return shared_pool(jobs)
 
 
 def check_limits(jobs: int, kernel_timeout: float | None) -> None:

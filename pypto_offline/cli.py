@@ -328,11 +328,11 @@ def run_compile(argv: list[str]) -> int:
     inputs = _load_inputs(args.inputs)
     codes, summaries = [], []
     with _progress(args.quiet) as progress, \
-            api.executor(args.executor, args.ray_address) as farm:
-        args.jobs = args.jobs or (farm.slots if farm else DEFAULT_JOBS)
+            api.executor(args.executor, args.ray_address) as executor:
+        args.jobs = args.jobs or executor.slots or DEFAULT_JOBS
         with _batch(api, args.jobs, len(builds)):
             for build in builds:
-                code, summary = _run_build(build, args, inputs, progress)
+                code, summary = _run_build(build, args, inputs, progress, executor)
                 codes.append(code)
                 summaries.append(summary)
     if len(builds) > 1 and not (args.json or args.quiet):
@@ -350,7 +350,8 @@ def _batch(api, jobs: int, builds: int):
         yield
 
 
-def _run_build(build: _Build, args, inputs: dict, progress) -> tuple[int, dict | None]:
+def _run_build(build: _Build, args, inputs: dict, progress, executor
+               ) -> tuple[int, dict | None]:
     """Compile, save and print one build; its exit code and summary. Bad input of one model
     (exit 2) does not stop the others: the batch's exit code is the worst."""
     from pypto_offline import api
@@ -362,7 +363,7 @@ def _run_build(build: _Build, args, inputs: dict, progress) -> tuple[int, dict |
                                tile_search=not args.no_tile_search,
                                kernel_timeout=args.kernel_timeout, progress=progress,
                                inputs=inputs, verify=not args.no_verify,
-                               measure_baseline=args.measure_baseline)
+                               measure_baseline=args.measure_baseline, executor=executor)
         progress.stage("writing the blob" + (" and the report" if build.report else ""))
         compiled.save(build.output, report=build.report)
     except PyptoOfflineError as err:

@@ -24,12 +24,13 @@ from pypto_offline.importer.input_shapes import symbolic_input_error
 from pypto_offline.importer.ops import MATMUL, kind_of
 from pypto_offline.offline_compiler import ptom_pb2
 from pypto_offline.progress import SILENT, Progress, Timings
-from pypto_offline.pypto_kernels import Kernel, compile_kernels
-from pypto_offline.pypto_kernels.records import fallback_category
+from pypto_offline.pypto_kernels import Kernel, compile_kernels, setup_for
 from pypto_offline.pypto_kernels.baseline import (ESTIMATED, MEASURED, slower_fused,
                                                   estimated_unfused_costs)
-from pypto_offline.pypto_kernels.compiler import (DEFAULT_TIMEOUT_S, PYPTO_VERSION,
-                                                  unfused_costs)
+from pypto_offline.pypto_kernels.jobs.executor import Executor
+from pypto_offline.pypto_kernels.jobs.protocol import FailureKind
+from pypto_offline.pypto_kernels.measured_baseline import unfused_costs
+from pypto_offline.pypto_kernels.versions import DEFAULT_TIMEOUT_S, PYPTO_VERSION
 from pypto_offline.targets import Target
 
 
@@ -49,6 +50,8 @@ class BuildOptions:
     # Compile every op of the shipped regions alone for the unfused baseline (cached per op),
     # instead of the shipped estimate: docs/baseline.md.
     measure_baseline: bool = False
+    # Where the PyPTO jobs run (``pypto_kernels/jobs``): None, this machine's fork servers.
+    executor: Executor | None = None
 
     def provenance(self) -> dict[str, str]:
         """The options that change the output (not jobs, cache folder or time limit)."""
@@ -134,7 +137,8 @@ def build(source, target: Target, options: BuildOptions, progress: Progress = SI
     slower = slower_than_unfused(kernels, {r.id: r for r in plan.regions}, baseline, target)
     if slower:  # the cost model as arbiter: such a kernel is dropped, its ops ship unfused
         kernels = tuple(replace(k, compiled=False, fallback_reason=slower[k.region_id],
-                                artifacts={}) if k.region_id in slower else k for k in kernels)
+                                fallback_kind=FailureKind.SLOWER_FUSED, artifacts={})
+                        if k.region_id in slower else k for k in kernels)
         failed.update({region_id: (DOES_NOT_PAY, why) for region_id, why in slower.items()})
         with timings.stage("plan_s"):
             shipped = without_regions(plan, graph, target, failed)
@@ -156,7 +160,8 @@ def build(source, target: Target, options: BuildOptions, progress: Progress = SI
 def _compiled(graph, plan, target: Target, options: BuildOptions, progress) -> tuple:
     return tuple(compile_kernels(graph, plan, target, cache_dir=options.cache_dir,
                                  jobs=options.jobs, search=options.tile_search,
-                                 timeout=options.kernel_timeout_s, progress=progress))
+                                 timeout=options.kernel_timeout_s, progress=progress,
+                                 executor=options.executor))
 
 
 def _matmuls_to_split(plan: FusionPlan, kernels: Sequence[Kernel]) -> dict[str, tuple[str, str]]:
@@ -211,8 +216,8 @@ def unfused_baseline(graph: ImportedGraph, regions: Sequence[Region], target: Ta
         progress.stage("estimating the unfused baseline")
         return Baseline(estimated_unfused_costs(graph, regions, target), ESTIMATED)
     progress.stage("measuring the unfused baseline")
-    return Baseline(unfused_costs(graph, regions, target, cache_dir=options.cache_dir,
-                                  jobs=options.jobs, timeout=options.kernel_timeout_s), MEASURED)
+    setup = setup_for(target, options.cache_dir, options.executor, options.kernel_timeout_s)
+    return Baseline(unfused_costs(graph, regions, setup, jobs=options.jobs), MEASURED)
 
 
 def _require_static_inputs(graph: ImportedGraph, name: str) -> None:
@@ -225,9 +230,9 @@ def _require_static_inputs(graph: ImportedGraph, name: str) -> None:
 
 
 def _category(kernel: Kernel) -> str:
-    """Why its ops ship unfused: the kernel's fallback category (a PyPTO compile that failed,
-    a failed check, a time-out, ...; ``records.fallback_category``)."""
-    return fallback_category(kernel.fallback_reason) or FAILED_CHECK
+    """Why its ops ship unfused: the kernel's fallback kind (a PyPTO compile that failed, a
+    failed check, a time-out, ...; ``jobs.protocol.FailureKind``)."""
+    return kernel.fallback_kind.value if kernel.fallback_kind else FAILED_CHECK
 
 
 def _target_descriptor(target: Target) -> ptom_pb2.TargetDescriptor:
@@ -284,6 +289,7 @@ def _kernel_message(region: Region, kernel: Kernel, baseline: Baseline) -> ptom_
         simplified=[_op_message(op) for op in region.simplified],
         rules_applied=list(region.rules_applied), compiled=kernel.compiled,
         fallback_reason=kernel.fallback_reason or "", source=kernel.source,
+        fallback_category=kernel.fallback_kind.value if kernel.fallback_kind else "",
         gm_bytes_unfused=region.unfused.gm_bytes, gm_bytes_lower_bound=region.fused.gm_bytes,
         gm_bytes_read=kernel.gm_bytes_read, gm_bytes_written=kernel.gm_bytes_written,
         gm_bytes_handoff=cube_handoff_bytes(region.simplified, region.tensor_types),

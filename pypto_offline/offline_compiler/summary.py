@@ -8,7 +8,7 @@ import math
 import sys
 
 from pypto_offline.offline_compiler import ptom_pb2
-from pypto_offline.pypto_kernels.records import fallback_category
+from pypto_offline.pypto_kernels.records import legacy_fallback_kind
 
 NOT_MEASURED = "not measured"
 # The version of every JSON output's keys (``summary.schema.json``, in this folder): a change of
@@ -75,13 +75,21 @@ def summarise(message: ptom_pb2.CompiledModel) -> dict:
     }
 
 
+def fallback_category(kernel: ptom_pb2.Kernel) -> str:
+    """Why a kernel that fell back did: the category its build recorded, or for a blob written
+    before categories were recorded, the one its reason's first words name ("other": none)."""
+    if kernel.fallback_category:
+        return kernel.fallback_category
+    legacy = legacy_fallback_kind(kernel.fallback_reason)
+    return legacy.value if legacy else "other"
+
+
 def kernel_summary(kernel: ptom_pb2.Kernel) -> dict:
     """One planned region's kernel: compiled, or fallen back with its category and reason."""
     tile = kernel.tuned_tile if kernel.HasField("tuned_tile") else None
     return {"id": kernel.id, "ops": [op.op_type for op in kernel.original],
             "status": "compiled" if kernel.compiled else "fell_back",
-            "fallback_category": None if kernel.compiled else fallback_category(
-                kernel.fallback_reason),
+            "fallback_category": None if kernel.compiled else fallback_category(kernel),
             "fallback_reason": None if kernel.compiled else kernel.fallback_reason,
             "tile": None if tile is None else {
                 "budget_bytes": tile.budget_bytes, "swapped_transposes": tile.swapped_transposes,

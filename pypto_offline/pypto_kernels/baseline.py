@@ -12,13 +12,14 @@ the kind of op (elementwise, data movement, transpose), "KiB moved" the op's own
 its inputs whole (one-element constants are immediates) and writing its outputs. The fit ships
 with the code, not from the user's cache, so the same model and options give the same blob
 whatever the cache holds. ``--measure-baseline`` compiles every op instead
-(``compiler.unfused_costs``).
+(``measured_baseline.unfused_costs``).
 """
 from __future__ import annotations
 
 import json
 from functools import lru_cache
 from pathlib import Path
+from types import MappingProxyType
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -28,8 +29,8 @@ from pypto_offline.fusion.records import Region
 from pypto_offline.importer import ImportedGraph
 from pypto_offline.importer.ops import MATMUL, OPS, POINTWISE_OPS
 from pypto_offline.pypto_kernels.codegen import is_scalar_constant
-from pypto_offline.pypto_kernels.compiler import COST_MODEL, single_op_regions
-from pypto_offline.pypto_kernels.records import SLOWER_FUSED
+from pypto_offline.pypto_kernels.jobs.protocol import HEADLINES, FailureKind
+from pypto_offline.pypto_kernels.versions import COST_MODEL
 from pypto_offline.targets import Target
 
 FIT_FILE = Path(__file__).with_name("baseline_fit.json")
@@ -60,12 +61,12 @@ def slower_fused(fused_us: float, unfused_us: float, unfused_kernels: int,
     launches = (unfused_kernels - 1) * launch_us
     if fused_us <= unfused_us + launches:
         return None
-    return (f"{SLOWER_FUSED}: PyPTO's cost model gives {fused_us:.2f} us against {unfused_us:.2f} "
+    return (f"{HEADLINES[FailureKind.SLOWER_FUSED]}: PyPTO's cost model gives {fused_us:.2f} us against {unfused_us:.2f} "
             f"us for its ops unfused and {launches:.1f} us of launches saved")
 
 
 def cost_model_family(cost_model: tuple[str, str] | None) -> str:
-    """The cost tables a target compiles against (compiler.COST_MODEL): A5, or the 910B default."""
+    """The cost tables a target compiles against (versions.COST_MODEL): A5, or the 910B default."""
     return cost_model[0] if cost_model else "910B"
 
 
@@ -143,3 +144,18 @@ def estimated_unfused_costs(graph: ImportedGraph, regions: Sequence[Region], tar
         (op_sample(single, graph, constants) for single in single_op_regions(region, graph)),
         family)
         for region in regions}
+
+
+def single_op_regions(region: Region, graph: ImportedGraph) -> list[Region]:
+    """Each device op of the region's original program as a region of its own."""
+    singles = []
+    for index, op in enumerate(region.original):
+        if op.op_type in ("Reshape", "Identity"):
+            continue  # metadata on contiguous data: no kernel before fusion either
+        names = list(op.inputs) + list(op.outputs)
+        types = {n: (tuple(graph.tensors[n].shape), graph.tensors[n].dtype) for n in names}
+        singles.append(Region(
+            id=f"{region.id}_op{index}", nodes=(op.outputs[0],), inputs=tuple(op.inputs),
+            outputs=tuple(op.outputs), original=(op,), simplified=(op,), rules_applied=(),
+            unfused=region.unfused, fused=region.fused, tensor_types=MappingProxyType(types)))
+    return singles

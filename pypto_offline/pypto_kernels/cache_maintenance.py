@@ -22,12 +22,13 @@ from pathlib import Path
 from pypto_offline.errors import UsageError
 from pypto_offline.pypto_kernels.cache import (STAGING, entry_folders, new_staging,
                                                private_folder, remove_dead_staging)
+from pypto_offline.pypto_kernels.entries import KIND_OF_FILE
 from pypto_offline.pypto_kernels.host_compiler_cache import PCH_SUBFOLDER, SUBFOLDER
 
 # The caches kept inside a kernel cache, each with entries and staging of its own, by the kind
 # of their entries (the kernel cache's own entries are told apart by their files: ``_kind``).
 NESTED = {"host_compiler": SUBFOLDER, "host_compiler_pch": PCH_SUBFOLDER}
-KINDS = ("kernels", "compiles", "host_compiler", "host_compiler_pch", "other")
+KINDS = (*KIND_OF_FILE.values(), "host_compiler", "host_compiler_pch", "other")
 SECONDS_PER_DAY = 86400
 BYTES_PER_GB = 10**9  # --max-size is in GB, as disk sizes are written
 # An entry folder's name: a sha256 key (``cache_key``) under its first two hex digits. Nothing
@@ -111,11 +112,10 @@ def _entry_folders(cache: Path) -> list[Path]:
 
 
 def _kind(entry: Path) -> str:
-    """A kernel (or an unfused-baseline op) has its kernel.json, one PyPTO compile its
-    result.json (docs/kernel-cache.md, "An entry")."""
-    if (entry / "kernel.json").exists():
-        return "kernels"
-    return "compiles" if (entry / "result.json").exists() else "other"
+    """Each kind of entry has a file of its own (``entries.KIND_OF_FILE``; docs/kernel-cache.md,
+    "An entry")."""
+    return next((kind for name, kind in KIND_OF_FILE.items() if (entry / name).exists()),
+                "other")
 
 
 def _mtime(path: Path) -> float | None:

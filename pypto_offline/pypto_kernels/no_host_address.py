@@ -5,7 +5,7 @@ At each compile PyPTO 0.2.0 names its run folder ``output_<time>_<pid>_<address>
 being the host's first IPv4 address not on ``lo``, in 8 hex digits, or nothing on a host without
 one (``GetIpContext`` in its config manager, through ``getifaddrs``). The strings it builds from
 that name, and the stream it formats the address with, decide where malloc puts its objects,
-and so its op numbers (compiler.WORKSPACE_CHARS): measured on the example model, a build on this
+and so its op numbers (protocol.WORKSPACE_CHARS): measured on the example model, a build on this
 machine and one in a network namespace with only ``lo`` (as a Ray node in a test cluster) gave
 blobs that differed in every kernel's op numbers. Padding the folder does not help: the
 intermediate strings still differ in length.

@@ -3,29 +3,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pypto_offline.fusion.records import CANNOT_EXPRESS
+from pypto_offline.pypto_kernels.jobs.protocol import HEADLINES, FailureKind
 
-# Why a region fell back, as the first words of its reason: the blob stores the reason, and its
-# category (``--json``'s ``fallback_category``, the report's, the unfused ops') is read back
-# from them (``fallback_category``).
-COMPILE_FAILED = "PyPTO compile failed"
-TIMED_OUT = "PyPTO compile did not finish within"
-CRASHED = "PyPTO worker crashed"
-NO_TILE_FITS = "no tile fits"
-CHECK_FAILED = "failed its functional check"
-SLOWER_FUSED = "slower fused"
-FALLBACK_CATEGORIES = ((CANNOT_EXPRESS, CANNOT_EXPRESS), (COMPILE_FAILED, "compile failed"),
-                       (TIMED_OUT, "timed out"), (CRASHED, "worker crashed"),
-                       (NO_TILE_FITS, NO_TILE_FITS), (CHECK_FAILED, "failed check"),
-                       (SLOWER_FUSED, SLOWER_FUSED))
+# How the reasons of kernels stored before their kind was (cache entries and blobs of format
+# 22 and earlier) begin: read for those records only (``legacy_fallback_kind``).
+LEGACY_HEADLINES = tuple((headline, kind) for kind, headline in HEADLINES.items())
 
 
-def fallback_category(reason: str | None) -> str | None:
-    """The category of a fallback reason (None for a kernel that shipped: no reason)."""
+def legacy_fallback_kind(reason: str | None) -> FailureKind | None:
+    """The kind of a fallback recorded before kinds were stored, by its reason's first words
+    (None for a kernel that shipped, or a reason no kind begins)."""
     if not reason:
         return None
-    return next((category for prefix, category in FALLBACK_CATEGORIES
-                 if reason.startswith(prefix)), "other")
+    return next((kind for headline, kind in LEGACY_HEADLINES if reason.startswith(headline)),
+                None)
 
 
 @dataclass(frozen=True)
@@ -64,12 +55,15 @@ class Kernel:
     # PyPTO compiles this build ran for the kernel (tile candidates and the checked final): 0
     # when the kernel or each of its compiles came from the cache. Not stored in the cache.
     pypto_compiles: int = 0
+    # why it fell back (None: it shipped), from where that happened: never read from the words
+    # of ``fallback_reason``
+    fallback_kind: FailureKind | None = None
 
     @property
     def reached_pypto(self) -> bool:
         """False when the kernel generator refused the region, so PyPTO compiled nothing for
         it; such a region falls back the same way on every build, cache or not."""
-        return not (self.fallback_reason or "").startswith(CANNOT_EXPRESS)
+        return self.fallback_kind is not FailureKind.CANNOT_EXPRESS
 
     @property
     def gm_bytes(self) -> int:

@@ -42,7 +42,7 @@ DEFAULT_BUDGET = 8192
 # 164,096 B; (16, 512): 98,816 B): the tile search's budgets try several.
 SPLIT_TILE_ROWS = 8
 # The leaf merge caps the search tries, in one round, when no candidate fits UB under PyPTO's
-# own merging (``TilePolicy.vec_merge``; compiler._build).
+# own merging (``TilePolicy.vec_merge``; search._merge_capped).
 MERGE_CAPS = (8, 4, 2, 1)
 # Above this many tiles of the largest tensor a smaller budget only adds tasks (and compile time).
 # 1024 keeps 4 KiB for a 2-4 MiB tensor: the best tile of the 1x64x128x128 fp16 Slice->Pad->Tile.

@@ -19,11 +19,8 @@ Recipes (docs/pypto-recipes.md):
 from __future__ import annotations
 
 import contextlib
-import csv
 import ctypes
 import gc
-import glob
-import gzip
 import importlib.util
 import json
 import linecache
@@ -42,17 +39,12 @@ from pathlib import Path
 import numpy as np
 
 from pypto_offline.pypto_kernels import host_compiler_cache
-from pypto_offline.pypto_kernels.codegen import ARGUMENT_SHAPES
-from pypto_offline.pypto_kernels.compiler import (PAD, PR_SET_PDEATHSIG, SERVER_READY,
-                                                  STARTED_MARKER, WORK, workspace)
+from pypto_offline.pypto_kernels.jobs.protocol import (ARGUMENT_SHAPES, PAD, PR_SET_PDEATHSIG,
+                                                       SERVER_READY, STARTED_MARKER, WORK,
+                                                       crashed, workspace)
+from pypto_offline.pypto_kernels.program_figures import (cost_of, copy_traffic, keep_artifacts,
+                                                         read_program, ub_peak, verdicts)
 
-TILE_GRAPH, LEAF_GRAPH = 1, 3  # program.json graphtypes: the tile graph, a leaf (AICore) function
-CYCLES_PER_US = 1800.0  # the simulator's swim-lane time base (1.8 GHz)
-MEM_DEVICE_DDR = 15  # program.json mem_type of a global-memory tensor (tilefwk/data_type.h)
-MEM_UB = 0  # ... and of a Unified Buffer one (pypto.pypto_impl.MemoryType.MEM_UB)
-# pypto DataType codes (pypto.DT_*) → bytes per element, for counting copies in program.json
-DT_BYTES = {0: 0.5, 1: 1, 2: 2, 3: 4, 4: 8, 5: 1, 6: 2, 7: 4, 8: 2, 11: 1, 12: 2, 13: 4, 14: 8,
-            15: 1, 16: 8, 17: 1, 18: 1, 19: 1}
 
 
 def _pypto_lib() -> Path:
@@ -134,90 +126,6 @@ def enable_functional_check(cache: Path) -> None:
     entry.JitCallableWrapper._setup_verify_data = staticmethod(setup_verify_data)
 
 
-def cost_of(run_dir: Path) -> dict:
-    simulation = run_dir / "CostModelSimulationOutput"
-    result = {"aicore_us": None, "total_us": None, "tasks": 0}
-    swim = simulation / "_simulate.swim.json"
-    if swim.exists():
-        starts, ends = [], []
-        for core in json.loads(swim.read_text()):
-            if core.get("coreType") in ("AIC", "AIV"):
-                for task in core["tasks"]:
-                    starts.append(task["execStart"])
-                    ends.append(task["execEnd"])
-        result["tasks"] = len(starts)
-        if starts:
-            result["aicore_us"] = round((max(ends) - min(starts)) / CYCLES_PER_US, 3)
-    report = simulation / "_simulate.stat.report.txt"
-    if report.exists():
-        for line in report.read_text().splitlines():
-            if line.startswith("Total Cycles"):
-                result["total_us"] = round(int(line.split(":")[-1]) / CYCLES_PER_US, 3)
-    return result
-
-
-def copy_traffic(program: dict) -> dict:
-    """Global-memory bytes the compiled program moves (docs/figures.md): every operation of the
-    tile graphs with an operand in GM (COPY_IN, COPY_OUT, TRANSPOSE_MOVEOUT, ...), each GM operand
-    counted once, read when it is an input and written when it is an output. The elements moved
-    are the local side's valid shape (the GM operand is the whole tensor), the bytes per element
-    the GM tensor's dtype: what crosses the bus is what GM holds, whatever a local buffer stages."""
-    read = written = 0
-    for function in program["functions"]:
-        if function.get("graphtype") != TILE_GRAPH:
-            continue
-        tensors = {t["magic"]: t for t in function["tensors"]}
-        dtypes = {r["rawmagic"]: r["datatype"] for r in function["rawtensors"]}
-        for op in function["operations"]:
-            sides = {"in": [tensors[m] for m in op.get("ioperands", [])],
-                     "out": [tensors[m] for m in op.get("ooperands", [])]}
-            for side, other in (("in", "out"), ("out", "in")):
-                local = [t for t in sides[other] if not in_gm(t)]
-                for tensor in filter(in_gm, sides[side] if local else ()):
-                    nbytes = int(_elements(local[0]) * DT_BYTES.get(dtypes[tensor["rawtensor"]], 4))
-                    if side == "in":
-                        read += nbytes
-                    else:
-                        written += nbytes
-    return {"read": read, "written": written}
-
-
-def in_gm(tensor: dict) -> bool:
-    """Whether a program.json tensor lives in global memory (MemoryType MEM_DEVICE_DDR)."""
-    return tensor.get("mem_type", {}).get("tobe") == MEM_DEVICE_DDR
-
-
-def _elements(tensor: dict) -> int:
-    return int(np.prod(tensor.get("validshape") or tensor["shape"], dtype=np.int64))
-
-
-def ub_peak(program: dict) -> int:
-    """The most Unified Buffer any leaf function of the compiled program allocates: the end of
-    the highest UB range its local tensors occupy. Only UB (``MemoryType.MEM_UB``): a cube
-    leaf's L1, L0A/L0B/L0C and bias-table tensors have ranges of their own, which PyPTO checks
-    against those buffers when it compiles (a 196x128 fp32 product's L0C tile ends at 128 KiB
-    and once refused 16 matmul kernels of swin as if it were UB; docs/pypto-ops.md)."""
-    peak = 0
-    for function in program["functions"]:
-        if function.get("graphtype") != LEAF_GRAPH:
-            continue
-        for tensor in function["tensors"]:
-            if tensor.get("mem_id", -1) >= 0 and tensor.get("mem_range") \
-                    and tensor.get("mem_type", {}).get("tobe") == MEM_UB:
-                peak = max(peak, int(tensor["mem_range"][1]))
-    return peak
-
-
-def verdicts(verify_dir: Path) -> list[dict]:
-    ctypes.CDLL(None).fflush(None)  # the CSVs are written through buffered C streams
-    rows = []
-    for path in sorted(verify_dir.glob("**/verify_result_brief.csv")):
-        with open(path) as handle:
-            rows.extend({"pass": r["passName"], "result": r["verifyResult"],
-                         "max_abs_diff": r.get("maxAbsDiff")} for r in csv.DictReader(handle))
-    return rows
-
-
 STAND_IN_BISHENG = """#!/bin/sh
 # Stand-in for the CCE compiler: PyPTO writes the AICore sources only when it can call bisheng.
 # This creates the requested object file empty. No device binary is produced or claimed.
@@ -274,10 +182,10 @@ def enter_workspace(job: dict, folder: Path, index: int) -> Path:
 
 def _in_fresh_thread(work: Callable[[], object]):
     """``work()`` (a compile) in a thread of its own, after a full collection; its exception
-    raised here (compiler.WORKSPACE_CHARS says why the compile's heap matters). glibc gives the
+    raised here (protocol.WORKSPACE_CHARS says why the compile's heap matters). glibc gives the
     thread a malloc arena apart from the main heap: what PyPTO allocates does not land in the
     holes this process's history (the server's earlier jobs, the job's own paths and files) left
-    there, nor, with the thread cache off (compiler.worker_environment), in chunks of it that
+    there, nor, with the thread cache off (processes.worker_environment), in chunks of it that
     the compile frees. The collection sets the collector's counters to zero, so that its
     collections during the compile free PyPTO's objects at the same points. Measured on
     tf_swin's region_16: without the thread, its artifacts changed with the server's job count;
@@ -382,20 +290,6 @@ def _run_kernel(job: dict, candidate: dict, folder: Path, inputs: list, outputs:
     kernel(*arguments)
 
 
-def read_program(path: Path) -> dict:
-    """A compiled ``program.json`` (several MB: 8 MB for a 65-task magika kernel), parsed with the
-    garbage collector paused: the parse only allocates (no cycles to find), but each allocation
-    burst triggers collections that walk every young object, and on their way up every object
-    of the process. Measured 0.67-1.16 s → 0.20-0.36 s for 8 MB (docs/compile-time.md)."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        return json.loads(path.read_text())
-    finally:
-        if was_enabled:
-            gc.enable()
-
-
 def _first_line(error: BaseException) -> str:
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
     return f"{type(error).__name__}: {lines[0][:300] if lines else ''}"
@@ -458,7 +352,7 @@ def _candidate(job: dict, index: int, folder: Path, torch, data) -> dict:
         # folder, which is inside `folder`
         portable = {result["run_dir"]: "<build>/run", str(space): "<build>",
                     str(_pypto_lib().parent): "<pypto>", str(folder.resolve()): "<build>"}
-        _keep_artifacts(Path(result["run_dir"]), kept, portable)
+        keep_artifacts(Path(result["run_dir"]), kept, portable)
         result["artifacts"] = str(kept)
     # handed back as given (its tile policy, whatever fields it has), less the kernel itself
     tile = {k: v for k, v in candidate.items() if k not in KERNEL_FIELDS}
@@ -483,7 +377,7 @@ def _in_processes(job: dict, folder: Path, torch, parallel: int) -> dict:
     for index in range(len(job["candidates"])):
         path = folder / f"candidate{index}.json"
         if codes[index] != 0 or not path.exists():
-            return {"error": f"PyPTO worker crashed (exit code {codes[index]})", "transient": True}
+            return crashed(f"exit code {codes[index]}").to_dict()
         answers.append(json.loads(path.read_text()))
     return {"candidates": answers}
 
@@ -524,43 +418,6 @@ def _compare(outputs: list, reference: Path) -> dict:
     diffs = [max_abs_diff(expected[f"out{index}"], actual)
              for index, actual in enumerate(outputs)]
     return {"max_abs_diff": max(diffs, default=0.0)}
-
-
-def _keep_artifacts(run_dir: Path, target: Path, paths: dict[str, str]) -> None:
-    """program.json (gzipped), the task graph, the host control-flow and AICore sources, with
-    absolute paths (the build folder, the pypto package) replaced by portable names so that
-    the same kernel gives the same bytes whatever the cache folder or machine."""
-    target.mkdir(parents=True, exist_ok=True)
-    files = {"program.json": run_dir / "program.json", "dyn_topo.txt": run_dir / "dyn_topo.txt"}
-    for source in glob.glob(str(run_dir / "kernel_aicpu" / "controlFlow_host_*.cpp")):
-        files["control_flow_host.cpp"] = Path(source)
-    for source in sorted(glob.glob(str(run_dir / "kernel_aicore" / "*.cpp"))):
-        files[Path(source).name] = Path(source)
-    for name, path in files.items():
-        if not path.exists():
-            continue
-        text = path.read_text(errors="replace")
-        for absolute, portable in paths.items():
-            text = text.replace(absolute, portable)
-        if name == "program.json":
-            with open(target / "program.json.gz", "wb") as packed, \
-                    gzip.GzipFile(fileobj=packed, mode="wb", mtime=0, filename="") as z:
-                z.write(text.encode())  # mtime 0, no name: the same bytes on every build
-        else:
-            (target / name).write_text(topology_once(text) if name == "dyn_topo.txt" else text)
-
-
-def topology_once(text: str) -> str:
-    """``dyn_topo.txt`` with its tasks listed once. PyPTO's emulator, on a loaded machine, now
-    and then writes a run's whole task list twice into the file (its header once, then every
-    line twice over, in the same order; each line names its task, so a true list repeats
-    none): 3 checked compiles in 18 cold builds of tf_swin, 8 with the code before the heap fix
-    and 10 after, the kernel's figures those of the single list. The copy is dropped."""
-    header, *tasks = text.splitlines(keepends=True) or [""]
-    half = len(tasks) // 2
-    if half and len(tasks) == 2 * half and tasks[:half] == tasks[half:]:
-        return header + "".join(tasks[:half])
-    return text
 
 
 def guard_process_group() -> int | None:
@@ -624,7 +481,7 @@ def die_on_interrupts() -> None:
     Python exception, which PyPTO's frontend may catch and turn into a compile error that the
     cache would keep as the kernel's verdict (a job interrupted with ``kill -INT`` then fell
     back in every later build). The build trusts only a child that exited 0
-    (``compiler._run_job_once``)."""
+    (``jobs.executor.LocalExecutor``)."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
 

@@ -11,8 +11,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from pypto_offline.offline_compiler import ptom_pb2
-from pypto_offline.offline_compiler.summary import measured, tile_us
-from pypto_offline.pypto_kernels.records import fallback_category
+from pypto_offline.offline_compiler.summary import fallback_category, measured, tile_us
 from pypto_offline.report.tensors import UNKNOWN, TensorType
 
 # Within this factor of 1 a kernel is "even": the cost model's noise, not a gain or a loss.
@@ -27,12 +26,12 @@ class Verdict:
     basis: str                  # where the speed-up comes from
     estimate: bool              # rests on estimated figures
     reason: str = ""            # a fallback's whole reason
-    category: str = ""          # and its category (records.FALLBACK_CATEGORIES)
+    category: str = ""          # and its category (summary.fallback_category)
 
 
 def verdict(kernel: ptom_pb2.Kernel) -> Verdict:
     if not kernel.compiled:
-        category = fallback_category(kernel.fallback_reason) or "other"
+        category = fallback_category(kernel)
         return Verdict("fell-back", f"fell back: {category}", None, "", False,
                        kernel.fallback_reason, category)
     speedup, basis, estimate = _speedup(kernel)

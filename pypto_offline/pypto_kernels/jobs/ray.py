@@ -3,12 +3,12 @@
 Cold compiles are independent of each other, so a build spreads them over a cluster with an
 existing engine, Ray: each job (a region's tile candidates, its checked compile, a batch of
 baseline ops) is a call to a Ray actor, one actor a slot, each keeping a fork server of its own
-on its node (``compiler._Workers``, as a pool thread does here). The job's files travel with it
-(its ``job.json``, inputs and onnxruntime's reference); its answer comes back with the files it
-made (the checked compile's artifacts), and the driver goes on as if the job had run here: it
-checks, caches and ships exactly what a local build would. The compile is a function of the
-job alone (docs/determinism.md: working folders of one length, a heap of its own), so a blob
-built on the farm is byte-identical to one built locally (``tests/test_ray_farm.py``).
+on its node (a ``LocalExecutor`` with its own ``Workers``, as a pool thread has here). The job's
+files travel with it (its inputs and onnxruntime's reference); its answer comes back with the
+files it made (the checked compile's artifacts), and the driver goes on as if the job had run
+here: it checks, caches and ships exactly what a local build would. The compile is a function
+of the job alone (docs/determinism.md: working folders of one length, a heap of its own), so a
+blob built on the farm is byte-identical to one built locally (``tests/test_ray_farm.py``).
 
 Every node needs this package and its pinned dependencies installed (``pip install
 pypto-offline[ray]``); the driver writes the kernel cache, the nodes keep only their g++ cache.
@@ -16,7 +16,6 @@ pypto-offline[ray]``); the driver writes the kernel cache, the nodes keep only t
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import shutil
@@ -26,17 +25,19 @@ from pathlib import Path
 from typing import Iterator
 
 from pypto_offline.errors import UsageError
-from pypto_offline.pypto_kernels import compiler
 from pypto_offline.pypto_kernels.cache import KernelCache, user_cache_base
-from pypto_offline.pypto_kernels.records import CRASHED
+from pypto_offline.pypto_kernels.jobs import pool
+from pypto_offline.pypto_kernels.jobs.executor import LocalExecutor
+from pypto_offline.pypto_kernels.jobs.processes import Cancelled, Workers
+from pypto_offline.pypto_kernels.jobs.protocol import (DATA_FILES, Job, JobResult, crashed,
+                                                       timed_out)
+from pypto_offline.pypto_kernels.versions import DEFAULT_TIMEOUT_S
 from pypto_offline.targets import TARGETS, Target
 
 RAY_REQUIREMENT = "ray==2.60.0"
-# The files of a job folder that travel with the job (the rest the job writes itself).
-JOB_FILES = ("inputs.npz", "reference.npz")
 # What a node may take beyond the job's own time limit: starting its fork server (importing
 # torch and PyPTO, building the pass-verify calculator on a node's first job) and the transfer.
-STARTUP_S = compiler.DEFAULT_TIMEOUT_S
+STARTUP_S = DEFAULT_TIMEOUT_S
 
 
 def _ray():
@@ -54,42 +55,40 @@ class _Node:
 
     def __init__(self):
         logging.getLogger("ray").setLevel(logging.ERROR)
-        self.workers = compiler._Workers()
+        self.workers = Workers()
+        self.executor = LocalExecutor(self.workers)
         self.cache = KernelCache(user_cache_base() / "farm")
 
     def run(self, bundle: dict) -> dict:
         staged = self.cache.staging()
         try:
-            folder = staged / "job"
+            folder = (staged / "job").absolute()
             folder.mkdir()
             for name, data in bundle["files"].items():
                 (folder / name).write_bytes(data)
-            compiler._pool_thread.workers = self.workers
-            answer = compiler._run_job_once(folder, bundle["job"], TARGETS[bundle["target"]],
-                                            bundle["timeout"])
-            return {"answer": answer, "folder": str(folder.absolute()),
+            answer = self.executor.run(folder, Job.from_dict(bundle["job"]),
+                                       TARGETS[bundle["target"]], bundle["timeout"])
+            return {"answer": answer.to_dict(), "folder": str(folder),
                     "files": _files_made(folder, answer)}
         finally:
-            compiler._pool_thread.workers = None
             shutil.rmtree(staged, ignore_errors=True)
 
     def shutdown(self) -> None:
         self.workers.shutdown()
 
 
-def _files_made(folder: Path, answer: dict) -> dict[str, bytes]:
+def _files_made(folder: Path, answer: JobResult) -> dict[str, bytes]:
     """The files the driver reads back: every candidate's kept artifacts."""
     made = {}
-    for candidate in answer.get("candidates", []):
-        kept = candidate.get("artifacts")
-        if kept:
-            for path in sorted(Path(kept).rglob("*")):
+    for candidate in answer.candidates:
+        if candidate.artifacts:
+            for path in sorted(Path(candidate.artifacts).rglob("*")):
                 if path.is_file():
                     made[str(path.relative_to(folder))] = path.read_bytes()
     return made
 
 
-class RayFarm:
+class RayExecutor:
     """The driver's side: one actor a slot, each pool thread of the build talking to its own
     (a fork server serves one job at a time, and so does an actor)."""
 
@@ -109,42 +108,39 @@ class RayFarm:
         """The cluster's CPUs: how many jobs it runs at once."""
         return max(1, int(self._ray.cluster_resources().get("CPU", 1)))
 
-    def run(self, folder: Path, job: dict, target: Target, timeout: float) -> dict:
-        """``compiler._run_job_once`` on the farm: the same answer, its files in ``folder``."""
+    def run(self, folder: Path, job: Job, target: Target, timeout: float) -> JobResult:
+        """The job on the farm: the same result as a local run, its files in ``folder``."""
         ray = self._ray
         actor = self._actor()
-        bundle = {"job": job, "target": target.name, "timeout": timeout,
-                  "files": {name: (folder / name).read_bytes() for name in JOB_FILES
+        bundle = {"job": job.to_dict(), "target": target.name, "timeout": timeout,
+                  "files": {name: (folder / name).read_bytes() for name in DATA_FILES
                             if (folder / name).exists()}}
         reply = actor.run.remote(bundle)
         try:
             done = self._wait(reply, timeout + STARTUP_S)
-        except compiler._Cancelled:
+        except Cancelled:
             self._drop(actor)
             raise
         except ray.exceptions.GetTimeoutError:
             self._drop(actor)
-            return compiler._timed_out(timeout)
+            return JobResult.failed(timed_out(timeout))
         except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError) as error:
             self._drop(actor)
-            return {"error": f"{CRASHED} (on the Ray farm: {type(error).__name__})",
-                    "transient": True}
+            return JobResult.failed(crashed(f"on the Ray farm: {type(error).__name__}"))
         for name, data in done["files"].items():
             path = folder / name
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(data)
         # the answer names the node's folder: here it is this one
-        return json.loads(json.dumps(done["answer"]).replace(
-            json.dumps(done["folder"])[1:-1], json.dumps(str(folder.absolute()))[1:-1]))
+        return JobResult.from_dict(done["answer"]).relocated(done["folder"], str(folder))
 
     def _wait(self, reply, limit: float):
-        """The reply, waited for a second at a time: an interrupted build (its ``_Workers``
-        cancelled) stops waiting at once and its actor is killed, with its fork server."""
+        """The reply, waited for a second at a time: an interrupted build stops waiting at once
+        and its actor is killed, with its fork server."""
         ray, deadline = self._ray, time.monotonic() + limit
-        workers = getattr(compiler._pool_thread, "workers", None)
         while True:
-            if workers is not None and workers.cancelled:
-                raise compiler._Cancelled
+            if pool.cancelled():
+                raise Cancelled
             ready, _ = ray.wait([reply], timeout=min(1.0, max(0.0, deadline - time.monotonic())))
             if ready:
                 return ray.get(reply)
@@ -174,13 +170,11 @@ class RayFarm:
 
 
 @contextlib.contextmanager
-def ray_executor(address: str | None) -> Iterator[RayFarm]:
-    """Every PyPTO job of the block runs on the Ray cluster at ``address`` (default
+def ray_executor(address: str | None) -> Iterator[RayExecutor]:
+    """An executor running every job given to it on the Ray cluster at ``address`` (default
     ``RAY_ADDRESS``, else a Ray instance started here for the block)."""
-    farm = RayFarm(address)
-    previous, compiler._remote = compiler._remote, farm.run
+    executor = RayExecutor(address)
     try:
-        yield farm
+        yield executor
     finally:
-        compiler._remote = previous
-        farm.close()
+        executor.close()

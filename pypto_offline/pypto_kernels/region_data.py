@@ -1,0 +1,77 @@
+"""A region's functional check: its original ops as a model of their own, the seeded arguments
+a kernel is run on, and onnxruntime's result on them (the reference a kernel must match)."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from pypto_offline.fusion.classify import kernel_dtype
+from pypto_offline.fusion.records import Region
+from pypto_offline.importer import ImportedGraph
+from pypto_offline.pypto_kernels.codegen import is_scalar_constant
+from pypto_offline.runtime import run_model
+
+# The torch dtype a worker allocates a kernel's output in, by ONNX element type.
+TORCH_DTYPES = {onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.FLOAT16: "float16",
+                onnx.TensorProto.BFLOAT16: "bfloat16", onnx.TensorProto.INT32: "int32",
+                onnx.TensorProto.INT64: "int64", onnx.TensorProto.INT8: "int8",
+                onnx.TensorProto.UINT8: "uint8", onnx.TensorProto.INT16: "int16",
+                onnx.TensorProto.BOOL: "bool"}
+
+
+def output_specs(region: Region) -> tuple[dict, ...]:
+    """The region's outputs as the worker allocates them."""
+    return tuple({"shape": list(region.tensor_types[o][0]),
+                  "dtype": TORCH_DTYPES[kernel_dtype(region.tensor_types[o][1])]}
+                 for o in region.outputs)
+
+
+def region_data(region: Region, graph: ImportedGraph, constants: dict):
+    """Kernel arguments (seeded, or the constant's own value) and onnxruntime's result for the
+    region's original ops on them."""
+    rng = np.random.default_rng(0)
+    feeds, arrays = {}, []
+    for name in region.inputs:
+        if name in constants:
+            if not is_scalar_constant(name, constants):
+                arrays.append(np.asarray(constants[name]))
+            continue
+        info = graph.tensors[name]
+        dtype = info.np_dtype
+        if dtype == np.bool_:
+            value = rng.integers(0, 2, size=info.shape).astype(bool)
+        elif np.issubdtype(dtype, np.floating):
+            value = rng.uniform(-1.0, 1.0, size=info.shape).astype(dtype)
+        else:
+            value = rng.integers(0, 4, size=info.shape).astype(dtype)
+        feeds[name] = value
+        arrays.append(value)
+    outputs = run_model(region_model(region, graph), feeds)
+    # in the kernel's element types: an int64 tensor narrowed to int32 (classify.kernel_dtype)
+    return ([_in_kernel_dtype(a) for a in arrays],
+            [_in_kernel_dtype(outputs[name]) for name in region.outputs])
+
+
+def _in_kernel_dtype(array: np.ndarray) -> np.ndarray:
+    elem_type = onnx.helper.np_dtype_to_tensor_dtype(array.dtype)
+    return array.astype(onnx.helper.tensor_dtype_to_np_dtype(kernel_dtype(elem_type)),
+                        copy=False)
+
+
+def region_model(region: Region, graph: ImportedGraph) -> onnx.ModelProto:
+    """The region's original nodes as a model of their own (the functional check's reference)."""
+    members = set(region.nodes)
+    nodes = [n for n in graph.model.graph.node if n.output[0] in members]
+    used = {name for n in nodes for name in n.input}
+    initializers = [t for t in graph.model.graph.initializer if t.name in used]
+    constant_names = {t.name for t in initializers}
+    value_info = lambda name: helper.make_tensor_value_info(  # noqa: E731
+        name, graph.tensors[name].dtype, list(graph.tensors[name].shape))
+    model = helper.make_model(
+        helper.make_graph(nodes, region.id,
+                          [value_info(n) for n in region.inputs if n not in constant_names],
+                          [value_info(n) for n in region.outputs], initializers),
+        opset_imports=list(graph.model.opset_import))
+    model.ir_version = graph.model.ir_version
+    return model
