@@ -26,8 +26,9 @@ from pypto_offline.fusion import plan_fusion
 from pypto_offline.importer import import_model
 from pypto_offline.offline_compiler.blob import write_atomically
 from pypto_offline.pypto_kernels import baseline
-from pypto_offline.pypto_kernels.cache import KernelCache
-from pypto_offline.pypto_kernels.compiler import COST_MODEL, single_op_costs, unfused_costs
+from pypto_offline.pypto_kernels.compiler import setup_for
+from pypto_offline.pypto_kernels.measured_baseline import single_op_costs, unfused_costs
+from pypto_offline.pypto_kernels.versions import COST_MODEL
 from pypto_offline.targets import TARGETS
 
 EXAMPLE = ("example", Path(__file__).resolve().parents[1] / "examples" / "example.onnx",
@@ -46,11 +47,12 @@ def measure(name: str, path: Path, shapes: dict, target_name: str, cache_dir: Pa
     target = TARGETS[target_name]
     graph = import_model(path, shapes)
     plan = plan_fusion(graph, target)
-    unfused_costs(graph, plan.regions, target, cache_dir=cache_dir, jobs=jobs)  # fills the cache
-    cache, constants = KernelCache(cache_dir), graph.constant_values()
+    setup = setup_for(target, cache_dir)
+    unfused_costs(graph, plan.regions, setup, jobs=jobs)  # fills the cache
+    constants = graph.constant_values()
     rows = []
     for region in plan.regions:
-        ops = single_op_costs(region, graph, target, cache, constants)  # all hits now
+        ops = single_op_costs(region, graph, setup, constants)  # all hits now
         rows.append({"model": name, "target": target_name, "region": region.id,
                      "ops": [{"op": s.original[0].op_type,
                               "sample": list(baseline.op_sample(s, graph, constants)), "us": us}

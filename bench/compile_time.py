@@ -17,7 +17,7 @@ input shapes and seeded inputs):
 - what ships, so that a faster build that ships something else shows: the verification status,
   the compiled kernels and a digest of their sources.
 The build's ``timings`` and PyPTO compile counts are read from its ``--json`` summary when it has
-them ("n/a" otherwise). The per-job overhead is the wall time of ``compiler._run_job`` on a job with
+them ("n/a" otherwise). The per-job overhead is the wall time of ``jobs.executor.run_job`` on a job with
 no candidate and on a one-candidate job of a tiny region, median of ``--overhead-runs``.
 Writes OUT/compile_time_TARGET.{md,json} after every model. How to read the figures:
 docs/compile-time-bench.md.
@@ -112,15 +112,15 @@ def bench_model(spec: corpus.CorpusModel, args) -> dict:
     return row
 
 
-# ---- per-job overhead of a PyPTO worker, through compiler._run_job's contract only ----
+# ---- per-job overhead of a PyPTO worker, through the local executor's contract only ----
 
 def tiny_region_job():
     """A one-candidate job of a tiny fused region (Add → Relu, 1x8x16x16 fp32), default tile:
-    the region, graph, target and sources ``compiler._run_worker`` takes."""
+    the region, graph, target and sources ``search.run_region_job`` takes."""
     from pypto_offline.api import get_target
     from pypto_offline.fusion import plan_fusion
     from pypto_offline.importer import import_model
-    from pypto_offline.pypto_kernels import compiler
+    from pypto_offline.pypto_kernels.compiler import distinct_sources
     from pypto_offline.pypto_kernels.tiling import default_policy
 
     shape = [1, 8, 16, 16]
@@ -133,46 +133,50 @@ def tiny_region_job():
     target = get_target("kirin9050")
     region = plan_fusion(graph, target).regions[0]
     constants = graph.constant_values()
-    sources = compiler.distinct_sources(
+    sources = distinct_sources(
         region, [default_policy(target.ub_plan_bytes.value)], constants)
     return region, graph, target, constants, sources
 
 
 def timed_empty_job(folder: Path, target) -> float:
-    from pypto_offline.pypto_kernels import compiler
+    from pypto_offline.pypto_kernels.codegen import KERNEL_FUNCTION
+    from pypto_offline.pypto_kernels.jobs.executor import LocalExecutor, run_job
+    from pypto_offline.pypto_kernels.jobs.protocol import Job, JobResult
+    from pypto_offline.pypto_kernels.versions import DEFAULT_TIMEOUT_S
 
     folder.mkdir(parents=True)
     np.savez(folder / "inputs.npz")
-    job = {"function": compiler.KERNEL_FUNCTION, "verify": False, "candidates": [],
-           "outputs": []}
     started = time.perf_counter()
-    result = compiler._run_job(folder, job, target, compiler.DEFAULT_TIMEOUT_S)
+    result = run_job(LocalExecutor(), folder, Job(KERNEL_FUNCTION, False, ()), target,
+                     DEFAULT_TIMEOUT_S)
     seconds = time.perf_counter() - started
-    if result != {"candidates": []}:
+    if result != JobResult():
         raise RuntimeError(f"an empty PyPTO job did not come back empty: {result}")
     return seconds
 
 
 def timed_tiny_job(folder: Path, tiny) -> float:
-    from pypto_offline.pypto_kernels import compiler
+    from pypto_offline.pypto_kernels.compiler import setup_for
+    from pypto_offline.pypto_kernels.region_data import region_data
+    from pypto_offline.pypto_kernels.search import run_region_job
 
     region, graph, target, constants, sources = tiny
-    arrays, reference = compiler._region_data(region, graph, constants)
+    arrays, reference = region_data(region, graph, constants)
     key = hashlib.sha256(next(iter(sources.values())).encode()).hexdigest()
     started = time.perf_counter()
-    result = compiler._run_worker(folder, region, target, sources, key, arrays, reference,
-                                  False, compiler.DEFAULT_TIMEOUT_S)
+    result = run_region_job(setup_for(target, folder.parent), folder, region, sources, key,
+                            arrays, reference, False)
     seconds = time.perf_counter() - started
-    if not all(c.get("compiled") for c in result.get("candidates") or [{}]):
+    if not result.candidates or not all(c.compiled for c in result.candidates):
         raise RuntimeError(f"the tiny region did not compile: {result}")
     return seconds
 
 
 def job_overhead(runs: int) -> dict:
-    """Wall time of ``runs`` empty jobs and ``runs`` one-candidate jobs through ``_run_job``, all
+    """Wall time of ``runs`` empty jobs and ``runs`` one-candidate jobs through ``run_job``, all
     in one pool thread of one build, as a build's jobs run: its first job also pays the start of
     the thread's PyPTO worker (with a fork server, the torch + pypto imports), reported apart."""
-    from pypto_offline.pypto_kernels import compiler
+    from pypto_offline.pypto_kernels.jobs import pool
 
     tiny = tiny_region_job()
     with tempfile.TemporaryDirectory(prefix="compile-time-jobs-") as scratch:
@@ -182,7 +186,7 @@ def job_overhead(runs: int) -> dict:
             first = timed_empty_job(jobs / "first", tiny[2])
             empty = [timed_empty_job(jobs / f"empty{i}", tiny[2]) for i in range(runs)]
             return first, empty, [timed_tiny_job(jobs / f"tiny{i}", tiny) for i in range(runs)]
-        ((first, empty, one),) = compiler._each_region([None], 1, measure)
+        ((first, empty, one),) = pool.each([None], 1, measure)
     return {"runs": runs, "first_job_s": round(first, 3),
             "empty_job_s": round(statistics.median(empty), 3),
             "one_candidate_job_s": round(statistics.median(one), 3),
@@ -266,7 +270,7 @@ def markdown(results: dict) -> str:
                                  shipped_cell(warm)]) + " |")
     overhead = results.get("job_overhead")
     if overhead:
-        lines += ["", f"Per-job overhead of a PyPTO worker (`compiler._run_job` in one build's "
+        lines += ["", f"Per-job overhead of a PyPTO worker (`jobs.executor.run_job` in one build's "
                   f"pool thread, median of {overhead['runs']}): empty job "
                   f"{overhead['empty_job_s']:.2f} s; one-candidate job of a tiny region "
                   f"(Add → Relu, 1x8x16x16 fp32) {overhead['one_candidate_job_s']:.2f} s; the "

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from bench import corpus
 import pypto_offline
-from pypto_offline.pypto_kernels.records import fallback_category
+from pypto_offline.offline_compiler.summary import fallback_category
 
 def measure(name: str, target: str, cache_dir: Path | None, jobs: int) -> dict:
     spec = corpus.MODELS[name]
@@ -39,7 +39,7 @@ def measure(name: str, target: str, cache_dir: Path | None, jobs: int) -> dict:
             "unfused_by_category": dict(sorted(unfused.items())),
             "cannot_express": dict(ops_left.most_common()),
             "fell_back_by_cause": dict(sorted(collections.Counter(
-                fallback_category(k.fallback_reason) for k in fell_back).items())),
+                fallback_category(k) for k in fell_back).items())),
             "fell_back": {k.id: k.fallback_reason[:200] for k in fell_back},
             "seconds": round(time.perf_counter() - started, 1)}
 

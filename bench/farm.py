@@ -35,21 +35,21 @@ def build_batch(models: list[str], targets: list[str], out: Path, cache: Path, e
     from pypto_offline import api
 
     rows = []
-    with api.executor(executor, address) as farm:
-        jobs = farm.slots if farm else 2
+    with api.executor(executor, address) as where:
+        jobs = where.slots or 2
         with api.shared_workers(jobs):
             for name in models:
                 for target in targets:
-                    rows.append(_build(name, target, out, cache, jobs))
+                    rows.append(_build(name, target, out, cache, jobs, where))
     return rows
 
 
-def _build(name: str, target: str, out: Path, cache: Path, jobs: int) -> dict:
+def _build(name: str, target: str, out: Path, cache: Path, jobs: int, executor) -> dict:
     from pypto_offline import api
 
     started = time.perf_counter()
     compiled = api.compile(corpus.model_path(name), target, corpus.MODELS[name].input_shapes,
-                           cache_dir=cache, jobs=jobs)
+                           cache_dir=cache, jobs=jobs, executor=executor)
     blob = compiled.save(out / f"{name}.{target}.ptom")
     return {"model": name, "target": target, "seconds": round(time.perf_counter() - started, 1),
             "sha256": hashlib.sha256(blob.read_bytes()).hexdigest(),

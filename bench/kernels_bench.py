@@ -24,7 +24,8 @@ from bench import corpus
 from pypto_offline import import_model
 from pypto_offline.fusion import plan_fusion
 from pypto_offline.pypto_kernels import compile_kernels
-from pypto_offline.pypto_kernels.compiler import unfused_costs
+from pypto_offline.pypto_kernels.compiler import setup_for
+from pypto_offline.pypto_kernels.measured_baseline import unfused_costs
 from pypto_offline.targets import TARGETS
 
 GM_SLACK = 1.05
@@ -52,8 +53,8 @@ def bench_model(name: str, target, cache_dir: Path, jobs: int, sample: int) -> d
         rows.append(row)
     compiled = [r for r in rows if r["compiled"]]
     sampled = sorted(compiled, key=lambda r: -len(r["ops"]))[:sample]
-    baselines = unfused_costs(graph, [regions[row["region"]] for row in sampled], target,
-                              cache_dir=cache_dir, jobs=jobs)
+    baselines = unfused_costs(graph, [regions[row["region"]] for row in sampled],
+                              setup_for(target, cache_dir), jobs=jobs)
     for row in sampled:
         if baselines[row["region"]] is not None:
             row["unfused_us"] = baselines[row["region"]]
@@ -80,7 +81,7 @@ def anchor_slice_pad_tile(target, cache_dir: Path) -> dict:
     graph = import_model(b.model(tiled))
     plan = plan_fusion(graph, target)
     (kernel,) = compile_kernels(graph, plan, target, cache_dir=cache_dir)
-    (unfused,) = unfused_costs(graph, plan.regions, target, cache_dir=cache_dir).values()
+    (unfused,) = unfused_costs(graph, plan.regions, setup_for(target, cache_dir)).values()
     return {"fused_us": kernel.tuned_tile.aicore_us if kernel.compiled else None,
             "unfused_us": unfused, "compiled": kernel.compiled, "reason": kernel.fallback_reason}
 

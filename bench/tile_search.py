@@ -18,7 +18,7 @@ from pypto_offline.fusion import plan_fusion
 from pypto_offline.importer import import_model
 from pypto_offline.offline_compiler import blob
 from pypto_offline.offline_compiler.blob import write_atomically
-from pypto_offline.pypto_kernels.compiler import largest_tensor_bytes
+from pypto_offline.pypto_kernels.search import largest_tensor_bytes
 from pypto_offline.pypto_kernels.tiling import SEARCHED_BUDGETS, candidate_policies
 from pypto_offline.targets import TARGETS
 

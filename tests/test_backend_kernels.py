@@ -20,7 +20,7 @@ from pypto_offline import import_model
 from pypto_offline.fusion import make_region
 from pypto_offline.fusion.classify import why_not_fusable
 from pypto_offline.fusion.lower import compiled_model
-from pypto_offline.pypto_kernels.compiler import compile_regions
+from pypto_offline.pypto_kernels.compiler import compile_regions, setup_for
 from pypto_offline.runtime import TOLERANCE, max_abs_diff, run_model
 from pypto_offline.targets import TARGETS
 
@@ -94,7 +94,7 @@ def compiled(tmp_path_factory):
     regions = [(make_region(name, list(graph.nodes), graph, TARGETS["kirin9050"]), graph)
                for name, graph, _, _ in admitted]
     cache = tmp_path_factory.mktemp("kernel-cache")
-    kernels = {target: compile_regions(regions, TARGETS[target], cache_dir=cache)
+    kernels = {target: compile_regions(regions, setup_for(TARGETS[target], cache))
                for target in TARGET_NAMES}
     return admitted, refused, regions, kernels
 

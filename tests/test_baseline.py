@@ -10,7 +10,7 @@ import pytest
 
 from pypto_offline import api
 from pypto_offline.pypto_kernels import baseline
-from pypto_offline.pypto_kernels.compiler import COST_MODEL
+from pypto_offline.pypto_kernels.versions import COST_MODEL
 from pypto_offline.report.content import summary_figures
 from pypto_offline.targets import TARGETS
 from tests.onnx_builders import GraphBuilder

@@ -8,14 +8,19 @@ import numpy as np
 import pytest
 
 from pypto_offline.pypto_kernels.codegen import float_literal, flat_row, kernel_source, swaps_for
-from pypto_offline.pypto_kernels.compiler import compile_order, default_candidate, distinct_sources
+from pypto_offline.pypto_kernels.compiler import compile_order, distinct_sources
+from pypto_offline.pypto_kernels.jobs.protocol import CandidateResult
+from pypto_offline.pypto_kernels.search import default_candidate
 from pypto_offline.fusion.rows import conv_rows
 from pypto_offline.pypto_kernels.tiling import (BIAS_TABLE_COLUMNS, L0_BYTES, MAX_TILES,
                                                 L0C_BYTES, TilePolicy, candidate_policies,
                                                 cube_tiles, default_policy, fits_ub,
                                                 search_rounds)
 from pypto_offline.targets import TARGETS
-from pypto_offline.pypto_kernels.worker import ub_peak
+from pypto_offline.pypto_kernels.program_figures import ub_peak
+from pypto_offline.pypto_kernels.compiler import compile_region, setup_for
+from pypto_offline.pypto_kernels.search import cheap_to_check
+from tests.executors import ScriptedExecutor, figures, policy_of
 from tests.fusion_helpers import fuse
 from tests.onnx_builders import GraphBuilder
 
@@ -108,16 +113,15 @@ def test_a_candidate_fits_only_if_its_measured_ub_does():
 
 
 def test_the_default_tile_shrinks_until_its_leaves_fit():
-    fitting = [{"budget": b, "swapped": s} for b in (1024, 2048, 4096, 32768)
+    fitting = [CandidateResult(b, s) for b in (1024, 2048, 4096, 32768)
                for s in (False, True)]  # 8192 overflowed the UB
-    assert default_candidate(fitting, 8192) == {"budget": 4096, "swapped": False}
-    assert default_candidate([{"budget": 16384, "swapped": False}], 8192) is None
+    assert default_candidate(fitting, 8192) == CandidateResult(4096, False)
+    assert default_candidate([CandidateResult(16384, False)], 8192) is None
 
 
 def test_the_default_tile_keeps_the_own_shape_layout():
-    fitting = [{"budget": b, "swapped": False, "flat": f} for b in (4096, 8192)
-               for f in (True, False)]
-    assert default_candidate(fitting, 8192) == {"budget": 8192, "swapped": False, "flat": False}
+    fitting = [CandidateResult(b, False, f) for b in (4096, 8192) for f in (True, False)]
+    assert default_candidate(fitting, 8192) == CandidateResult(8192, False, False)
 
 
 def test_ub_peak_reads_the_highest_range_a_leaf_allocates_in_ub():
@@ -191,6 +195,15 @@ def _silu_region(shape, bias_shape=None):
     return plan.regions[0], graph.constant_values()
 
 
+def _silu_graph_region(shape):
+    """``_silu_region``'s graph too: a search made up by a ScriptedExecutor still runs the
+    region's reference in onnxruntime."""
+    b = GraphBuilder()
+    x = b.input("x", shape)
+    graph, plan = fuse(b.model(b.op("Mul", [x, b.op("Sigmoid", [x])])))
+    return graph, plan.regions[0]
+
+
 def test_an_elementwise_region_runs_on_unpadded_rows_in_its_flat_layout():
     region, constants = _silu_region([1, 64, 20, 20])  # rows of 20 floats pad to 24
     assert flat_row(region, constants) == 128  # 512-byte rows of fp32; 25600 = 200 x 128
@@ -239,29 +252,19 @@ def test_the_search_compiles_the_largest_budgets_and_the_default_first():
         assert sorted(first + rest, key=policies.index) == policies  # nothing lost, nothing twice
 
 
-def test_the_smaller_budgets_are_compiled_only_when_no_large_tile_fits_ub(monkeypatch, tmp_path):
+def test_the_smaller_budgets_are_compiled_only_when_no_large_tile_fits_ub(tmp_path):
     """The worker's answers are made up here (no kernel is claimed compiled): every first-round
     tile overflows UB, so the search goes on with the rest and the kernel takes a small tile."""
-    from pypto_offline.pypto_kernels import compiler
-    from pypto_offline.pypto_kernels.cache import KernelCache
-
     b = GraphBuilder()
     graph, plan = fuse(b.model(b.op("Neg", [b.op("Relu", [b.input("x", [1, 64, 64, 64])])])))
     target = TARGETS["kirin9050"]
-    searched = []
-
-    def worker(folder, region, target, sources, key, arrays, reference, verify, timeout,
-               parallel=1):
-        searched.append(sorted(p.budget_bytes for p in sources))
-        return {"candidates": [{**compiler._job_candidate(p, key, text), "compiled": True,
-                                "aicore_us": 1.0, "total_us": 2.0, "tasks": 4,
-                                "ub_bytes": 16 * p.budget_bytes, "verdicts": [],
-                                "max_abs_diff": 0.0, "gm_bytes": {"read": 1, "written": 1}}
-                               for p, text in sources.items()]}
-    monkeypatch.setattr(compiler, "_run_worker", worker)
+    executor = ScriptedExecutor(figures(lambda p, job, folder: dict(
+        compiled=True, aicore_us=1.0, total_us=2.0, tasks=4, ub_bytes=16 * p.budget_bytes,
+        verdicts=(), max_abs_diff=0.0, gm_bytes={"read": 1, "written": 1})))
     (region,) = plan.regions
-    kernel = compiler.compile_region(region, graph, target, KernelCache(tmp_path),
-                                     graph.constant_values())
+    kernel = compile_region(region, graph, setup_for(target, tmp_path, executor),
+                            graph.constant_values())
+    searched = [sorted(c.budget for c in job.candidates) for _, job in executor.jobs]
     first, rest = searched[0], searched[1]
     assert min(first) == 8192 and max(rest) < 8192  # the large tiles first, then the rest
     assert kernel.tuned_tile.budget_bytes * 16 <= target.ub_plan_bytes.value
@@ -308,29 +311,18 @@ def test_the_biggest_distinct_work_is_compiled_first_and_repeats_last():
     (lambda budget: budget, lambda budget: 32768 / budget, [32768, 16384]),
 ])
 def test_smaller_flat_row_tiles_are_compiled_only_while_they_may_fit_and_gain(
-        monkeypatch, tmp_path, flat_ub, flat_us, compiled_flat):
+        tmp_path, flat_ub, flat_us, compiled_flat):
     """The worker's answers are made up here (no kernel is claimed compiled)."""
-    from pypto_offline.pypto_kernels import compiler
-    from pypto_offline.pypto_kernels.cache import KernelCache
-
-    region, constants = _silu_region([1, 64, 20, 20])  # rows pad: the flat layout is searched
-    graph_stub = type("Graph", (), {})()
-    compiled = []
-
-    def worker(folder, region, target, sources, key, arrays, reference, verify, timeout,
-               parallel=1):
-        compiled.extend(p for p in sources if folder.name != "final")  # the search's
-        return {"candidates": [{**compiler._job_candidate(p, key, text), "compiled": True,
-                                "aicore_us": flat_us(p.budget_bytes) if p.flat_rows else 2.0,
-                                "total_us": 2.0,
-                                "tasks": 4, "verdicts": [], "max_abs_diff": 0.0,
-                                "ub_bytes": flat_ub(p.budget_bytes) if p.flat_rows
-                                else 2 * p.budget_bytes, "gm_bytes": {"read": 1, "written": 1}}
-                               for p, text in sources.items()]}
-    monkeypatch.setattr(compiler, "_run_worker", worker)
-    monkeypatch.setattr(compiler, "_region_data", lambda *args: ([], []))
-    kernel = compiler.compile_region(region, graph_stub, TARGETS["kirin9050"],
-                                     KernelCache(tmp_path), constants)
+    graph, region = _silu_graph_region([1, 64, 20, 20])  # rows pad: the flat layout is searched
+    executor = ScriptedExecutor(figures(lambda p, job, folder: dict(
+        compiled=True, aicore_us=flat_us(p.budget_bytes) if p.flat_rows else 2.0,
+        total_us=2.0, tasks=4, verdicts=(), max_abs_diff=0.0,
+        ub_bytes=flat_ub(p.budget_bytes) if p.flat_rows else 2 * p.budget_bytes,
+        gm_bytes={"read": 1, "written": 1})))
+    kernel = compile_region(region, graph, setup_for(TARGETS["kirin9050"], tmp_path, executor),
+                            graph.constant_values())
+    compiled = [policy_of(c) for folder, job in executor.jobs if folder.name != "final"
+                for c in job.candidates]  # the search's
     assert [p.budget_bytes for p in compiled if p.flat_rows] == compiled_flat
     assert {p.budget_bytes for p in compiled if not p.flat_rows} == {8192, 16384, 32768}
     assert kernel.tuned_tile.flat_rows == (flat_ub(16384) <= 122880 or flat_ub(32768) <= 122880)
@@ -340,65 +332,48 @@ def test_smaller_flat_row_tiles_are_compiled_only_while_they_may_fit_and_gain(
     (lambda budget: 2 * budget, [16384]),  # the fastest own tile is at 16 KiB: swapped there
     (lambda budget: 200000, [8192, 16384, 32768]),  # no own tile fits: every swapped one
 ])
-def test_the_swapped_transpose_tiles_are_compiled_at_the_best_own_budget(monkeypatch, tmp_path,
+def test_the_swapped_transpose_tiles_are_compiled_at_the_best_own_budget(tmp_path,
                                                                          own_ub, expected):
     """The worker's answers are made up here (no kernel is claimed compiled)."""
-    from pypto_offline.pypto_kernels import compiler
-    from pypto_offline.pypto_kernels.cache import KernelCache
-
     b = GraphBuilder()
     x = b.op("Relu", [b.input("x", [1, 16, 32, 128])])
     graph, plan = fuse(b.model(b.op("Neg", [b.op("Transpose", [x], perm=[0, 1, 3, 2])])))
     (region,) = plan.regions
-    rounds = []
-
-    def worker(folder, region, target, sources, key, arrays, reference, verify, timeout,
-               parallel=1):
-        rounds.append([p for p in sources if folder.name != "final"])  # the search's
-        return {"candidates": [{**compiler._job_candidate(p, key, text), "compiled": True,
-                                "aicore_us": 3.0 if p.budget_bytes == 16384 else 4.0,
-                                "total_us": 5.0, "tasks": 4, "verdicts": [], "max_abs_diff": 0.0,
-                                "ub_bytes": 2 * p.budget_bytes if p.swap_transpose_tiles
-                                else own_ub(p.budget_bytes), "gm_bytes": {"read": 1, "written": 1}}
-                               for p, text in sources.items()]}
-    monkeypatch.setattr(compiler, "_run_worker", worker)
-    monkeypatch.setattr(compiler, "_region_data", lambda *args: ([], []))
-    compiler.compile_region(region, graph, TARGETS["kirin9050"], KernelCache(tmp_path),
-                            graph.constant_values())
+    executor = ScriptedExecutor(figures(lambda p, job, folder: dict(
+        compiled=True, aicore_us=3.0 if p.budget_bytes == 16384 else 4.0, total_us=5.0,
+        tasks=4, verdicts=(), max_abs_diff=0.0,
+        ub_bytes=2 * p.budget_bytes if p.swap_transpose_tiles else own_ub(p.budget_bytes),
+        gm_bytes={"read": 1, "written": 1})))
+    compile_region(region, graph, setup_for(TARGETS["kirin9050"], tmp_path, executor),
+                   graph.constant_values())
+    rounds = [[policy_of(c) for c in job.candidates] for folder, job in executor.jobs
+              if folder.name != "final"]  # the search's
     assert not any(p.swap_transpose_tiles for p in rounds[0])  # the own orientation first
     assert {p.budget_bytes for p in rounds[0]} == {8192, 16384, 32768}
     swapped = sorted(p.budget_bytes for r in rounds[1:] for p in r if p.swap_transpose_tiles)
     assert swapped == expected
 
 
-def test_a_checked_round_whose_worker_crashes_is_searched_again_unchecked(monkeypatch, tmp_path):
+def test_a_checked_round_whose_worker_crashes_is_searched_again_unchecked(tmp_path):
     """A small region's first round is checked as it compiles (docs/compile-time.md); when a
     candidate's process dies under the check (ppocrv4_rec: SIGSEGV in PyPTO's interpreter), the
     round runs again unchecked and only the tile it picks gets a checked compile, as a large
     region's would: the region ships instead of falling back. The worker's answers are made up
     here (no kernel is claimed compiled)."""
-    from pypto_offline.pypto_kernels import compiler
-    from pypto_offline.pypto_kernels.cache import KernelCache
+    graph, region = _silu_graph_region([1, 16, 16, 16])
+    assert cheap_to_check(region)
 
-    region, constants = _silu_region([1, 16, 16, 16])
-    assert compiler.cheap_to_check(region)
-    jobs = []
-
-    def worker(folder, region, target, sources, key, arrays, reference, verify, timeout,
-               parallel=1):
-        jobs.append((folder.name, verify, len(sources)))
-        if verify and len(sources) > 1:
-            return {"error": "PyPTO worker crashed (exit code -11)", "transient": True}
-        return {"candidates": [{**compiler._job_candidate(p, key, text), "compiled": True,
-                                "aicore_us": 4.0 - p.budget_bytes / 16384, "total_us": 5.0,
-                                "tasks": 4, "max_abs_diff": 0.0,
-                                "verdicts": [{"pass": "tensor_graph", "result": "PASS"}] * verify, "ub_bytes": 2 * p.budget_bytes,
-                                "gm_bytes": {"read": 1, "written": 1}}
-                               for p, text in sources.items()]}
-    monkeypatch.setattr(compiler, "_run_worker", worker)
-    monkeypatch.setattr(compiler, "_region_data", lambda *args: ([], []))
-    kernel = compiler.compile_region(region, type("Graph", (), {})(), TARGETS["kirin9050"],
-                                     KernelCache(tmp_path), constants)
+    def made_up(p, job, folder):
+        if job.verify and len(job.candidates) > 1:
+            return None  # the worker died under the check
+        return dict(compiled=True, aicore_us=4.0 - p.budget_bytes / 16384, total_us=5.0,
+                    tasks=4, max_abs_diff=0.0, ub_bytes=2 * p.budget_bytes,
+                    verdicts=({"pass": "tensor_graph", "result": "PASS"},) * job.verify,
+                    gm_bytes={"read": 1, "written": 1})
+    executor = ScriptedExecutor(figures(made_up))
+    kernel = compile_region(region, graph, setup_for(TARGETS["kirin9050"], tmp_path, executor),
+                            graph.constant_values())
+    jobs = [(folder.name, job.verify, len(job.candidates)) for folder, job in executor.jobs]
     assert [(name, verify) for name, verify, _ in jobs] == [
         ("search", True), ("search-unchecked", False), ("final", True)]
     assert jobs[0][2] == jobs[1][2] > 1 and jobs[2][2] == 1
@@ -506,16 +481,16 @@ def test_a_concat_output_is_assembled_part_by_part_and_a_shared_input_read_once(
 def test_the_worker_views_arguments_in_their_declared_shapes_and_refuses_others():
     import torch
 
-    from pypto_offline.pypto_kernels.worker import _as_arguments
+    from pypto_offline.pypto_kernels.worker import as_arguments
 
     tensor = torch.arange(6.0)
-    (viewed,) = _as_arguments([tensor], [(2, 3)])
+    (viewed,) = as_arguments([tensor], [(2, 3)])
     assert tuple(viewed.shape) == (2, 3) and viewed.data_ptr() == tensor.data_ptr()
-    assert _as_arguments([tensor], None) == [tensor]
+    assert as_arguments([tensor], None) == [tensor]
     with pytest.raises(ValueError, match="declares arguments"):
-        _as_arguments([tensor], [(4, 2)])
+        as_arguments([tensor], [(4, 2)])
     with pytest.raises(ValueError, match="declares arguments"):
-        _as_arguments([tensor], [(2, 3), (1,)])
+        as_arguments([tensor], [(2, 3), (1,)])
 
 
 def _tile_rereads(m, k, n, itemsize, budget):

@@ -15,8 +15,17 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from pypto_offline.pypto_kernels import compiler, tiling, worker
+from pypto_offline.pypto_kernels import program_figures, tiling
 from pypto_offline.pypto_kernels.cache import KernelCache
+from pypto_offline.pypto_kernels.codegen import KERNEL_FUNCTION, kernel_source
+from pypto_offline.pypto_kernels.compiler import compile_region, distinct_sources, setup_for
+from pypto_offline.pypto_kernels.jobs import pool
+from pypto_offline.pypto_kernels.jobs.executor import LocalExecutor, run_job
+from pypto_offline.pypto_kernels.jobs.protocol import (STARTED_MARKER, WORK, WORKSPACE_CHARS,
+                                                       PAD, Job, JobResult, timed_out)
+from pypto_offline.pypto_kernels.region_data import output_specs, region_data
+from pypto_offline.pypto_kernels.search import (job_candidate, largest_tensor_bytes,
+                                                run_region_job)
 from pypto_offline.targets import TARGETS
 
 from tests.fusion_helpers import fuse
@@ -45,61 +54,60 @@ open("frozen.txt", "w").write(str(gc.get_freeze_count()))
 """
 
 
-def tiny_job(edit: tuple[str, str] | None = None, append: str = "") -> tuple[dict, list]:
+def tiny_job(edit: tuple[str, str] | None = None, append: str = "") -> tuple[Job, list]:
     """A search job (no check) of the Relu→Neg region at its default tile, its kernel text
     edited by ``edit`` (old, new) and ``append``, and the job's input arrays."""
     b = GraphBuilder()
     graph, plan = fuse(b.model(b.op("Neg", [b.op("Relu", [b.input("x", [1, 8, 16, 16])])])))
     (region,) = plan.regions
     policy = tiling.default_policy(TARGET.ub_plan_bytes.value)
-    source = compiler.kernel_source(region, policy, graph.constant_values())
+    source = kernel_source(region, policy, graph.constant_values())
     if edit:
         assert edit[0] in source, "the generator's kernel text changed: update the edit"
         source = source.replace(*edit)
     source += append
-    arrays, _ = compiler._region_data(region, graph, graph.constant_values())
-    return ({"function": compiler.KERNEL_FUNCTION, "verify": False,
-             "candidates": [compiler._job_candidate(policy, "0" * 64, source)],
-             "outputs": compiler._output_specs(region)}, arrays)
+    arrays, _ = region_data(region, graph, graph.constant_values())
+    return (Job(KERNEL_FUNCTION, False, (job_candidate(policy, "0" * 64, source),),
+                output_specs(region)), arrays)
 
 
 SECONDS: list[float] = []
 
 
-def run_jobs(cache_dir: Path, jobs: list[tuple[dict, list]], timeout: float = 300,
-             target=TARGET) -> list[tuple[dict, Path, int]]:
+def run_jobs(cache_dir: Path, jobs: list[tuple[Job, list]], timeout: float = 300,
+             target=TARGET) -> list[tuple[JobResult, Path, int]]:
     """``run_jobs_here`` in one pool thread of one build."""
-    (done,) = compiler._each_region([None], 1, lambda _: run_jobs_here(cache_dir, jobs, timeout,
-                                                                       target))
+    (done,) = pool.each([None], 1, lambda _: run_jobs_here(cache_dir, jobs, timeout, target))
     return done
 
 
-def run_jobs_here(cache_dir: Path, jobs: list[tuple[dict, list]], timeout: float = 300,
-                  target=TARGET) -> list[tuple[dict, Path, int]]:
-    """Each job through ``_run_job``, in order, in this pool thread: its result, its folder, and
-    the pid of the fork server that ran it. ``_run_job``'s wall time of each is in ``SECONDS``
-    (as docs/workers.md measured the per-job overhead)."""
+def run_jobs_here(cache_dir: Path, jobs: list[tuple[Job, list]], timeout: float = 300,
+                  target=TARGET) -> list[tuple[JobResult, Path, int]]:
+    """Each job through the local executor (``run_job``), in order, in this pool thread: its
+    result, its folder, and the pid of the fork server that ran it. ``run_job``'s wall time of
+    each is in ``SECONDS`` (as docs/workers.md measured the per-job overhead)."""
     cache, done = KernelCache(cache_dir), []
     for job, arrays in jobs:
         folder = cache.staging() / "job"
         folder.mkdir()
         np.savez(folder / "inputs.npz", **{f"in{i}": a for i, a in enumerate(arrays)})
         started = time.perf_counter()
-        result = compiler._run_job(folder, job, target, timeout)
+        result = run_job(LocalExecutor(), folder, job, target, timeout)
         SECONDS.append(time.perf_counter() - started)
-        (server,) = compiler._pool_thread.workers._servers.values()
+        with pool.current_workers() as workers:
+            (server,) = workers.servers()
         done.append((result, folder, server.process.pid))
     return done
 
 
 def written(folder: Path, name: str) -> Path:
     """A file the job's first candidate wrote in its working folder (its current folder)."""
-    (path,) = (folder / compiler.WORK).glob(f"c0*/**/{name}")
+    (path,) = (folder / WORK).glob(f"c0*/**/{name}")
     return path
 
 
-def compiled(result: dict) -> bool:
-    return "error" not in result and all(c["compiled"] for c in result["candidates"])
+def compiled(result: JobResult) -> bool:
+    return result.failure is None and all(c.compiled for c in result.candidates)
 
 
 def test_a_failed_compile_does_not_poison_the_next_job_in_the_same_server(tmp_path):
@@ -107,12 +115,12 @@ def test_a_failed_compile_does_not_poison_the_next_job_in_the_same_server(tmp_pa
     # the hazard: the two kernels as candidates of one job, the good one after the failed one;
     # the job's child stops at the failure, and the good one runs in a child of its own
     # (compiled in the failed one's process, it failed: "function nested is not allowed")
-    both = {**good[0], "candidates": broken[0]["candidates"] + good[0]["candidates"]}
+    both = Job(**{**good[0].__dict__, "candidates": broken[0].candidates + good[0].candidates})
     ((one_job, _, _),) = run_jobs(tmp_path / "one-job", [(both, good[1])])
-    assert [c["compiled"] for c in one_job["candidates"]] == [False, True], one_job
+    assert [c.compiled for c in one_job.candidates] == [False, True], one_job
     # the fork server: each job in a child of its own, so the failure dies with its child
     (failed, _, first), (then, _, second) = run_jobs(tmp_path / "server", [broken, good])
-    assert not failed["candidates"][0]["compiled"] and "transient" not in failed, failed
+    assert not failed.candidates[0].compiled and not failed.transient, failed
     assert compiled(then), then
     assert first == second, "the two jobs did not run in the same server"
 
@@ -129,8 +137,8 @@ def test_a_timed_out_job_loses_its_process_group_and_the_server_serves_the_next(
     started = time.monotonic()
     (hung, folder, first), (then, _, second) = run_jobs(
         tmp_path, [tiny_job(append=HANGING), tiny_job()], timeout=20)
-    assert hung == {"error": f"{compiler.TIMED_OUT} 20 s", "transient": True}
-    assert (folder / compiler.STARTED_MARKER).exists(), "the job never reached its kernel"
+    assert hung == JobResult.failed(timed_out(20)), hung
+    assert (folder / STARTED_MARKER).exists(), "the job never reached its kernel"
     grandchild = int(written(folder, "grandchild.pid").read_text())
     assert not live(grandchild), "the timed-out job's own child runs on"
     assert compiled(then), then
@@ -139,7 +147,7 @@ def test_a_timed_out_job_loses_its_process_group_and_the_server_serves_the_next(
 
 
 def test_the_servers_are_gone_when_the_build_is(tmp_path):
-    """After ``_each_region``: no server process, no server folder in the staging area."""
+    """After ``pool.each``: no server process, no server folder in the staging area."""
     ((result, folder, server),) = run_jobs(tmp_path, [tiny_job()])
     assert compiled(result), result
     assert not live(server) and not servers_running(tmp_path), "a fork server outlived its build"
@@ -156,12 +164,12 @@ def test_every_child_writes_its_pypto_side_files_into_its_job_folder(tmp_path):
         ((result, folder, _),) = run_jobs(tmp_path / target, [tiny_job()],
                                           target=TARGETS[target])
         assert compiled(result), result
-        (rundata,) = (folder / compiler.WORK).glob("c0*/**/pypto_home/run/*/rundata.json")
-        assert len(str(rundata.parents[3])) == compiler.WORKSPACE_CHARS, rundata
+        (rundata,) = (folder / WORK).glob("c0*/**/pypto_home/run/*/rundata.json")
+        assert len(str(rundata.parents[3])) == WORKSPACE_CHARS, rundata
         assert (folder / "ascend_log").is_dir() and not (folder / "ascend_log").is_symlink()
         config = (folder / "tile_fwk_config.json").read_text()
         assert ("Model.deviceArch=A5" in config) == (target == "ascend950")
-        times[target] = result["candidates"][0]["aicore_us"]
+        times[target] = result.candidates[0].aicore_us
     assert times["kirin9050"] != times["ascend950"], times  # the A5 tables were used
 
 
@@ -173,17 +181,18 @@ def test_a_kernel_compiled_after_other_jobs_of_its_server_has_the_same_artifacts
     (region,) = plan.regions
 
     def kernel(cache: str):
-        return compiler.compile_region(region, graph, TARGET, KernelCache(tmp_path / cache),
-                                       graph.constant_values(), search=False)
+        return compile_region(region, graph, setup_for(TARGET, tmp_path / cache),
+                              graph.constant_values(), search=False)
 
     def work(_):
         first = kernel("first")
         ((failed, _, server),) = run_jobs_here(tmp_path / "broken", [tiny_job(BROKEN)])
         later = kernel("later")
-        (serving,) = compiler._pool_thread.workers._servers.values()
+        with pool.current_workers() as workers:
+            (serving,) = workers.servers()
         return first, failed, later, serving.process.pid == server
-    (first, failed, later, one_server) = compiler._each_region([None], 1, work)[0]
-    assert first.compiled and not failed["candidates"][0]["compiled"]
+    (first, failed, later, one_server) = pool.each([None], 1, work)[0]
+    assert first.compiled and not failed.candidates[0].compiled
     assert one_server, "the jobs did not share one server"
     assert later.artifacts == first.artifacts and not later.from_cache
 
@@ -219,20 +228,22 @@ def test_a_kernel_ships_the_same_artifacts_whatever_its_folder_and_the_jobs_befo
     graph, plan = fuse(window_merge())
     (region,) = plan.regions
     constants = graph.constant_values()
-    sources = compiler.distinct_sources(region, tiling.candidate_policies(
-        TARGET.ub_plan_bytes.value, compiler.largest_tensor_bytes(region)), constants)
+    sources = distinct_sources(region, tiling.candidate_policies(
+        TARGET.ub_plan_bytes.value, largest_tensor_bytes(region)), constants)
     tile, other = (next(p for p in sources if p.budget_bytes == budget) for budget in (512, 32768))
-    arrays, reference = compiler._region_data(region, graph, constants)
+    arrays, reference = region_data(region, graph, constants)
     jobs = {"a": [tile], "b" * 30: [other, tile], "c": [tile]}
 
+    setup = setup_for(TARGET, tmp_path / "cache")
+
     def work(_):  # one pool thread: one server runs the three jobs
-        return [compiler._run_worker(tmp_path / name / "final", region, TARGET,
-                                     {p: sources[p] for p in tiles}, "0" * 64, arrays, reference,
-                                     True, 300)["candidates"][-1] for name, tiles in jobs.items()]
-    answers = compiler._each_region([None], 1, work)[0]
-    assert all(a["compiled"] and a["tasks"] > 100 for a in answers), answers  # 105 tasks
+        return [run_region_job(setup, tmp_path / name / "final", region,
+                               {p: sources[p] for p in tiles}, "0" * 64, arrays, reference,
+                               True).candidates[-1] for name, tiles in jobs.items()]
+    answers = pool.each([None], 1, work)[0]
+    assert all(a.compiled and a.tasks > 100 for a in answers), answers  # 105 tasks
     shipped = [{p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in
-                Path(a["artifacts"]).iterdir()} for a in answers]
+                Path(a.artifacts).iterdir()} for a in answers]
     assert "program.json.gz" in shipped[0] and len(shipped[0]) > 10, shipped[0]
     differ = sorted(name for name in set().union(*shipped)
                     if len({files.get(name) for files in shipped}) > 1)
@@ -257,8 +268,8 @@ def test_a_region_compiled_on_its_own_starts_a_server_and_stops_it(tmp_path):
     b = GraphBuilder()
     graph, plan = fuse(b.model(b.op("Neg", [b.op("Relu", [b.input("x", [1, 8, 16, 16])])])))
     (region,) = plan.regions
-    kernel = compiler.compile_region(region, graph, TARGET, KernelCache(tmp_path),
-                                     graph.constant_values(), search=False)
+    kernel = compile_region(region, graph, setup_for(TARGET, tmp_path),
+                            graph.constant_values(), search=False)
     assert kernel.compiled and kernel.functional_ok, kernel.fallback_reason
     assert not servers_running(tmp_path)
     assert list((tmp_path / "tmp").iterdir()) == [], "a server's folder is left behind"
@@ -281,13 +292,14 @@ def test_program_json_is_parsed_with_the_collector_paused(tmp_path, monkeypatch)
     program.write_text(json.dumps({"functions": [{"graphtype": 1, "tensors": []}]}))
     seen = []
     parse = json.loads
-    monkeypatch.setattr(worker.json, "loads", lambda text: seen.append(gc.isenabled()) or
-                        parse(text))
-    assert worker.read_program(program) == {"functions": [{"graphtype": 1, "tensors": []}]}
+    monkeypatch.setattr(program_figures.json, "loads", lambda text: seen.append(gc.isenabled())
+                        or parse(text))
+    assert program_figures.read_program(program) == {"functions": [{"graphtype": 1,
+                                                                     "tensors": []}]}
     assert seen == [False] and gc.isenabled()
     gc.disable()
     try:
-        worker.read_program(program)
+        program_figures.read_program(program)
         assert not gc.isenabled(), "read_program turned on a collector that was off"
     finally:
         gc.enable()
@@ -297,21 +309,22 @@ def test_a_search_job_may_compile_its_candidates_in_parallel_children(tmp_path):
     """``parallel``: each candidate in a child of the job's process, two at a time; the same
     answers as one after another, and a failed candidate spoils none of the others."""
     broken, good = tiny_job(BROKEN), tiny_job()
-    candidates = broken[0]["candidates"] + good[0]["candidates"] * 2
-    one_by_one = {**good[0], "candidates": good[0]["candidates"]}
-    side_by_side = {**good[0], "candidates": candidates, "parallel": 2}
+    candidates = broken[0].candidates + good[0].candidates * 2
+    one_by_one = good[0]
+    side_by_side = Job(**{**good[0].__dict__, "candidates": candidates, "parallel": 2})
     (alone, _, _), (together, folder, _) = run_jobs(tmp_path, [(one_by_one, good[1]),
                                                                (side_by_side, good[1])])
-    assert [c["compiled"] for c in together["candidates"]] == [False, True, True], together
+    assert [c.compiled for c in together.candidates] == [False, True, True], together
     figures = ("aicore_us", "total_us", "tasks", "ub_bytes", "gm_bytes")
-    for answer in together["candidates"][1:]:
-        assert {k: answer[k] for k in figures} == {k: alone["candidates"][0][k] for k in figures}
-    assert sorted(p.name.rstrip(compiler.PAD) for p in (folder / compiler.WORK).iterdir()) == \
+    for answer in together.candidates[1:]:
+        assert {k: getattr(answer, k) for k in figures} == \
+            {k: getattr(alone.candidates[0], k) for k in figures}
+    assert sorted(p.name.rstrip(PAD) for p in (folder / WORK).iterdir()) == \
         ["c0", "c1", "c2"]
 
 
 def test_a_region_searches_in_parallel_only_where_a_thread_would_idle():
-    spare = compiler._SpareThreads(jobs=2, regions=3)
+    spare = pool.SpareThreads(jobs=2, regions=3)
     assert spare.share() == 1
     spare.done(None)
     assert spare.share() == 1  # two regions left, one per thread

@@ -9,8 +9,9 @@ import pytest
 
 from pypto_offline.fusion import without_regions
 from pypto_offline.fusion.records import FAILED_CHECK
-from pypto_offline.pypto_kernels import compile_kernels, compile_region
-from pypto_offline.pypto_kernels.cache import KernelCache
+from pypto_offline.pypto_kernels import compile_kernels, compile_region, setup_for
+from pypto_offline.pypto_kernels import measured_baseline, search
+from tests.executors import RecordingExecutor
 from pypto_offline.targets import TARGETS
 from tests.fusion_helpers import assert_compiled_matches, fuse
 from tests.test_fusion_anchors import channel_shuffle, rotary, slice_pad_tile_transpose_reshape_add
@@ -85,7 +86,7 @@ def unfoldable_transpose():
 def test_a_region_the_generator_cannot_write_falls_back_with_its_reason(tmp_path):
     graph, plan = fuse(unfoldable_transpose())
     (region,) = plan.regions
-    kernel = compile_region(region, graph, TARGETS["kirin9050"], KernelCache(tmp_path),
+    kernel = compile_region(region, graph, setup_for(TARGETS["kirin9050"], tmp_path),
                             graph.constant_values())
     assert not kernel.compiled and "does not fold to 4 axes" in kernel.fallback_reason
     assert not kernel.reached_pypto and not kernel.from_cache
@@ -227,46 +228,43 @@ def test_the_unfused_baseline_measures_regions_in_parallel(monkeypatch, tmp_path
     import threading
     from types import SimpleNamespace
 
-    from pypto_offline.pypto_kernels import compiler
-
     both_running = threading.Barrier(2, timeout=10)
 
     def cost(region, *_):
         both_running.wait()  # raises BrokenBarrierError if the other region never starts
         return {"a": 1.5, "b": None}[region.id]
 
-    monkeypatch.setattr(compiler, "unfused_cost_us", cost)
+    monkeypatch.setattr(measured_baseline, "unfused_cost_us", cost)
     regions = [SimpleNamespace(id="a"), SimpleNamespace(id="b")]
     graph = SimpleNamespace(constant_values=dict)
-    costs = compiler.unfused_costs(graph, regions, TARGETS["kirin9050"], cache_dir=tmp_path,
-                                   jobs=2)
+    costs = measured_baseline.unfused_costs(graph, regions, setup_for(TARGETS["kirin9050"],
+                                                                      tmp_path), jobs=2)
     assert list(costs.items()) == [("a", 1.5), ("b", None)]
 
 
-def test_two_regions_doing_the_same_work_compile_once(monkeypatch, tmp_path):
+def test_two_regions_doing_the_same_work_compile_once(tmp_path):
     """Same ops on the same shapes, other tensor names: one cache entry serves both regions,
     for the kernel and for each op of the unfused baseline, even when both are compiled at once
     (the second waits for the first instead of compiling it again)."""
-    from pypto_offline.pypto_kernels import compiler
     from tests.onnx_builders import GraphBuilder
 
     b = GraphBuilder()
     outputs = [b.op("Neg", [b.op("Relu", [b.input(name, [1, 8, 16, 16])])]) for name in "ab"]
     graph, plan = fuse(b.model(*outputs))
     assert len(plan.regions) == 2
-    jobs = []
-    run_job = compiler._run_job
-    monkeypatch.setattr(compiler, "_run_job", lambda folder, job, *rest: (
-        jobs.append((job["verify"], len(job["candidates"]))), run_job(folder, job, *rest))[1])
+    executor = RecordingExecutor()
     target = TARGETS["kirin9050"]
-    kernels = compile_kernels(graph, plan, target, cache_dir=tmp_path, jobs=2, search=False)
+    kernels = compile_kernels(graph, plan, target, cache_dir=tmp_path, jobs=2, search=False,
+                              executor=executor)
+    jobs = [(job.verify, len(job.candidates)) for _, job, _ in executor.runs]
     assert [k.region_id for k in kernels] == [r.id for r in plan.regions]
     assert all(k.compiled and k.functional_ok for k in kernels)
     assert sorted(k.from_cache for k in kernels) == [False, True]
     assert kernels[0].artifacts == kernels[1].artifacts and kernels[0].source == kernels[1].source
     assert [verify for verify, _ in jobs] == [True]  # one candidate: its checked compile only
-    costs = compiler.unfused_costs(graph, plan.regions, target, cache_dir=tmp_path, jobs=2)
-    assert len(jobs) == 2  # one worker measured Relu and Neg once, for both regions
+    costs = measured_baseline.unfused_costs(graph, plan.regions,
+                                            setup_for(target, tmp_path, executor), jobs=2)
+    assert len(executor.runs) == 2  # one worker measured Relu and Neg once, for both regions
     (first, second) = costs.values()
     assert first == second and first > 0
 
@@ -285,23 +283,18 @@ def test_regions_checked_with_other_constant_values_do_not_share_a_kernel():
     assert interfaces[0] == interfaces[2] != interfaces[1]
 
 
-def test_targets_of_one_cost_model_share_their_compiles(monkeypatch, tmp_path):
+def test_targets_of_one_cost_model_share_their_compiles(tmp_path):
     """kirin9050 and ascend910b compile for the same 910B tables: once the kernel is compiled for
     one, the other finds every compile (search and checked final) in the cache and runs no
     worker, and ships the same kernel with the same artifacts; ascend950 (A5) compiles anew."""
-    from pypto_offline.pypto_kernels import compiler
-
     graph, plan = fuse(rotary())
-    jobs = []
-    run_worker = compiler._run_worker
-    monkeypatch.setattr(compiler, "_run_worker", lambda folder, *rest: (
-        jobs.append(folder.name), run_worker(folder, *rest))[1])
+    executor = RecordingExecutor()
     kernels = {}
     for target in ("kirin9050", "ascend910b", "ascend950"):
-        before = len(jobs)
+        before = len(executor.runs)
         (kernels[target],) = compile_kernels(graph, plan, TARGETS[target], cache_dir=tmp_path,
-                                             search=False)
-        kernels[target] = (kernels[target], jobs[before:])
+                                             search=False, executor=executor)
+        kernels[target] = (kernels[target], [f.name for f, _, _ in executor.runs[before:]])
     (kirin, kirin_jobs), (ascend, ascend_jobs), (a5, a5_jobs) = kernels.values()
     # one tile: its checked compile is its search too
     assert kirin_jobs == ["search"] and ascend_jobs == [] and a5_jobs == kirin_jobs
@@ -316,20 +309,17 @@ def test_a_small_region_checks_its_first_round_and_ships_what_a_checked_final_co
     compiles, and the tile it picks is shipped from that compile: no final compile, the same
     kernel (tile, figures, verdicts, artifacts) as a search left unchecked followed by a checked
     compile of the chosen tile."""
-    from pypto_offline.pypto_kernels import compiler
-
     graph, plan = fuse(rotary())
-    assert compiler.cheap_to_check(plan.regions[0])
-    jobs = []
-    run_worker = compiler._run_worker
-    monkeypatch.setattr(compiler, "_run_worker", lambda folder, *rest: (
-        jobs.append(folder.name), run_worker(folder, *rest))[1])
+    assert search.cheap_to_check(plan.regions[0])
+    executor = RecordingExecutor()
     # one job at a time: its candidates compile one after another (each in a child of its own)
     (checked,) = compile_kernels(graph, plan, TARGETS["kirin9050"], cache_dir=tmp_path / "a",
-                                 jobs=1)
-    checked_jobs = list(jobs)
-    monkeypatch.setattr(compiler, "CHECKED_SEARCH_BYTES", 0)
-    (unchecked,) = compile_kernels(graph, plan, TARGETS["kirin9050"], cache_dir=tmp_path / "b")
+                                 jobs=1, executor=executor)
+    checked_jobs = [f.name for f, _, _ in executor.runs]
+    monkeypatch.setattr(search, "CHECKED_SEARCH_BYTES", 0)
+    (unchecked,) = compile_kernels(graph, plan, TARGETS["kirin9050"], cache_dir=tmp_path / "b",
+                                   executor=executor)
+    jobs = [f.name for f, _, _ in executor.runs]
     assert checked_jobs[0] == "search" and "final" not in checked_jobs
     assert jobs[len(checked_jobs):][-1] == "final"
     assert checked.compiled and checked.functional_ok and checked.artifacts

@@ -12,7 +12,8 @@ import pytest
 from pypto_offline.fusion.cost import cube_handoff_bytes, cube_reread_bytes
 from pypto_offline.importer.ops import MATMUL, REDUCTION, kind_of
 from pypto_offline.pypto_kernels import compile_kernels
-from pypto_offline.pypto_kernels.compiler import unfused_costs
+from pypto_offline.pypto_kernels.compiler import setup_for
+from pypto_offline.pypto_kernels.measured_baseline import unfused_costs
 from pypto_offline.targets import TARGETS
 from tests.fusion_helpers import assert_compiled_matches, fuse
 from tests.onnx_builders import GraphBuilder
@@ -327,7 +328,7 @@ def test_a_decomposed_layer_norm_is_at_least_three_times_faster_fused(built, tmp
     planned, kernels = built
     graph, plan = planned["decomposed_layer_norm"]
     (kernel,) = kernels["decomposed_layer_norm"]
-    unfused = unfused_costs(graph, plan.regions, TARGETS["kirin9050"], cache_dir=tmp_path)
+    unfused = unfused_costs(graph, plan.regions, setup_for(TARGETS["kirin9050"], tmp_path))
     (unfused_us,) = unfused.values()
     assert unfused_us >= 3 * kernel.tuned_tile.aicore_us, (unfused_us, kernel.tuned_tile)
 

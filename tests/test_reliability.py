@@ -13,7 +13,7 @@ import pytest
 import pypto_offline
 from pypto_offline import cli
 from pypto_offline.pypto_kernels.cache import entry_folders
-from pypto_offline.pypto_kernels.records import fallback_category
+from pypto_offline.offline_compiler.summary import fallback_category
 from tests.malformed import EXAMPLE
 
 SHAPE = ["--input-shape", "x=1,3,64,64"]
@@ -91,9 +91,8 @@ def test_a_kernel_that_crashes_or_hangs_falls_back_and_the_report_says_why(
     assert not kernel.compiled and expected in kernel.fallback_reason
     categories = {u.op_type: u.category for u in compiled.message.unfused}
     assert categories.pop("Conv") == "boundary"  # a 3x3 convolution: no kernel takes it
-    assert set(categories.values()) == {fallback_category(kernel.fallback_reason)}
-    assert fallback_category(kernel.fallback_reason) in ("compile failed", "worker crashed",
-                                                         "timed out")
+    assert set(categories.values()) == {fallback_category(kernel)} == {kernel.fallback_category}
+    assert kernel.fallback_category in ("compile failed", "worker crashed", "timed out")
     report = Path(summary["report"]).read_text()
     assert "fell back" in report and expected in report
 

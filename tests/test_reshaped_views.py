@@ -9,12 +9,11 @@ import re
 
 import pytest
 
-from pypto_offline.pypto_kernels import compile_region
-from pypto_offline.pypto_kernels.cache import KernelCache
+from pypto_offline.pypto_kernels import compile_region, setup_for
 from pypto_offline.pypto_kernels.codegen import kernel_source
-from pypto_offline.pypto_kernels.compiler import largest_tensor_bytes
+from pypto_offline.pypto_kernels.search import largest_tensor_bytes
 from pypto_offline.pypto_kernels.tiling import candidate_policies
-from pypto_offline.pypto_kernels.worker import TILE_GRAPH
+from pypto_offline.pypto_kernels.program_figures import TILE_GRAPH
 from pypto_offline.targets import TARGETS
 from tests.fusion_helpers import fuse
 from tests.onnx_builders import GraphBuilder
@@ -67,8 +66,8 @@ def test_the_head_compiles_with_copies_per_tile_not_per_element(head, tmp_path):
     the 1600 elements of the reshaped view (and nudenet's 134,400 never compiled); with the
     clone, a few per tile."""
     graph, region = head
-    kernel = compile_region(region, graph, TARGET, KernelCache(tmp_path),
-                            graph.constant_values(), search=False, timeout=120)
+    kernel = compile_region(region, graph, setup_for(TARGET, tmp_path, timeout=120),
+                            graph.constant_values(), search=False)
     assert kernel.compiled and kernel.functional_ok, kernel.fallback_reason
     program = json.loads(gzip.decompress(kernel.artifacts["program.json.gz"]))
     copies_in = sum(op.get("opcode") == "COPY_IN" for function in program["functions"]

@@ -289,7 +289,7 @@ def test_a_damaged_entry_is_a_miss_with_its_reason(damage, why, tmp_path, capfd)
 
 
 def test_cache_folders_are_absolute_whatever_the_user_gave(tmp_path, monkeypatch):
-    from pypto_offline.pypto_kernels.compiler import calculator_cache
+    from pypto_offline.pypto_kernels.jobs.processes import calculator_cache
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("PYPTO_OFFLINE_CACHE", raising=False)  # it would move the kernel cache

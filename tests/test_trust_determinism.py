@@ -34,8 +34,9 @@ def parent_output(model: str, input_shapes: dict | None = None) -> dict:
     from pypto_offline import import_model
     from pypto_offline.fusion import plan_fusion
     from pypto_offline.pypto_kernels.codegen import CannotExpress
-    from pypto_offline.pypto_kernels.compiler import (distinct_sources, kernel_interface,
-                                                      largest_tensor_bytes, single_op_regions)
+    from pypto_offline.pypto_kernels.baseline import single_op_regions
+    from pypto_offline.pypto_kernels.compiler import distinct_sources, kernel_interface
+    from pypto_offline.pypto_kernels.search import largest_tensor_bytes
     from pypto_offline.pypto_kernels.tiling import candidate_policies
     from pypto_offline.targets import TARGETS
 
@@ -155,7 +156,7 @@ def test_a_task_list_the_emulator_wrote_twice_ships_once(tmp_path):
     """PyPTO's emulator now and then writes dyn_topo.txt's task list twice (on a loaded machine:
     3 checked compiles in 18 cold tf_swin builds); the artifact keeps one list, and a list
     with no repeat is kept as written."""
-    from pypto_offline.pypto_kernels import worker
+    from pypto_offline.pypto_kernels import program_figures
 
     header = "seqNo,taskId,rootIndex,rootHash,opmagic,leafIndex,leafHash,coreType,psgId,\n"
     tasks = ["0,0,0,65,10000,1,155,0,0,,1\n", "0,1,0,65,10001,2,156,0,0,\n"]
@@ -165,7 +166,7 @@ def test_a_task_list_the_emulator_wrote_twice_ships_once(tmp_path):
         run = tmp_path / f"run{len(list(tmp_path.iterdir()))}"
         run.mkdir()
         (run / "dyn_topo.txt").write_text(written)
-        worker._keep_artifacts(run, run / "kept", {})
+        program_figures.keep_artifacts(run, run / "kept", {})
         assert (run / "kept" / "dyn_topo.txt").read_text() == (kept or written)
 
 
@@ -182,10 +183,11 @@ def test_pypto_in_a_worker_sees_no_host_address(tmp_path):
     """PyPTO ends its run folders' names with the host's IPv4 address (8 hex digits, or nothing
     without one), which moves its op numbers (docs/determinism.md, "The host's address"): with
     the fork server's preloaded library every host names them alike, ``output_<time>_<pid>_``."""
-    from pypto_offline.pypto_kernels import compiler, no_host_address
+    from pypto_offline.pypto_kernels import no_host_address
+    from pypto_offline.pypto_kernels.jobs.processes import worker_environment
 
     library = no_host_address.build(tmp_path)
-    environment = no_host_address.preloaded(compiler.worker_environment(), library)
+    environment = no_host_address.preloaded(worker_environment(), library)
     assert environment["LD_PRELOAD"].split(os.pathsep)[0] == str(library)
     (tmp_path / "run").mkdir()
     done = subprocess.run([sys.executable, "-c", PYPTO_RUN_FOLDER, str(tmp_path / "run")],

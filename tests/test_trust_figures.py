@@ -14,7 +14,7 @@ import pytest
 from pypto_offline import api, cli
 from pypto_offline.offline_compiler import blob
 from pypto_offline.pypto_kernels import compile_kernels
-from pypto_offline.pypto_kernels.worker import copy_traffic
+from pypto_offline.pypto_kernels.program_figures import copy_traffic
 from pypto_offline.targets import TARGETS
 from tests.fusion_helpers import fuse
 from tests.onnx_builders import GraphBuilder

@@ -230,7 +230,7 @@ def _load_kernel(candidate: dict, name: str):
     return getattr(module, name), getattr(module, ARGUMENT_SHAPES, None)
 
 
-def _as_arguments(tensors: list, declared) -> list:
+def as_arguments(tensors: list, declared) -> list:
     """The argument tensors in the shapes the kernel declares (``codegen.ARGUMENT_SHAPES``, when
     some argument is declared folded): the same elements in the same order, viewed."""
     if declared is None:
@@ -279,7 +279,7 @@ def _run_kernel(job: dict, candidate: dict, folder: Path, inputs: list, outputs:
     """Load the candidate's kernel and call it on ``inputs`` + ``outputs``: PyPTO compiles it,
     runs it in SIM mode (writing ``outputs``) and, with ``verify``, checks it."""
     kernel, declared = _load_kernel(candidate, job["function"])
-    arguments = _as_arguments(inputs + outputs, declared)
+    arguments = as_arguments(inputs + outputs, declared)
     if job.get("verify"):  # PyPTO compares its interpreted outputs with onnxruntime's too
         import pypto
 

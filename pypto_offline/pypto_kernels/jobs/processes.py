@@ -153,6 +153,11 @@ class Workers:
                 self._servers[key] = server
         return server
 
+    def servers(self) -> list[Server]:
+        """The fork servers running for this build."""
+        with self._lock:
+            return list(self._servers.values())
+
     def drop(self, server: Server) -> None:
         """Kill a server (and its folder) that cannot serve on: the next job starts another."""
         with self._lock:
