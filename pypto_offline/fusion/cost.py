@@ -17,8 +17,8 @@ from pypto_offline.fusion.classify import node_tensors
 from pypto_offline.fusion.records import Cost, RegionOp
 from pypto_offline.importer import ImportedGraph, Node
 from pypto_offline.importer.input_shapes import tensor_bytes as bytes_of
-from pypto_offline.importer.ops import (MATMUL, POINTWISE_OPS, VIEW_ONLY_OPS, kind_of,
-                                        matmul_extents)
+from pypto_offline.importer.ops import (MATMUL, OPS, POINTWISE_OPS, READS_ALL, READS_PART,
+                                        READS_WINDOW, VIEW_ONLY_OPS, kind_of, matmul_extents)
 from pypto_offline.targets import ASCEND910B, Target
 
 # The cube of the 910B that PyPTO 0.2.0 compiles for: product tiles accumulate in fp32 in L0C,
@@ -57,7 +57,8 @@ def fused_cost(inputs: Iterable[str], outputs: Iterable[str], graph: ImportedGra
                target: Target, ops: Sequence[RegionOp] = ()) -> Cost:
     """The lower bound (docs/figures.md): outputs written once and, of each input, the elements
     some output depends on read once (``ops``, the region's program, tells which: all of them
-    but for a Slice's window). A one-element constant is not read from global memory: the kernel
+    but for what a Slice, a cropping Pad or a pooling's windows leave out, the registry's
+    ``reads``). A one-element constant is not read from global memory: the kernel
     holds it as an immediate (codegen's scalar constants). Either way a count above what any
     kernel must move would let a compiled kernel measure below its "lower bound"."""
     outputs = list(outputs)
@@ -150,12 +151,6 @@ def _immediate(name: str, graph: ImportedGraph) -> bool:
         and int(np.prod(info.shape, dtype=np.int64)) == 1
 
 
-# Ops whose output may leave some input elements unread: without an exact rule for them the
-# bound counts none of their input (a loose bound is still a bound; a count too high is not).
-PARTIAL_READERS = frozenset({"Gather", "GatherElements", "GatherND", "Resize", "Upsample",
-                             "Slice", "SpaceToDepth", "DepthToSpace", "Pad"})
-
-
 def needed_elements(ops: Sequence[RegionOp], inputs: Sequence[str], outputs: Sequence[str],
                     graph: ImportedGraph) -> dict[str, int]:
     """Per input, how many of its elements the outputs depend on: masks propagated from the
@@ -189,10 +184,39 @@ def _input_needs(op: RegionOp, index: int, wanted: list, in_shape: tuple) -> np.
         return _slice_window(op, out, in_shape)
     if out is not None and op.op_type in POINTWISE_OPS and _broadcasts(in_shape, out.shape):
         return _reduce_to(out, in_shape)
-    reads_all = op.op_type not in PARTIAL_READERS or (
+    reads = _reads(op.op_type)
+    if out is not None and reads == READS_WINDOW and index == 0:
+        return _window_needs(op, out, in_shape)
+    # An op that may leave some of its input unread counts none of it without an exact rule (a
+    # loose bound is still a bound; a count too high is not); a Pad that crops nothing reads all
+    reads_all = reads == READS_ALL or (
         op.op_type == "Pad" and index == 0 and min(op.params.get("pads", (-1,))) >= 0)
     every_output = all(m is not None and m.all() for m in wanted)
     return np.full(in_shape, reads_all and every_output)
+
+
+def _reads(op_type: str) -> str:
+    """The registry's ``reads``; an op it lacks (none reaches here) reads part, to stay a bound."""
+    definition = OPS.get(op_type)
+    return definition.reads if definition is not None else READS_PART
+
+
+def _window_needs(op: RegionOp, out: np.ndarray, in_shape: tuple) -> np.ndarray:
+    """The elements of a pooling's NCHW input that the windows of the wanted outputs cover:
+    not the padding, nor a tail the strides step over (a 2x2/2 window over 5 rows reads 4)."""
+    (kh, kw), (sh, sw) = op.params["kernel_shape"], op.params["strides"]
+    top, left = op.params["pads"][:2]
+    height, width = in_shape[2:]
+    need = np.zeros(in_shape, bool)
+    for dy in range(kh):
+        rows = np.arange(out.shape[2]) * sh + dy - top
+        row_ok = (rows >= 0) & (rows < height)
+        for dx in range(kw):
+            cols = np.arange(out.shape[3]) * sw + dx - left
+            col_ok = (cols >= 0) & (cols < width)
+            covered = out[:, :, row_ok][:, :, :, col_ok]
+            need[:, :, rows[row_ok][:, None], cols[col_ok]] |= covered
+    return need
 
 
 def _slice_window(op: RegionOp, out: np.ndarray, in_shape: tuple) -> np.ndarray:

@@ -28,8 +28,8 @@ from types import MappingProxyType
 from typing import Mapping, Sequence
 
 from pypto_offline.fusion.records import RegionOp
-from pypto_offline.importer.ops import (BROADCAST, ELEMENTWISE, PER_ROW_PARAMETER_OPS, REDUCTION,
-                                        ROW_RESULT_OPS, VIEW, kind_of)
+from pypto_offline.importer.ops import (BROADCAST, ELEMENTWISE, OPS, PER_ROW_PARAMETER_OPS,
+                                        POINTWISE_OPS, REDUCTION, ROW_RESULT_OPS, VIEW, kind_of)
 
 FULL, ROW, COLUMN, SCALAR = "full", "row", "column", "scalar"
 
@@ -52,9 +52,9 @@ class RowLayout:
                 self.columns if kind in (FULL, COLUMN) else 1]
 
 
-# Reductions that take a lone element as it is (not ReduceSumSquare, ReduceL1, ReduceL2,
-# ReduceLogSum or ReduceLogSumExp: those still compute on it)
-AS_IS_OVER_ONE = frozenset({"ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd"})
+# Reductions that take a lone element as it is (the registry's ``as_is_over_one``; not
+# ReduceSumSquare or ReduceL2: those still compute on it)
+AS_IS_OVER_ONE = frozenset(name for name, d in OPS.items() if d.as_is_over_one)
 
 
 def reduces_lone_elements(op: RegionOp, shape: Sequence[int]) -> bool:
@@ -183,13 +183,13 @@ def _assign(op: RegionOp, shapes, rows: int, columns: int, kinds: dict) -> None:
         kind = VIEW  # a reshape
     if kind == REDUCTION:
         _reduction(op, shapes, rows, columns, kinds)
-    elif kind in (ELEMENTWISE, BROADCAST) or op.op_type == "Expand":
-        _broadcasting(op, shapes, rows, columns, kinds)
     elif kind == VIEW:  # the same elements in the same order: the same rows
         source = op.inputs[0]
         if source not in kinds:
             _set(kinds, source, _frame_kind(shapes[source], rows, columns, [], op), op)
         _set(kinds, op.outputs[0], kinds[source], op)
+    elif op.op_type in POINTWISE_OPS:  # elementwise, or a broadcast (Expand)
+        _broadcasting(op, shapes, rows, columns, kinds)
     else:
         raise NotRows(f"{op.op_type} moves elements across rows")
 

@@ -6,7 +6,7 @@ output needs any more.
 from __future__ import annotations
 
 from types import MappingProxyType
-from typing import Callable
+from typing import Callable, Mapping
 
 import numpy as np
 import onnx
@@ -15,10 +15,11 @@ from pypto_offline.fusion.program import Program
 from pypto_offline.fusion.records import RegionOp
 from pypto_offline.fusion.rows import reduces_lone_elements
 from pypto_offline.fusion.views import ViewStack
-from pypto_offline.importer.ops import BROADCASTING_OPS
+from pypto_offline.importer.ops import BROADCASTING_OPS, OPS
 
 Rule = Callable[[Program, RegionOp], "list[RegionOp] | None"]
-UNARY_VIEW_OPS = frozenset({"Slice", "Pad", "Transpose", "Expand", "Reshape", "Identity"})
+# The ops the view algebra composes (their registry entry names a view transform)
+UNARY_VIEW_OPS = frozenset(name for name, d in OPS.items() if d.view)
 
 
 def _op(op_type, inputs, outputs, **params) -> RegionOp:
@@ -34,32 +35,36 @@ def _single_producer(prog: Program, op: RegionOp, op_type: str) -> RegionOp | No
     return producer if producer is not None and producer.op_type == op_type else None
 
 
+def _same_shape(prog: Program, op: RegionOp) -> bool:
+    return prog.shapes[op.inputs[0]] == prog.shapes[op.outputs[0]]
+
+
+# When an op moves nothing: full Slice, zero Pad, identity Transpose, same-shape Reshape or
+# Expand, Tile by ones, Cast to the same type, one-input Concat, one-output Split. Keyed by
+# registry ops (tests/test_op_registry.py: every view op but Identity has an entry).
+MOVES_NOTHING_WHEN: Mapping[str, Callable[[Program, RegionOp], bool]] = MappingProxyType({
+    "Slice": lambda prog, op: _same_shape(prog, op) and all(s == 1 for s in op.params["steps"]),
+    "Pad": lambda prog, op: all(v == 0 for v in op.params["pads"]),
+    "Transpose": lambda prog, op: list(op.params["perm"]) == sorted(op.params["perm"]),
+    "Reshape": _same_shape,
+    "Expand": _same_shape,
+    "Tile": lambda prog, op: all(r == 1 for r in op.params["repeats"]),
+    "Cast": lambda prog, op: prog.dtypes[op.inputs[0]] == prog.dtypes[op.outputs[0]],
+    "Concat": lambda prog, op: len(op.inputs) == 1,
+    "Split": lambda prog, op: len(op.outputs) == 1,
+})
+
+
 def no_op(prog: Program, op: RegionOp) -> list[RegionOp] | None:
-    """Ops that move nothing: full Slice, zero Pad, identity Transpose, same-shape Reshape or
-    Expand, Tile by ones, Cast to the same type, one-input Concat, one-output Split."""
-    if op.op_type == "Identity":
-        return None
-    source = op.inputs[0]
-    same_shape = prog.shapes[source] == prog.shapes[op.outputs[0]]
-    p = op.params
-    trivial = {
-        "Slice": lambda: same_shape and all(s == 1 for s in p["steps"]),
-        "Pad": lambda: all(v == 0 for v in p["pads"]),
-        "Transpose": lambda: list(p["perm"]) == sorted(p["perm"]),
-        "Reshape": lambda: same_shape,
-        "Expand": lambda: same_shape,
-        "Tile": lambda: all(r == 1 for r in p["repeats"]),
-        "Cast": lambda: prog.dtypes[source] == prog.dtypes[op.outputs[0]],
-        "Concat": lambda: len(op.inputs) == 1,
-        "Split": lambda: len(op.outputs) == 1,
-    }.get(op.op_type)
-    return _identity(source, op) if trivial is not None and trivial() else None
+    """An op that moves nothing (``MOVES_NOTHING_WHEN``) is its input."""
+    moves_nothing = MOVES_NOTHING_WHEN.get(op.op_type)
+    return _identity(op.inputs[0], op) if moves_nothing and moves_nothing(prog, op) else None
 
 
 def reduction_over_one_element(prog: Program, op: RegionOp) -> list[RegionOp] | None:
-    """A ReduceMean, ReduceSum, ReduceMax, ReduceMin or ReduceProd whose axes all have one element
-    is a reshape of its input (silero_vad's ReduceMean over such an axis, which no row layout
-    takes: "a reduction over one element")."""
+    """A ReduceMean, ReduceSum, ReduceMax or ReduceMin (``OpDef.as_is_over_one``) whose axes
+    all have one element is a reshape of its input (silero_vad's ReduceMean over such an axis,
+    which no row layout takes: "a reduction over one element")."""
     if not reduces_lone_elements(op, prog.shapes[op.inputs[0]]):
         return None
     return [_op("Reshape", [op.inputs[0]], op.outputs, shape=tuple(prog.shapes[op.outputs[0]]))]
@@ -327,8 +332,9 @@ def _lowest(dtype: int) -> float:
     return float(np.iinfo(np_dtype).min) if np_dtype.kind in "iu" else float("-inf")
 
 
-# Ops a rule always writes as others (the kernel generator never sees them)
-DECOMPOSED = frozenset({"MaxPool", "AveragePool"})
+# Ops a rule always writes as others (the kernel generator never sees them): the registry's
+# ``decomposed``
+DECOMPOSED = frozenset(name for name, d in OPS.items() if d.decomposed)
 
 
 def pool_as_window_views(prog: Program, op: RegionOp) -> list[RegionOp] | None:

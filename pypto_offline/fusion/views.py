@@ -2,7 +2,8 @@
 
 A ``View`` says where each element of an output comes from in a contiguous input: per axis a
 size and a stride, one offset, and a mask of the positions that hold real data (the rest is the
-pad value). Slice, Pad, Transpose, Expand and Reshape transform a view; a chain of them composes
+pad value). Slice, Pad, Transpose, Expand and Reshape transform a view (the op's ``view``
+in the registry names its transform in ``TRANSFORMS``); a chain of them composes
 into one view, or a short stack of views where a Reshape cannot be merged (tinygrad's
 ShapeTracker is the model). Two chains with equal stacks move the same elements to the same
 places: this is how a chain is proven to be a no-op.
@@ -11,9 +12,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from math import prod
-from typing import Sequence
+from types import MappingProxyType
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
+
+from pypto_offline.importer.ops import op_def
 
 
 def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
@@ -165,23 +169,11 @@ class ViewStack:
         return None if stacked is None else ViewStack(self.input_shape, self.views + (stacked,))
 
     def apply(self, op_type: str, params) -> "ViewStack | None":
-        """The stack after one more op, or None if the op is not a view op."""
-        top = self.views[-1]
-        if op_type == "Slice":
-            return self._top(top.slice(params["starts"], params["ends"], params["steps"]),
-                             lambda v: v.slice(params["starts"], params["ends"], params["steps"]))
-        if op_type == "Pad" and params["mode"] == "constant":
-            value = float(params["value"] or 0)
-            return self._top(top.pad(params["pads"], value), lambda v: v.pad(params["pads"], value))
-        if op_type == "Transpose":
-            return self._top(top.permute(params["perm"]), None)
-        if op_type == "Expand":
-            return self._top(top.expand(params["shape"]), None)
-        if op_type == "Reshape":
-            return self._top(top.reshape(params["shape"]), lambda v: v.reshape(params["shape"]))
-        if op_type == "Identity":
-            return self
-        return None
+        """The stack after one more op, or None if the op is not a view op (the registry names
+        no transform for it) or the algebra cannot say this one (a Pad other than constant)."""
+        definition = op_def(op_type)
+        transform = TRANSFORMS.get(definition.view) if definition is not None else None
+        return None if transform is None else transform(self, params)
 
     def gather(self, x: np.ndarray) -> np.ndarray:
         """Materialise the output from ``x`` (for tests and proofs, not for kernels)."""
@@ -190,6 +182,42 @@ class ViewStack:
         for view in self.views:
             values = _gather_view(view, values)
         return values.reshape(self.shape)
+
+
+def _slice(stack: ViewStack, p) -> ViewStack | None:
+    window = (p["starts"], p["ends"], p["steps"])
+    return stack._top(stack.views[-1].slice(*window), lambda v: v.slice(*window))
+
+
+def _pad(stack: ViewStack, p) -> ViewStack | None:
+    if p["mode"] != "constant":
+        return None  # an edge or reflect pad repeats data: no mask says it
+    value = float(p["value"] or 0)
+    return stack._top(stack.views[-1].pad(p["pads"], value), lambda v: v.pad(p["pads"], value))
+
+
+def _permute(stack: ViewStack, p) -> ViewStack | None:
+    return stack._top(stack.views[-1].permute(p["perm"]), None)
+
+
+def _expand(stack: ViewStack, p) -> ViewStack | None:
+    return stack._top(stack.views[-1].expand(p["shape"]), None)
+
+
+def _reshape(stack: ViewStack, p) -> ViewStack | None:
+    return stack._top(stack.views[-1].reshape(p["shape"]), lambda v: v.reshape(p["shape"]))
+
+
+def _identity(stack: ViewStack, p) -> ViewStack:
+    return stack
+
+
+# The transforms an op's ``OpDef.view`` names (importer/ops.py): the stack after the op, given
+# its canonical parameters.
+TRANSFORMS: Mapping[str, Callable[[ViewStack, Mapping], "ViewStack | None"]] = MappingProxyType({
+    "slice": _slice, "pad": _pad, "permute": _permute, "expand": _expand, "reshape": _reshape,
+    "identity": _identity,
+})
 
 
 def _gather_view(view: View, flat: np.ndarray) -> np.ndarray:

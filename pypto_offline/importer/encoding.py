@@ -7,6 +7,7 @@ function has no initializers and must use the model's opset).
 """
 from __future__ import annotations
 
+from types import MappingProxyType
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
@@ -27,7 +28,9 @@ def encode(op_type: str, params: Mapping[str, Any], inputs: Sequence[str], outpu
     """One node computing ``op_type`` with ``params`` on the data ``inputs``.
 
     ``dtype`` is the element type of the first data input (for Pad's and Clip's scalars)."""
-    encoder = _ENCODERS.get(op_type, _attributes_only)
+    encoder = ENCODERS.get(op_type)
+    if encoder is None:  # a new op must say how it is written, not default to attributes
+        raise ValueError(f"no encoding for {op_type}: add it to encoding.ENCODERS")
     node_inputs, attrs = encoder(params, list(inputs), opset, _Constants(make_constant, dtype))
     return helper.make_node(op_type, node_inputs, list(outputs), name=name, **attrs)
 
@@ -145,15 +148,38 @@ def _no_attributes(p, inputs, opset, const):
     return inputs, {}
 
 
-def _attributes_only(p, inputs, opset, const):
-    """Ops whose attributes are their whole parameter set (Concat, Transpose, elementwise, ...)."""
+def same_in_every_opset(p, inputs, opset, const):
+    """Ops whose canonical parameters are their attributes, named alike at every opset."""
     return inputs, dict(p)
 
 
-_ENCODERS = {
+def _never_canonical(p, inputs, opset, const):
+    """BatchNormalization: the importer folds or rewrites each one (importer/batchnorm.py), and
+    one it cannot is left as it was, so none is ever written from canonical parameters."""
+    raise ValueError("a BatchNormalization has no canonical form to encode")
+
+
+# The ops ``same_in_every_opset`` writes: those whose normaliser takes the schema's attributes
+# (canonical.schema_attributes: the elementwise math, Cast, Identity, DepthToSpace,
+# SpaceToDepth), and those whose parameters never moved to inputs (Concat's axis, Transpose's
+# perm, Flatten's axis, Gemm's transposes; a canonical MatMul or Conv has none). Listed rather
+# than a default: an op whose encoding changed at some opset must say so.
+_ATTRIBUTE_OPS = (
+    "Flatten Identity Concat Transpose DepthToSpace SpaceToDepth Cast MatMul Gemm Conv "
+    "Abs Neg Not Relu Sigmoid Exp Log Sqrt Reciprocal IsNaN IsInf Floor Ceil Round Sign Sin Cos "
+    "LeakyRelu HardSigmoid HardSwish Softsign ThresholdedRelu Shrink Swish Tanh Erf Tan Asin "
+    "Acos Atan Sinh Cosh Asinh Acosh Atanh Elu Selu Celu Softplus Gelu Mish "
+    "Add Mul Max Min Sum Mean Equal And Or Xor Sub Where Less Greater LessOrEqual "
+    "GreaterOrEqual Div PRelu Pow Mod BitShift")
+
+# Every op of the registry (importer/ops.py): its encoder. tests/test_op_registry.py checks
+# that none is missing.
+ENCODERS: Mapping[str, Callable] = MappingProxyType({
     "Slice": _slice, "Pad": _pad, "Tile": _tile, "Expand": _expand, "Split": _split,
     "Squeeze": _axes, "Unsqueeze": _axes, "Reshape": _reshape, "Gather": _gather, "Clip": _clip,
     "Softmax": _softmax, "LogSoftmax": _softmax, "LayerNormalization": _layer_normalization,
     "InstanceNormalization": _instance_normalization, "GroupNormalization": _group_normalization,
-    **{op: _reduce(op) for op in REDUCE_OPS}, **{op: _pool for op in POOL_OPS}, **{op: _no_attributes for op in GLOBAL_POOL_OPS},
-}
+    **{op: _reduce(op) for op in REDUCE_OPS}, **{op: _pool for op in POOL_OPS},
+    **{op: _no_attributes for op in GLOBAL_POOL_OPS}, "BatchNormalization": _never_canonical,
+    **{op: same_in_every_opset for op in _ATTRIBUTE_OPS.split()},
+})

@@ -3,12 +3,29 @@
 Every stage reads what it needs of an op from here and nowhere else: the importer whether the op
 is in scope and which inputs are data (the rest are parameters folded into canonical form),
 fusion its kind (what a region may hold, which ops broadcast, which map element i to element i),
-the cost model whether it is metadata only, and the targets whether the kernel generator lowers
-it (``lowers``; ``tests/test_op_registry.py`` checks that every op marked so has a lowering in
-``pypto_kernels/codegen.py`` and no other op has one). Adding an op is one entry here, its
-normaliser in ``importer/canonical.py`` if it has parameters, and its lowering. TVM's op
-patterns (kElemWise, kBroadcast, kInjective, kCommReduce, kOutEWiseFusable, kOpaque) are the
-model for the kinds; what each kind may share a region with is in docs/regions.md.
+its view algebra and which of its input the outputs read, the cost model whether it is metadata
+only, and the targets whether the kernel generator lowers it and in which precision. A table
+elsewhere that is keyed by op names is derived from here, or checked against it by
+``tests/test_op_registry.py`` (which lists every such table), so two places cannot disagree.
+TVM's op patterns (kElemWise, kBroadcast, kInjective, kCommReduce, kOutEWiseFusable, kOpaque)
+are the model for the kinds; what each kind may share a region with is in docs/regions.md.
+
+Adding an op:
+
+1. Its ``OpDef`` in ``OPS`` below: its kind, how many inputs are data, and the fields that are
+   not their default (``OpDef`` says what each means).
+2. Its normaliser in ``importer/canonical.py`` if it has parameters (an elementwise op without
+   parameters gets the generic one), and its encoding per opset in ``importer/encoding.py``
+   (``ENCODERS``: its encoder, or ``same_in_every_opset`` where its attributes are its
+   parameters at every opset; an op with neither is an error, not a default).
+3. Its lowering in ``pypto_kernels/codegen`` (a PyPTO call in ``UNARY`` or ``BINARY``, a
+   builder in ``pypto_kernels/activations.py``, or a function of its own), and ``lowers=True``;
+   else ``why_not`` says why it has none.
+4. Where a field asks for behaviour: ``view`` names a transform of ``fusion/views.TRANSFORMS``
+   (and ``fusion/rules.MOVES_NOTHING_WHEN`` says when it moves nothing); ``decomposed`` needs
+   the rewrite rule that writes it as others (``fusion/rules.py``); ``fp32_for_half`` needs a
+   builder (only builders compute in another precision).
+5. ``tests/test_op_registry.py`` then fails on anything left out.
 """
 from __future__ import annotations
 
@@ -27,6 +44,15 @@ MATMUL = "matmul"            # a contraction: the root of a region, its epilogue
 KINDS = (VIEW, ELEMENTWISE, BROADCAST, INJECTIVE, REDUCTION, WINDOW, MATMUL)
 
 
+# Which input elements an op's outputs read (``OpDef.reads``); the cost model's lower bound
+# counts the elements some output needs (fusion/cost.py), so a reader of part of its input must
+# say so: a count too high is no bound.
+READS_ALL = "all"        # every element of every data input, when every output is wanted
+READS_PART = "part"      # may leave some unread (a Slice, a Gather, a cropping Pad)
+READS_WINDOW = "window"  # the elements its windows cover (a pooling whose windows skip the tail)
+READS = (READS_ALL, READS_PART, READS_WINDOW)
+
+
 @dataclass(frozen=True)
 class OpDef:
     name: str
@@ -38,11 +64,38 @@ class OpDef:
     reorders: bool = False      # walks its output in another axis order than its input
     floats_only: bool = False   # its lowering computes in floating point (fp32, fp16, bf16)
     why_not: str = ""           # why it has no lowering, where that is known
+    # Its two operands may be swapped (a variadic one's in any order): the generator puts the
+    # operand it holds as a tile first, a comparison is its own mirror.
+    commutative: bool = False
+    # Computed in fp32 for an fp16 or bf16 input, cast back after (a polynomial, or a difference
+    # of nearby values, loses digits in half precision); only an activations.py builder does.
+    fp32_for_half: bool = False
+    reads: str = READS_ALL      # which input elements its outputs read (READS)
+    # A rewrite rule always writes it as other ops (fusion/rules.py), so the generator lowers
+    # it without a lowering of its own
+    decomposed: bool = False
+    # Its index map as a view transform (fusion/views.TRANSFORMS): a data-movement op the view
+    # algebra composes and proves no-op chains with. Reshape-likes other than Reshape have none:
+    # a region's program holds them as one Reshape (fusion/program.py).
+    view: str | None = None
+    # A reduction that gives a lone element back as it is (a sum, mean, max or min of one
+    # element; not a sum of squares or an L2 norm): over axes of one element, a reshape.
+    as_is_over_one: bool = False
 
     @property
     def pointwise(self) -> bool:
-        """Output element i depends on input element i only (inputs broadcast)."""
-        return self.kind in (ELEMENTWISE, BROADCAST) or self.name in ("Expand", "Identity")
+        """Output element i depends on input element i only (inputs broadcast): elementwise
+        and broadcasting ops, and the views that broadcast or keep their input (Expand,
+        Identity)."""
+        return self.kind in (ELEMENTWISE, BROADCAST) or self.view in ("expand", "identity")
+
+    @property
+    def flat(self) -> bool:
+        """Element i of its input is element i of its output in flat (row-major) order, where
+        both have as many elements: the elementwise ops, and the views that keep the order
+        (a Reshape, but not an Expand, which adds elements). What may run on a region's
+        elements laid out in rows of any length (codegen's flat rows)."""
+        return self.kind in (ELEMENTWISE, BROADCAST, VIEW)
 
 
 def _defs(kind: str, names: str, lowered: str = "", **fields) -> dict[str, OpDef]:
@@ -52,34 +105,48 @@ def _defs(kind: str, names: str, lowered: str = "", **fields) -> dict[str, OpDef
             for name in names.split()}
 
 
-_REDUCE = "ReduceSum ReduceMean ReduceMax ReduceMin ReduceSumSquare ReduceL2"
+def _views(kind: str, names_and_transforms: str, **fields) -> dict[str, OpDef]:
+    """Lowered ops of ``kind`` whose index map is a view transform: ``"Name:transform ..."``."""
+    pairs = (item.split(":") for item in names_and_transforms.split())
+    return {name: OpDef(name, kind, lowers=True, view=view, **fields) for name, view in pairs}
+
+
+_REDUCE_AS_IS = "ReduceSum ReduceMean ReduceMax ReduceMin"
+_REDUCE_SQUARES = "ReduceSumSquare ReduceL2"
+_REDUCE = f"{_REDUCE_AS_IS} {_REDUCE_SQUARES}"
 _GLOBAL_POOLS = "GlobalAveragePool GlobalMaxPool"
 _POOLS = "MaxPool AveragePool"
-_FLOAT_MATH = ("Tanh Erf Floor Ceil Round Sign Sin Cos Tan Asin Acos Atan Sinh Cosh Asinh Acosh "
-               "Atanh LeakyRelu Elu Selu Celu HardSigmoid HardSwish Softplus Softsign Gelu Mish "
-               "ThresholdedRelu Shrink Swish")
+# Float math PyPTO has a call for, or that its builder composes in the input's precision
+_FLOAT_MATH = ("Relu Sigmoid Exp Log Sqrt Reciprocal IsNaN IsInf Floor Ceil Round Sign Sin Cos "
+               "LeakyRelu HardSigmoid HardSwish Softsign ThresholdedRelu Shrink Swish")
+# ... and the compositions that lose digits in half precision (pypto_kernels/activations.py)
+_FP32_MATH = ("Tanh Erf Tan Asin Acos Atan Sinh Cosh Asinh Acosh Atanh Elu Selu Celu Softplus "
+              "Gelu Mish")
+_COMMUTATIVE = "Add Mul Max Min Sum Mean Equal And Or Xor"
+_ORDERED = "Sub Where Less Greater LessOrEqual GreaterOrEqual"
 _NORMALISATIONS = ("Softmax LogSoftmax LayerNormalization InstanceNormalization "
                    "GroupNormalization")
 OPS: MappingProxyType = MappingProxyType({
-    **_defs(VIEW, "Reshape Squeeze Unsqueeze Flatten", "Reshape Squeeze Unsqueeze Flatten",
-            data_inputs=1),
-    **_defs(VIEW, "Identity", "Identity"),
-    **_defs(INJECTIVE, "Slice Pad Tile Expand Split Gather", "Slice Pad Tile Expand Split Gather",
-            data_inputs=1),
+    **_views(VIEW, "Reshape:reshape", data_inputs=1),
+    **_defs(VIEW, "Squeeze Unsqueeze Flatten", "Squeeze Unsqueeze Flatten", data_inputs=1),
+    **_views(VIEW, "Identity:identity"),
+    **_views(INJECTIVE, "Slice:slice Pad:pad", data_inputs=1, reads=READS_PART),
+    **_views(INJECTIVE, "Expand:expand", data_inputs=1),
+    **_defs(INJECTIVE, "Tile Split", "Tile Split", data_inputs=1),
+    **_defs(INJECTIVE, "Gather", "Gather", data_inputs=1, reads=READS_PART),
     **_defs(INJECTIVE, "Concat", "Concat"),
-    **_defs(INJECTIVE, "Transpose DepthToSpace SpaceToDepth", "Transpose DepthToSpace SpaceToDepth",
-            reorders=True),
+    **_views(INJECTIVE, "Transpose:permute", reorders=True),
+    # Both permutations of their input: every element read
+    **_defs(INJECTIVE, "DepthToSpace SpaceToDepth", "DepthToSpace SpaceToDepth", reorders=True),
     **_defs(ELEMENTWISE, "Cast", "Cast"),
     **_defs(ELEMENTWISE, "Clip", "Clip", data_inputs=1),
     # PyPTO's abs and neg take integers too; logical_not takes bools
     **_defs(ELEMENTWISE, "Abs Neg Not", "Abs Neg Not"),
     # Float math: PyPTO calls, or compositions of them (pypto_kernels/activations.py)
-    **_defs(ELEMENTWISE, "Relu Sigmoid Exp Log Sqrt Reciprocal IsNaN IsInf " + _FLOAT_MATH,
-            "Relu Sigmoid Exp Log Sqrt Reciprocal IsNaN IsInf " + _FLOAT_MATH, floats_only=True),
-    **_defs(BROADCAST, "Add Sub Mul Max Min Sum Mean Where Equal Less Greater LessOrEqual "
-                       "GreaterOrEqual And Or Xor",
-            "Add Sub Mul Max Min Sum Mean Where Equal Less Greater LessOrEqual GreaterOrEqual "
-            "And Or Xor"),
+    **_defs(ELEMENTWISE, _FLOAT_MATH, _FLOAT_MATH, floats_only=True),
+    **_defs(ELEMENTWISE, _FP32_MATH, _FP32_MATH, floats_only=True, fp32_for_half=True),
+    **_defs(BROADCAST, _COMMUTATIVE, _COMMUTATIVE, commutative=True),
+    **_defs(BROADCAST, _ORDERED, _ORDERED),
     # PyPTO 0.2.0's div does not compile for integers (DIVOpError); Pow's exponent is a data
     # input like the base (a constant scalar one is written as multiplications where it can)
     **_defs(BROADCAST, "Div PRelu Pow", "Div PRelu Pow", floats_only=True),
@@ -94,11 +161,12 @@ OPS: MappingProxyType = MappingProxyType({
     **_defs(ELEMENTWISE, "BatchNormalization", data_inputs=1),
     # Reductions over trailing axes (their canonical form makes the axes explicit); Softmax,
     # LogSoftmax and the normalisations are reductions with elementwise work around them.
-    **_defs(REDUCTION, _REDUCE, _REDUCE, data_inputs=1),
+    **_defs(REDUCTION, _REDUCE_SQUARES, _REDUCE_SQUARES, data_inputs=1),
+    **_defs(REDUCTION, _REDUCE_AS_IS, _REDUCE_AS_IS, data_inputs=1, as_is_over_one=True),
     **_defs(REDUCTION, _NORMALISATIONS, _NORMALISATIONS),
     # Pooling over small windows: a rewrite rule writes it as the window's shifted views and
     # their Max or Mean (fusion/rules.pool_as_window_views), so it goes where they go
-    **_defs(WINDOW, _POOLS, _POOLS),
+    **_defs(WINDOW, _POOLS, _POOLS, reads=READS_WINDOW, decomposed=True),
     # Global pooling is a reduction over the spatial axes (a squeeze-and-excite's mean)
     **_defs(REDUCTION, _GLOBAL_POOLS, _GLOBAL_POOLS),
     # Matrices (equal batch axes, or a 2-D right operand) and 1x1 convolutions (the weights

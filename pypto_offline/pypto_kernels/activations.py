@@ -8,8 +8,9 @@ SIM). Every other ONNX activation is a composition of what it has (docs/pypto-op
 "Activations"). A builder takes the op's input as a variable name and returns the expression of
 its output; temporaries it needs are emitted through ``Math.let``.
 
-Builders marked ``FP32`` compute in fp32 whatever the input's precision (a polynomial, or a
-difference of nearby values, loses digits in fp16); the others run in the input's precision.
+The builders of the ops the registry marks ``fp32_for_half`` (``FP32``) compute in fp32
+whatever the input's precision (a polynomial, or a difference of nearby values, loses digits in
+fp16); the others run in the input's precision.
 """
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ import math
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Callable, Mapping
+
+from pypto_offline.importer.ops import OPS
 
 # Abramowitz and Stegun 7.1.26: erf(x) = 1 - t*(a1 + t*(a2 + ... + t*a5)) * exp(-x*x) for
 # x >= 0, t = 1 / (1 + p*x); absolute error below 1.5e-7.
@@ -224,9 +227,9 @@ def _call(function: str) -> Builder:
     return lambda m, x: f"pypto.{function}({x})"
 
 
-# The builders that compute in fp32 whatever the input's precision.
-FP32 = frozenset({"Erf", "Tanh", "Atan", "Asin", "Acos", "Asinh", "Acosh", "Atanh", "Sinh",
-                  "Cosh", "Tan", "Softplus", "Mish", "Gelu", "Celu", "Elu", "Selu"})
+# The builders that compute in fp32 whatever the input's precision: the registry's
+# ``fp32_for_half`` (importer/ops.py)
+FP32 = frozenset(name for name, d in OPS.items() if d.fp32_for_half)
 
 BUILDERS: Mapping[str, Builder] = MappingProxyType({
     **{op: _call(function) for op, function in (
