@@ -26,7 +26,9 @@ def scaled_sum():
 
 
 def _entries(cache) -> list[dict]:
-    return [json.loads(path.read_text()) for path in sorted(cache.glob("*/*/kernel.json"))]
+    """The records of the cache's kernel and op cost entries (each kind's own file)."""
+    return [json.loads(path.read_text()) for name in ("kernel.json", "op_cost.json")
+            for path in sorted(cache.glob(f"*/*/{name}"))]
 
 
 @pytest.fixture(scope="module")

@@ -60,9 +60,10 @@ def entries(cache: Path) -> dict[str, Path]:
     for entry in entry_folders(cache):
         if (entry / "result.json").exists():
             kind = "final" if (entry / "artifacts").is_dir() else "search"
-        elif "cache_key" in json.loads((entry / "kernel.json").read_text()):
+        elif (entry / "kernel.json").exists():
             kind = "kernel"
         else:
+            assert (entry / "op_cost.json").exists(), list(entry.iterdir())
             counts["op"] += 1
             kind = f"op{counts['op']}"
         found[kind] = entry
