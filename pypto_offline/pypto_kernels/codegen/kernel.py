@@ -1,0 +1,138 @@
+"""A region's module text: the layout planned (``layout``), the arguments held, each op lowered
+through the merged table (``lowering``) or the region written as a loop of 2-D matmuls
+(``matmul.batched_matmul_loop``), each output stored, and the header and signature around it."""
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+
+from pypto_offline.fusion.records import Region
+from pypto_offline.fusion.rows import channel_rows, has_reduction
+from pypto_offline.pypto_kernels.activations import literal as float_literal
+from pypto_offline.pypto_kernels.jobs.protocol import ARGUMENT_SHAPES
+from pypto_offline.pypto_kernels.tiling import TilePolicy
+from pypto_offline.pypto_kernels.codegen.layout import (annotation, argument_shape,
+                                                        assembled_outputs, conv_rows_of, flat_row,
+                                                        row_layout_of, shapes_of,
+                                                        share_assembled_inputs)
+from pypto_offline.pypto_kernels.codegen.lowering import lower
+from pypto_offline.pypto_kernels.codegen.matmul import batched_matmul_loop, lower_batched_loop
+from pypto_offline.pypto_kernels.codegen.writer import CannotExpress, Writer, is_scalar_constant
+
+# The passes whose lowered graph pass-verify interprets and compares with the tensor graph, besides
+# the tensor graph itself (compared with onnxruntime's result): the last one before codegen, so
+# the check spans the whole pipeline end to end. PyPTO's default also checks five intermediate
+# passes, which only tell which pass broke and cost most of a checked compile (ppocrv4_det's
+# 1x16x320x320 HardSwish region: 24 s with all passes, 9-14 s with this one, 3 s for the tensor
+# graph alone). docs/compile-time.md.
+VERIFIED_PASSES = ("CodegenPreproc",)
+# Every kernel's function has this one name, so that two regions doing the same work give the
+# same module text: one cache entry and one compile for both (IREE's dispatch deduplication).
+KERNEL_FUNCTION = "kernel"
+# ``ARGUMENT_SHAPES`` (jobs/protocol.py): the module constant listing every argument's shape when
+# some argument is declared in a shape other than its tensor's (``Writer.declared``); the worker
+# passes the same elements viewed so.
+
+
+def kernel_source(region: Region, policy: TilePolicy, constants: Mapping[str, np.ndarray]) -> str:
+    """The module text; ``constants`` are region inputs known at compile time (inlined if scalar)."""
+    w = Writer(region, policy, constants)
+    _plan_layout(w)
+    inputs = _hold_inputs(w)
+    outputs = {tensor: f"out{index}" for index, tensor in enumerate(region.outputs)}
+    w.assembled = assembled_outputs(region)
+    share_assembled_inputs(w)
+    loop = batched_matmul_loop(region, constants)
+    if loop is not None:
+        lower_batched_loop(w, loop, inputs, outputs[loop.output])
+    else:
+        _lower_program(w, outputs)
+    merge = [f"    pypto.set_pass_options(vec_nbuffer_setting={{-1: {policy.vec_merge}}})"] \
+        if policy.vec_merge else []
+    return "\n".join(_header(w, inputs, outputs) + merge + w.lines) + "\n"
+
+
+def _plan_layout(w: Writer) -> None:
+    """Flat rows where the policy asks for them, the rows of a region with reductions, or a
+    convolution's or the channels' rows; channel rows cut along the row declare the kernel's
+    arguments as those rows."""
+    region, constants = w.region, w.constants
+    if w.policy.flat_rows:
+        w.row = flat_row(region, constants)
+    if has_reduction(region.simplified):
+        w.rows = row_layout_of(region)
+    else:
+        w.rows = conv_rows_of(region, w.policy) or channel_rows(region.simplified,
+                                                                shapes_of(region))
+    if w.rows is not None and w.rows.split_columns:  # channel rows: the arguments are rows
+        w.declared.update({tensor: tuple(w.rows.shape(tensor))  # (a convolution's own
+                           for tensor in region.inputs + region.outputs  # operands are not)
+                           if tensor in w.rows.kinds
+                           and not is_scalar_constant(tensor, constants)})
+
+
+def _hold_inputs(w: Writer) -> dict[str, str]:
+    """Each region input held in its argument ``in<i>``, a scalar constant as a literal; the
+    arguments by tensor."""
+    inputs = {}
+    for index, tensor in enumerate(w.region.inputs):
+        if is_scalar_constant(tensor, w.constants):
+            w.hold(tensor, float_literal(np.asarray(w.constants[tensor]).reshape(-1)[0]), ())
+            continue
+        inputs[tensor] = f"in{index}"
+        w.hold(tensor, f"in{index}", w.declared.get(tensor, w.shape(tensor)))
+    return inputs
+
+
+def _header(w: Writer, inputs: Mapping[str, str], outputs: Mapping[str, str]) -> list[str]:
+    """The module's docstring, imports, verify options, argument shapes and signature."""
+    arguments = [f"{name}: {annotation(w, tensor)}"
+                 for tensor, name in [*inputs.items(), *outputs.items()]]
+    header = [
+        f'"""PyPTO kernel: {", ".join(op.op_type for op in w.region.original)}.',
+        "",
+        "Generated by pypto-offline; tiles chosen by its tiling policy. Compiled in SIM run mode",
+        'for the Ascend 910B platform (the only one PyPTO 0.2.0 ships)."""',
+        "import os",
+        "",
+        "import pypto",
+        "",
+        "VERIFY = {\"enable_pass_verify\": os.environ.get(\"PYPTO_OFFLINE_VERIFY_DIR\") is not None,",
+        f"          \"pass_verify_pass_filter\": {list(VERIFIED_PASSES)!r},",
+        "          \"pass_verify_save_tensor_dir\": os.environ.get(\"PYPTO_OFFLINE_VERIFY_DIR\", \"\")}",
+    ]
+    if w.declared:
+        shapes = [argument_shape(w, tensor) for tensor in [*inputs, *outputs]]
+        header.append(f"{ARGUMENT_SHAPES} = {shapes!r}")
+    return header + [
+        "",
+        "",
+        "@pypto.frontend.jit(runtime_options={\"run_mode\": pypto.RunMode.SIM}, verify_options=VERIFY)",
+        f"def {KERNEL_FUNCTION}({', '.join(arguments)}):",
+    ]
+
+
+def _lower_program(w: Writer, outputs: Mapping[str, str]) -> None:
+    """One statement per op, then ``out[:] = value`` for each output not assembled already."""
+    for op in w.region.simplified:
+        lower(w, op)
+    for tensor, name in outputs.items():
+        if tensor in w.assembled:
+            continue
+        value = _as_tensor(w, tensor)
+        w.follow(argument_shape(w, tensor), w.dtype(tensor), [tensor])
+        w.emit(f"{name}[:] = {value}")
+
+
+def _as_tensor(w: Writer, tensor: str) -> str:
+    """A region output must be a tensor value (not an inlined scalar) of PyPTO's rank. An output
+    that is a kernel argument itself (the simplified program only renames or reshapes it) is
+    copied through a full view: PyPTO refuses ``out[:] = in``."""
+    if is_scalar_constant(tensor, w.constants):
+        raise CannotExpress(f"output {tensor!r} is a compile-time constant")
+    value = w.value(tensor, w.declared.get(tensor))
+    if value.startswith("in"):
+        shape = list(w.shape(tensor)) or [1]
+        return f"pypto.view({value}, {shape}, {[0] * len(shape)})"
+    return value

@@ -1,0 +1,209 @@
+"""Lowerings of the ops the cube runs: MatMul and Gemm (2-D, or batched on equal batch axes),
+a 1x1 convolution of one image as a matmul, and a region that is one batched MatMul with its
+elementwise epilogue written as a loop of 2-D matmuls (``batched_matmul_loop``)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import prod
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+
+from pypto_offline.fusion.records import Region, RegionOp
+from pypto_offline.importer.ops import matmul_extents
+from pypto_offline.pypto_kernels.folding import right_aligned
+from pypto_offline.pypto_kernels.tiling import cube_tiles
+from pypto_offline.pypto_kernels.codegen import elementwise
+from pypto_offline.pypto_kernels.codegen.elementwise import BINARY, UNARY
+from pypto_offline.pypto_kernels.codegen.layout import shapes_of
+from pypto_offline.pypto_kernels.codegen.writer import (MAX_RANK, CannotExpress, Writer,
+                                                        is_scalar_constant, itemsize_of, let,
+                                                        pypto_dtype)
+
+# The most 2-D matmuls a batched one unrolls into (``batched_matmul_loop``): each is one cube
+# task, and the loop is unrolled when PyPTO traces the kernel.
+MAX_UNROLLED_MATMULS = 64
+HEADS_OUTWARD = (0, 2, 1, 3)  # [B, H, S, D] -> [B, S, H, D]: attention's heads merged back
+
+
+def _matmul(w: Writer, op: RegionOp) -> None:
+    """A 2-D matmul when the right operand is a matrix (a weight: the left one's leading axes
+    fold into M), else a batched one on the operands' own shapes (``importer/canonical.py``
+    admits equal batch axes only; PyPTO 0.2.0 fails to compile a matmul of reshaped batched
+    operands, docs/pypto-ops.md "MatMul"). A Gemm's ``transB`` is the cube's ``b_trans``. A
+    third input is a per-column bias the cube adds as it writes out (a Gemm's C, or
+    ``fusion/rules.bias_into_matmul``); the rest of the epilogue runs on vector tiles."""
+    left, right, out = op.inputs[0], op.inputs[1], op.outputs[0]
+    left_shape, right_shape = list(w.shape(left)), list(w.shape(right))
+    rows, n = matmul_extents(op.op_type, list(w.shape(out)), len(right_shape))
+    k = left_shape[-1]
+    if len(right_shape) == 2:
+        shapes = ([rows, k], right_shape, [rows, n])
+    else:
+        if len(left_shape) > MAX_RANK:
+            raise CannotExpress(f"a rank-{len(left_shape)} batched MatMul")
+        shapes = (left_shape, right_shape, left_shape[:-1] + [n])
+    a, b = w.value(left, shapes[0]), w.value(right, shapes[1])
+    bias = len(op.inputs) > 2 and bool(op.inputs[2])
+    m_tiles, k_tiles, n_tiles = cube_tiles(rows, k, n, itemsize_of(w.dtype(left)),
+                                           w.policy.budget_bytes, bias)
+    w.emit(f"pypto.set_cube_tile_shapes({m_tiles}, {k_tiles}, {n_tiles})")
+    if len(right_shape) == 2:
+        w.product_rows, w.cube_rows = rows, m_tiles[0]
+    extra = ", b_trans=True" if op.params.get("transB") else ""
+    if bias:
+        extra += f", extend_params={{'bias_tensor': {w.value(op.inputs[2], [1, n])}}}"
+    w.assign(out, f"pypto.matmul({a}, {b}, {pypto_dtype(w.dtype(out))}{extra})", shapes[2])
+
+
+def _pointwise_conv(w: Writer, op: RegionOp) -> None:
+    """A 1x1 convolution of one image as ``W[Cout, Cin] @ x[Cin, H*W]`` plus the bias as a
+    ``[Cout, 1]`` column (``importer/canonical.py`` admits no other)."""
+    image, weights, out = op.inputs[0], op.inputs[1], op.outputs[0]
+    channels = w.shape(image)[1]
+    filters, pixels = matmul_extents("Conv", list(w.shape(out)), 2)
+    shape = [filters, pixels]
+    a, b = w.value(weights, [filters, channels]), w.value(image, [channels, pixels])
+    m_tiles, k_tiles, n_tiles = cube_tiles(filters, channels, pixels,
+                                           itemsize_of(w.dtype(image)), w.policy.budget_bytes)
+    w.emit(f"pypto.set_cube_tile_shapes({m_tiles}, {k_tiles}, {n_tiles})")
+    w.product_rows, w.cube_rows = filters, m_tiles[0]
+    value = let(w, f"pypto.matmul({a}, {b}, {pypto_dtype(w.dtype(out))})")
+    if len(op.inputs) > 2 and op.inputs[2]:
+        bias = w.value(op.inputs[2], [filters, 1])
+        w.tile(shape, w.dtype(out))
+        value = f"pypto.add({value}, {bias})"
+    w.assign(out, value, shape)
+
+
+@dataclass(frozen=True)
+class BatchedLoop:
+    """A region that is one batched MatMul of two region inputs, an elementwise epilogue on
+    region inputs and scalars, and the output, maybe with the heads moved behind the rows."""
+    matmul: RegionOp
+    epilogue: tuple[RegionOp, ...]
+    heads_outward: bool
+    output: str
+
+
+def batched_matmul_loop(region: Region, constants: Mapping[str, np.ndarray]
+                        ) -> BatchedLoop | None:
+    """The region as a loop of 2-D matmuls, each slice's epilogue applied in UB and the result
+    assembled at its place in the output, or None. As one 4-D matmul, PyPTO wrote the product
+    to GM and read it back for the epilogue or the transpose: tf_swin's attention (16 windows x
+    2 heads of 16x16x16 fp32) times V then the heads moved behind the rows read 131,072 B and
+    wrote 98,304 in 17.6 us; as 32 matmuls assembled, the lower bound's 65,536 and 32,768 in
+    7.6 us (docs/pypto-ops.md, "MatMul")."""
+    ops = list(region.simplified)
+    shapes = shapes_of(region)
+    if not ops or ops[0].op_type != "MatMul" or len(ops[0].inputs) != 2 \
+            or not all(t in region.inputs for t in ops[0].inputs):
+        return None
+    left, right = (shapes[t] for t in ops[0].inputs)
+    batch = left[:-2]
+    if len(left) < 3 or len(right) != len(left) or right[:-2] != batch \
+            or not 2 <= prod(batch) <= MAX_UNROLLED_MATMULS:
+        return None
+    current, product_shape, epilogue = ops[0].outputs[0], shapes[ops[0].outputs[0]], []
+    rest = ops[1:]
+    while rest and (rest[0].op_type in UNARY or rest[0].op_type in BINARY):
+        op = rest.pop(0)
+        others = [t for t in op.inputs if t != current]
+        if op.inputs.count(current) != 1 or shapes[op.outputs[0]] != product_shape or not all(
+                is_scalar_constant(t, constants) or (
+                    t in region.inputs and _slices_along(shapes[t], product_shape))
+                for t in others):
+            return None
+        epilogue.append(op)
+        current = op.outputs[0]
+    heads_outward = bool(rest) and rest[0].op_type == "Transpose" \
+        and rest[0].inputs[0] == current and tuple(rest[0].params["perm"]) == HEADS_OUTWARD
+    if heads_outward:
+        current = rest.pop(0).outputs[0]
+    if rest and rest[0].op_type == "Reshape" and rest[0].inputs[0] == current:
+        current = rest.pop(0).outputs[0]
+    if rest or list(region.outputs) != [current]:
+        return None
+    return BatchedLoop(ops[0], tuple(epilogue), heads_outward, current)
+
+
+def _slices_along(shape: Sequence[int], product: Sequence[int]) -> bool:
+    """Whether an epilogue operand broadcasts to the product with whole or unit batch axes and
+    a [rows, columns] slice of unit or whole extents (and so has a 2-D slice per matmul)."""
+    if len(shape) > len(product):
+        return False
+    return all(have in (1, want) for have, want in zip(right_aligned(shape, len(product)),
+                                                        product))
+
+
+def lower_batched_loop(w: Writer, loop: BatchedLoop, inputs: Mapping[str, str],
+                       target: str) -> None:
+    """``batched_matmul_loop``'s region: its operands and output declared as 2-D rows, one
+    2-D matmul per batch index on views, the epilogue lowered on the slice, each result
+    assembled into the output."""
+    (left, right), product = loop.matmul.inputs, loop.matmul.outputs[0]
+    *batch, m, k = w.shape(left)
+    n = w.shape(right)[-1]
+    count = prod(batch)
+    w.declared[left], w.declared[right] = (count * m, k), (count * k, n)
+    heads = batch[-1] if loop.heads_outward else 1
+    w.declared[loop.output] = (count // heads * m, heads * n)
+    operands = {t for op in loop.epilogue for t in op.inputs
+                if t in inputs and t != product and not is_scalar_constant(t, w.constants)}
+    for tensor in sorted(operands):
+        own = w.shape(tensor)
+        w.declared[tensor] = (prod(own[:-1]), own[-1])
+    m_tiles, k_tiles, n_tiles = cube_tiles(m, k, n, itemsize_of(w.dtype(left)),
+                                           w.policy.budget_bytes)
+    w.emit(f"pypto.set_cube_tile_shapes({m_tiles}, {k_tiles}, {n_tiles})")
+    indexes = [f"b{axis}" if extent > 1 else "0" for axis, extent in enumerate(batch)]
+    loops = [(index, extent) for index, extent in zip(indexes, batch) if extent > 1]
+    for index, extent in loops:
+        w.emit(f"for {index} in range({extent}):")
+        w.indent += 1
+    a, b, slice_index = w.fresh(), w.fresh(), _flat_index(indexes, batch)
+    w.emit(f"{a} = pypto.view({inputs[left]}, [{m}, {k}], [{slice_index} * {m}, 0])")
+    w.emit(f"{b} = pypto.view({inputs[right]}, [{k}, {n}], [{slice_index} * {k}, 0])")
+    w.sliced[product] = (m, n)
+    w.assign(product, f"pypto.matmul({a}, {b}, {pypto_dtype(w.dtype(product))})", (m, n))
+    for tensor in sorted(operands):
+        _hold_slice(w, tensor, inputs[tensor], indexes, batch)
+    for op in loop.epilogue:  # UNARY and BINARY ops only (``batched_matmul_loop``)
+        w.sliced[op.outputs[0]] = (m, n)
+        elementwise.LOWERINGS[op.op_type](w, op)
+    result = w.value((loop.epilogue[-1].outputs[0] if loop.epilogue else product), (m, n))
+    if loop.heads_outward:
+        offsets = f"[{_flat_index(indexes[:-1], batch[:-1])} * {m}, {indexes[-1]} * {n}]"
+    else:
+        offsets = f"[{slice_index} * {m}, 0]"
+    w.tile((m, n), w.dtype(product))
+    w.emit(f"pypto.assemble({result}, {offsets}, {target})")
+    w.indent -= len(loops)
+
+
+def _flat_index(indexes: Sequence[str], extents: Sequence[int]) -> str:
+    """The row-major position of a batch index as an expression of the loop variables."""
+    terms = [f"{index} * {prod(extents[axis + 1:])}" if prod(extents[axis + 1:]) > 1 else index
+             for axis, index in enumerate(indexes) if index != "0"]
+    return f"({' + '.join(terms)})" if terms else "0"
+
+
+def _hold_slice(w: Writer, tensor: str, argument: str, indexes, batch) -> None:
+    """An epilogue operand's 2-D slice for the loop's batch index (a unit batch axis of the
+    operand stays at 0: the slice broadcasts)."""
+    own = right_aligned(w.shape(tensor), len(batch) + 2)
+    used = [index if extent > 1 else "0" for index, extent in zip(indexes, own[:-2])]
+    rows, columns = own[-2:]
+    w.sliced[tensor] = (rows, columns)
+    if prod(own[:-2]) == 1:  # the whole operand, declared as its 2-D slice
+        w.hold(tensor, argument, (rows, columns))
+        return
+    name = w.fresh()
+    w.emit(f"{name} = pypto.view({argument}, [{rows}, {columns}], "
+           f"[{_flat_index(used, own[:-2])} * {rows}, 0])")
+    w.hold(tensor, name, (rows, columns))
+
+
+LOWERINGS: dict[str, Callable[[Writer, RegionOp], None]] = {
+    "MatMul": _matmul, "Gemm": _matmul, "Conv": _pointwise_conv,
+}

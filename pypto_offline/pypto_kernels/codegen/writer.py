@@ -1,0 +1,232 @@
+"""The emitter every lowering writes through: ``Writer`` holds the kernel body's lines and where
+each tensor's elements are (which variable, under which shape), and sets the vector tile before
+each op. Also the small facts every module shares: PyPTO's dtypes, its rank limit, and
+``CannotExpress``, raised for a pattern outside PyPTO 0.2.0's limits."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from math import prod
+from typing import Mapping, Sequence
+
+import numpy as np
+import onnx
+
+from pypto_offline.fusion.classify import BYTE_INTEGERS, kernel_dtype
+from pypto_offline.fusion.records import Region
+from pypto_offline.fusion.rows import RowLayout
+from pypto_offline.pypto_kernels.activations import literal as float_literal
+from pypto_offline.pypto_kernels.tiling import TilePolicy
+
+PYPTO_DTYPES = {
+    onnx.TensorProto.FLOAT: "pypto.DT_FP32", onnx.TensorProto.FLOAT16: "pypto.DT_FP16",
+    onnx.TensorProto.BFLOAT16: "pypto.DT_BF16", onnx.TensorProto.INT32: "pypto.DT_INT32",
+    onnx.TensorProto.INT64: "pypto.DT_INT64", onnx.TensorProto.INT8: "pypto.DT_INT8",
+    onnx.TensorProto.UINT8: "pypto.DT_UINT8", onnx.TensorProto.INT16: "pypto.DT_INT16",
+    onnx.TensorProto.BOOL: "pypto.DT_BOOL",
+}
+MAX_RANK = 4  # PyPTO 0.2.0's code generation: "exceed dimension limit" above this
+
+
+class CannotExpress(Exception):
+    """The region uses a pattern the generator cannot write in PyPTO 0.2.0."""
+
+
+def itemsize_of(dtype: int) -> int:
+    return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(dtype)).itemsize
+
+
+def pypto_dtype(dtype: int) -> str:
+    if dtype not in PYPTO_DTYPES:
+        raise CannotExpress(f"no PyPTO dtype for ONNX type {onnx.TensorProto.DataType.Name(dtype)}")
+    return PYPTO_DTYPES[dtype]
+
+
+def is_scalar_constant(tensor: str, constants: Mapping[str, np.ndarray]) -> bool:
+    return tensor in constants and np.asarray(constants[tensor]).size == 1
+
+
+def has_convolution(region: Region) -> bool:
+    return any(op.op_type == "Conv" for op in region.simplified)
+
+
+@dataclass
+class Writer:
+    """Emits the kernel body. Every tensor is a variable holding its elements in row-major order
+    under some shape (its own, or a folded one); ``value`` reshapes on demand, so a rank-5/6
+    tensor that only feeds folded ops is never created in the kernel."""
+
+    region: Region
+    policy: TilePolicy
+    constants: Mapping[str, np.ndarray]
+    lines: list[str] = field(default_factory=list)
+    names: dict[str, tuple[str, tuple[int, ...]]] = field(default_factory=dict)
+    _reshaped: dict[tuple[str, tuple[int, ...]], str] = field(default_factory=dict)
+    # Variables that are views of another variable (``view``), and their copies (``_owned``).
+    _views: set[str] = field(default_factory=set)
+    _copies: dict[str, str] = field(default_factory=dict)
+    # Region outputs a Concat writes part by part (``assembled_outputs``): tensor -> argument.
+    assembled: dict[str, str] = field(default_factory=dict)
+    # Region inputs and outputs whose kernel argument is declared in another shape of the same
+    # elements (a batched matmul's operands as 2-D rows: ``matmul.lower_batched_loop``).
+    declared: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    # Tensors held per slice inside a loop (``matmul.lower_batched_loop``): the slice's shape.
+    sliced: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    indent: int = 1
+    # The tile a transpose's result was made under, and the ops that follow it (``follow``).
+    tiles: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    current_tile: tuple[int, ...] | None = None
+    _following: bool = False  # the current tile is a transpose result's (``follow``)
+    # A 2-D matmul's product rows and the cube's M tile over them (``_rows_within_cube_tile``).
+    product_rows: int | None = None
+    cube_rows: int | None = None
+    _count: int = 0
+    # The row length, in elements, of a purely elementwise region the policy lays out in rows
+    # (``layout.flat_row``); None: each op runs on its own (rank-folded) shape. All its tensors
+    # have the same element count.
+    row: int | None = None
+    # The rows a region with reductions runs on (``fusion/rows.py``); None: it has none.
+    rows: RowLayout | None = None
+
+    @cached_property
+    def convolution(self) -> bool:
+        """Whether the region holds a 1x1 convolution (``has_convolution``), asked per op."""
+        return has_convolution(self.region)
+
+    def flat(self, tensor: str) -> list[int]:
+        """The tensor as rows of ``row`` elements."""
+        return [prod(self.shape(tensor)) // self.row, self.row]
+
+    def shape(self, tensor: str) -> tuple[int, ...]:
+        if tensor in self.sliced:
+            return self.sliced[tensor]
+        return tuple(self.region.tensor_types[tensor][0])
+
+    def dtype(self, tensor: str) -> int:
+        """The element type the kernel holds the tensor in (``classify.kernel_dtype``)."""
+        return kernel_dtype(self.region.tensor_types[tensor][1])
+
+    def value(self, tensor: str, as_shape: Sequence[int] | None = None) -> str:
+        """The tensor as a variable of shape ``as_shape`` (default: its own shape)."""
+        if tensor not in self.names:
+            raise CannotExpress(f"tensor {tensor!r} is used before it is computed")
+        name, held = self.names[tensor]
+        wanted = tuple(as_shape) if as_shape is not None else self.shape(tensor)
+        wanted = wanted or (1,)
+        if held == wanted or is_scalar_constant(tensor, self.constants):
+            return name
+        if len(wanted) > MAX_RANK:
+            raise CannotExpress(f"rank {len(wanted)} of {tensor!r} exceeds PyPTO's {MAX_RANK}")
+        key = (name, wanted)
+        if key not in self._reshaped:
+            source = self._owned(name, held, self.dtype(tensor))
+            self.tile(wanted, self.dtype(tensor))
+            self._reshaped[key] = self.fresh()
+            self.emit(f"{self._reshaped[key]} = pypto.reshape({source}, {list(wanted)})")
+        return self._reshaped[key]
+
+    def _owned(self, name: str, shape: tuple[int, ...], dtype: int) -> str:
+        """``name``, or a copy of it when it is a view. PyPTO 0.2.0's SplitReshape pass moves a
+        reshaped view one element at a time (a COPY_IN and a COPY_OUT each): compile time and
+        program size grow with its elements, and nudenet's YOLO head (a 1x64x2100 Split output
+        reshaped to 1x4x16x2100) never compiled within 300 s; 3 s with the copy, which costs
+        one UB copy per tile. docs/compile-time.md, "Reshaped views"."""
+        if name not in self._views:
+            return name
+        if name not in self._copies:
+            self.tile(shape, dtype)
+            self._copies[name] = self.fresh()
+            self.emit(f"{self._copies[name]} = pypto.clone({name})")
+        return self._copies[name]
+
+    def view(self, tensor: str, expression: str, shape: Sequence[int] | None = None) -> str:
+        """Like ``assign``, for an expression that is a view of another variable."""
+        name = self.assign(tensor, expression, shape)
+        self._views.add(name)
+        return name
+
+    def var(self, tensor: str) -> str:
+        return self.value(tensor)
+
+    def hold(self, tensor: str, name: str, shape: Sequence[int]) -> None:
+        """``tensor``'s elements are in variable ``name`` under ``shape``."""
+        self.names[tensor] = (name, tuple(shape) or (1,))
+
+    def alias(self, tensor: str, source: str) -> None:
+        """``tensor`` holds the same elements as ``source``, in the same variable and shape."""
+        self.names[tensor] = self.names[source]
+
+    def fresh(self) -> str:
+        self._count += 1
+        return f"t{self._count}"
+
+    def emit(self, line: str) -> None:
+        self.lines.append("    " * self.indent + line)
+
+    def tile(self, shape, dtype: int, whole_axes=()) -> None:
+        if self.rows is not None and self.rows.whole_rows and len(shape) == 2:
+            # one tile of whole rows for every op of a row region, the reduced results
+            # included: a reduction never splits its axis (fusion/rows.py)
+            shape, whole_axes = (self.rows.rows, self.rows.columns), (1,)
+        split = self.rows is not None and self.rows.split_columns and len(shape) == 2
+        tile = self.policy.tile(tuple(shape), itemsize_of(dtype), tuple(whole_axes), split)
+        self.set_tile(self._rows_within_cube_tile(tuple(shape), tile))
+
+    def _rows_within_cube_tile(self, shape: tuple[int, ...], tile: tuple[int, ...]
+                               ) -> tuple[int, ...]:
+        """A vector tile over a matmul's product rows, with its rows dividing the cube's M tile:
+        a vector tile across two cube tiles made PyPTO stage the product through GM once more
+        (ppocrv4_det's 384x192x400 fp32 Conv with HardSwish, cube M tile 192: 2,723,072 B read
+        and 2,451,200 written under vector tiles of 10 rows, 2,115,072 and 1,228,800, the
+        platform bound, under 8 or 16; docs/pypto-ops.md, "MatMul")."""
+        if self.cube_rows is None or len(shape) != 2 or shape[0] != self.product_rows \
+                or tile[0] >= shape[0] or self.cube_rows % tile[0] == 0:
+            return tile
+        rows = next(d for d in range(min(tile[0], self.cube_rows), 0, -1)
+                    if self.cube_rows % d == 0)
+        return (rows, *tile[1:])
+
+    def set_tile(self, tile: tuple[int, ...]) -> None:
+        """Emit ``tile`` as the vector tile of the ops that follow (not a transpose result's)."""
+        self.current_tile, self._following = tuple(tile), False
+        self.emit(f"pypto.set_vec_tile_shapes({', '.join(map(str, tile))})")
+
+    def follow(self, shape, dtype: int, tensors: Sequence[str]) -> None:
+        """The tile for an op on ``shape``: the one a transpose's result among ``tensors`` was
+        made under, held in that shape, else the policy's. PyPTO tiles a transpose over its
+        input, so its result comes in the input's tile swapped; an op after it under any other
+        tile made PyPTO stage the result through GM (a [64, 400] fp32 transpose then an add:
+        167,936 B read under the own tile, 102,400 under the swapped one; docs/pypto-ops.md,
+        "Transposes")."""
+        for tensor in tensors:
+            name, held = self.names.get(tensor, ("", ()))
+            tile = self.tiles.get(name)
+            if tile is not None and held == tuple(shape) and len(tile) == len(shape):
+                self.set_tile(tile)
+                self._following = True
+                return
+        self.tile(shape, dtype)
+
+    def assign(self, tensor: str, expression: str, shape: Sequence[int] | None = None) -> str:
+        name = self.fresh()
+        self.emit(f"{name} = {expression}")
+        self.hold(tensor, name, self.shape(tensor) if shape is None else shape)
+        if self._following:  # its result comes in the same tile: whoever reads it follows too
+            self.tiles[name] = self.current_tile
+        return name
+
+
+def let(w: Writer, expression: str) -> str:
+    """A fresh variable holding ``expression``, for a temporary no tensor is held in."""
+    name = w.fresh()
+    w.emit(f"{name} = {expression}")
+    return name
+
+
+def full(w: Writer, shape, value, dtype: int) -> str:
+    """A ``pypto.full`` tile of ``value``: a constant as a tensor where PyPTO takes no scalar."""
+    if dtype in BYTE_INTEGERS:  # "unsupported type, dstDtypeStr: int8_t" in its code generation
+        raise CannotExpress(f"PyPTO 0.2.0 fills no {onnx.TensorProto.DataType.Name(dtype)} tile "
+                            "(GenDupOp)")
+    dt = pypto_dtype(dtype)
+    return f"pypto.full({list(shape)}, pypto.Element({dt}, {float_literal(value)}), {dt})"
