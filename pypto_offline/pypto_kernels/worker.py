@@ -10,6 +10,10 @@ inside the folder. The server says ``ready`` once torch and pypto are imported; 
 children die with their build, and so do PyPTO's own child processes (``guard_process_group``;
 docs/workers.md).
 
+Of the compiler it imports the job protocol only (``jobs/protocol.py``); the package around it
+still imports the stages (docs/determinism.md, "What the fork server imports": the server's
+imports reach the kernels' bytes).
+
 Recipes (docs/pypto-recipes.md):
 - a quiet simulator config through ``TILEFWK_CONFIG_PATH``;
 - the pass-verify input hand-over fix, with the calculator built once into a shared cache;
