@@ -53,8 +53,8 @@ MAX_TILES = 1024
 class TilePolicy:
     budget_bytes: int
     # The other transpose-tile orientation: a transpose under the tile its input was made under,
-    # and every op reading its result under that tile swapped (``codegen._transpose_input_tile``,
-    # ``_Writer.follow``), where PyPTO keeps the data in UB; the default tiles the output as any
+    # and every op reading its result under that tile swapped (``codegen.movement._transpose_input_tile``,
+    # ``Writer.follow``), where PyPTO keeps the data in UB; the default tiles the output as any
     # op's. On [64, 400] fp32, mul and relu then the transpose: 102,400 B read in 3.4 us against
     # 167,936; ppocrv4_rec's SiLU then transpose of 1x120x80: 17.8 us against 8.6 with the
     # default, so the search compiles both (docs/pypto-ops.md, "Transposes").
