@@ -1,12 +1,13 @@
 # Two entry points, each creating its own virtual environment when needed:
 #   make run   compile the bundled example model (blob and HTML report beside it)
 #   make test  run the test suite
+# and, for iterating: make test-fast (the tests that need no PyPTO compile, under 2 minutes)
 VENV ?= .venv
 PYTHON ?= python3
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test clean chromium graphviz
+.PHONY: run test test-fast clean chromium graphviz
 
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +22,11 @@ run: $(STAMP) graphviz
 
 test: $(STAMP) graphviz chromium
 	$(PY) -m pytest -q tests
+
+# The tier without the ``pypto`` marker (setup.cfg): planning, views, codegen text, blobs, CLI
+# parsing; every test that compiles a kernel with PyPTO is marked and left out.
+test-fast: $(STAMP) graphviz
+	$(PY) -m pytest -q -m "not pypto" tests
 
 # Debian packages, installed when missing: Graphviz's dot lays out the report's graph; the report
 # test renders pages in headless Chromium (Playwright drives it and downloads no browser of its own).

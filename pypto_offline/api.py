@@ -7,7 +7,7 @@
     compiled.summary()              # the figures `pypto-offline --json` prints
     again = pypto_offline.load("model.kirin9050.ptom")
 
-This module and ``cli.py`` are the only places that call every stage.
+This module and the ``cli`` package are the only places that call every stage.
 """
 from __future__ import annotations
 

@@ -1,9 +1,32 @@
 """Hypothesis explores new random examples on every developer run; in CI (CI=true) it replays a
-fixed sequence, so that a submission's CI result does not depend on the draw."""
+fixed sequence, so that a submission's CI result does not depend on the draw.
+
+The fast tier (``make test-fast``: ``-m "not pypto"``) runs with PyPTO hidden, in this process
+and in every worker it starts: a test that needs PyPTO but lacks the ``pypto`` marker fails
+there instead of quietly making the tier slow."""
 import os
+import sys
+from pathlib import Path
 
 from hypothesis import settings
 
 settings.register_profile("ci", derandomize=True, print_blob=True)
 if os.environ.get("CI") == "true":
     settings.load_profile("ci")
+
+FAST_TIER = "not pypto"
+HIDDEN_PYPTO = Path(__file__).resolve().parent / "data" / "no_pypto"
+
+
+def pytest_configure(config):
+    if " ".join(config.option.markexpr.split()) == FAST_TIER:
+        _hide_pypto()
+
+
+def _hide_pypto() -> None:
+    """The stand-in ``pypto`` (tests/data/no_pypto) first on the path of this process and of
+    every process it starts (workers inherit the environment)."""
+    sys.path.insert(0, str(HIDDEN_PYPTO))
+    sys.modules.pop("pypto", None)
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        [str(HIDDEN_PYPTO)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])

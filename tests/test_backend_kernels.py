@@ -24,6 +24,8 @@ from pypto_offline.pypto_kernels.compiler import compile_regions, setup_for
 from pypto_offline.runtime import TOLERANCE, max_abs_diff, run_model
 from pypto_offline.targets import TARGETS
 
+pytestmark = pytest.mark.pypto  # every test here compiles with PyPTO
+
 ISSUE_19_OPS = frozenset(
     "Abs Acos Acosh Asin Asinh Atan Atanh Ceil Celu Clip Cos Cosh Elu Erf Exp Floor Gelu "
     "HardSigmoid HardSwish LeakyRelu Log Mish Neg Not And Or Xor Pow PRelu Reciprocal Relu "

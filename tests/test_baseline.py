@@ -42,6 +42,7 @@ def both(tmp_path_factory):
     return estimated, after_default, measured, _entries(cache)
 
 
+@pytest.mark.pypto
 def test_a_default_build_compiles_nothing_for_the_baseline(both):
     estimated, after_default, _, _ = both
     assert estimated.summary()["pypto"]["compiled"] == 1
@@ -50,6 +51,7 @@ def test_a_default_build_compiles_nothing_for_the_baseline(both):
     assert estimated.message.provenance.options["baseline"] == baseline.ESTIMATED
 
 
+@pytest.mark.pypto
 def test_the_estimate_is_the_shipped_fit_of_the_regions_ops(both):
     estimated = both[0]
     (kernel,) = estimated.message.kernels
@@ -62,6 +64,7 @@ def test_the_estimate_is_the_shipped_fit_of_the_regions_ops(both):
     assert estimated.message.totals.cost_us_unfused == pytest.approx(expected, abs=1e-3)
 
 
+@pytest.mark.pypto
 def test_measure_baseline_compiles_each_op_once_into_the_shared_cache(both):
     _, _, measured, after_measured = both
     ops = [e for e in after_measured if "unfused_us" in e]
@@ -72,12 +75,14 @@ def test_measure_baseline_compiles_each_op_once_into_the_shared_cache(both):
     assert measured.message.provenance.options["baseline"] == baseline.MEASURED
 
 
+@pytest.mark.pypto
 def test_the_baseline_choice_does_not_change_the_kernel_shipped(both):
     estimated, _, measured, _ = both
     (a,), (b,) = estimated.message.kernels, measured.message.kernels
     assert a.source == b.source and list(a.artifacts) == list(b.artifacts)
 
 
+@pytest.mark.pypto
 def test_the_report_marks_an_estimated_baseline_as_an_estimate(both):
     estimated, _, measured, _ = both
     for compiled, is_estimate in ((estimated, True), (measured, False)):

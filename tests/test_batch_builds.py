@@ -47,6 +47,7 @@ def batch(tmp_path_factory):
     return folder, models, done
 
 
+@pytest.mark.pypto
 def test_a_batch_writes_every_build_and_one_json_line_each_in_order(batch):
     folder, models, done = batch
     assert done.returncode == 0, done.stderr
@@ -63,6 +64,7 @@ def test_a_batch_writes_every_build_and_one_json_line_each_in_order(batch):
     assert builds[1]["kernel_cache"]["pypto_compiles"] == 0
 
 
+@pytest.mark.pypto
 def test_a_batch_blob_is_the_blob_of_a_build_alone(batch, tmp_path):
     folder, models, _ = batch
     alone = tmp_path / "small.kirin9050.ptom"
@@ -72,6 +74,7 @@ def test_a_batch_blob_is_the_blob_of_a_build_alone(batch, tmp_path):
     assert alone.read_bytes() == (folder / "out" / "small.kirin9050.ptom").read_bytes()
 
 
+@pytest.mark.pypto
 def test_a_bad_model_in_a_batch_is_exit_2_and_the_others_are_built(tmp_path):
     broken = tmp_path / "broken.onnx"
     broken.write_bytes(b"not a model")

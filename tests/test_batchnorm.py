@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import pytest
 from onnx import numpy_helper
 
 from pypto_offline import import_model
@@ -108,6 +109,7 @@ def test_a_rewrite_that_changes_the_outputs_is_refused():
     assert same_outputs(model, model) and not same_outputs(model, wrong)
 
 
+@pytest.mark.pypto
 def test_a_per_channel_affine_runs_on_channel_rows_at_its_lower_bound(tmp_path):
     """A transposed convolution's bias, a BatchNorm's scale and shift and a ReLU over NCHW run
     as [C, H*W] rows with the per-channel operands [C, 1] (fusion/rows.channel_rows): on the

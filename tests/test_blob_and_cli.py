@@ -52,11 +52,13 @@ def test_generated_module_agrees_with_the_proto(tmp_path):
     assert regenerated.read_bytes() == committed.read_bytes()
 
 
+@pytest.mark.pypto
 def test_two_builds_are_byte_identical(builds):
     (first, _), (second, _) = builds
     assert first.read_bytes() == second.read_bytes()
 
 
+@pytest.mark.pypto
 def test_two_builds_write_byte_identical_reports_beside_their_blobs(builds):
     (first, one), (second, two) = builds
     reports = [Path(one["report"]), Path(two["report"])]
@@ -65,6 +67,7 @@ def test_two_builds_write_byte_identical_reports_beside_their_blobs(builds):
     assert reports[0].read_bytes() == reports[1].read_bytes()
 
 
+@pytest.mark.pypto
 def test_summary_has_the_promised_fields(builds):
     _, summary = builds[0]
     for key in ("model", "model_sha256", "target", "blob", "report", "nodes_before", "nodes_after",
@@ -81,6 +84,7 @@ def test_summary_has_the_promised_fields(builds):
     assert (summary["kernels_before"], summary["kernels_after"]) == (6, 2)
 
 
+@pytest.mark.pypto
 def test_cli_inspect_and_verify_agree(builds):
     path, compiled = builds[0]
     inspected = json.loads(run_cli("inspect", path, "--json").stdout)
@@ -107,6 +111,7 @@ def _schema_validator(definition: str):
     return jsonschema.Draft202012Validator({**schema, "$ref": f"#/$defs/{definition}"})
 
 
+@pytest.mark.pypto
 def test_every_json_output_follows_the_schema(builds, tmp_path):
     """compile, inspect, verify, report, targets and cache: schema_version 1, the keys the
     schema file promises, and nothing outside them where it says so."""
@@ -140,6 +145,7 @@ def _refused(data: bytes) -> bool:
     return False
 
 
+@pytest.mark.pypto
 def test_any_flipped_byte_or_truncation_is_refused(builds):
     data = builds[0][0].read_bytes()
     positions = list(range(blob.HEADER.size)) + list(range(blob.HEADER.size, len(data), 97))
@@ -152,6 +158,7 @@ def test_any_flipped_byte_or_truncation_is_refused(builds):
         assert _refused(data[:length]), length
 
 
+@pytest.mark.pypto
 @pytest.mark.parametrize("damage", ["flip", "truncate", "random", "version"])
 def test_the_cli_refuses_a_damaged_blob_with_exit_2(damage, builds, tmp_path, capfd):
     data = bytearray(builds[0][0].read_bytes())
@@ -172,6 +179,7 @@ def test_the_cli_refuses_a_damaged_blob_with_exit_2(damage, builds, tmp_path, ca
         assert "Traceback" not in err
 
 
+@pytest.mark.pypto
 def test_a_wrong_compiled_graph_fails_verification_with_exit_1(builds, tmp_path):
     message = blob.read(builds[0][0])
     import onnx
@@ -186,11 +194,13 @@ def test_a_wrong_compiled_graph_fails_verification_with_exit_1(builds, tmp_path)
     assert json.loads(done.stdout)["verification"]["status"] == "failed"
 
 
+@pytest.mark.pypto
 def test_reader_checks_the_target(builds):
     with pytest.raises(ModelError, match="compiled for 'kirin9050', not 'ascend910b'"):
         pypto_offline.load(builds[0][0], expected_target="ascend910b")
 
 
+@pytest.mark.pypto
 def test_real_inputs_from_npz_and_their_errors(builds, tmp_path, capfd):
     path = builds[0][0]
     inputs = tmp_path / "x.npz"
@@ -249,6 +259,7 @@ def targets_cache(tmp_path_factory):
     return tmp_path_factory.mktemp("targets") / "cache"
 
 
+@pytest.mark.pypto
 @pytest.mark.parametrize("target", sorted(TARGETS))
 def test_the_example_compiles_for_every_target(target, tmp_path, targets_cache):
     out = tmp_path / f"example.{target}.ptom"

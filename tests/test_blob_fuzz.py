@@ -52,6 +52,7 @@ def read_or_refuse(data: bytes) -> None:
     render_report(message)
 
 
+@pytest.mark.pypto
 @FUZZ
 @given(data=st.data())
 def test_flipped_bytes_anywhere(valid_blob, data):
@@ -63,6 +64,7 @@ def test_flipped_bytes_anywhere(valid_blob, data):
         blob.from_bytes(bytes(damaged))
 
 
+@pytest.mark.pypto
 @FUZZ
 @given(data=st.data())
 def test_truncation_at_any_length(valid_blob, data):
@@ -79,6 +81,7 @@ def test_random_bytes(raw):
     read_or_refuse(signed(raw))
 
 
+@pytest.mark.pypto
 @FUZZ
 @given(version=st.integers(0, 2**32 - 1).filter(lambda v: v != blob.FORMAT_VERSION))
 def test_wrong_versions(valid_blob, version):
@@ -87,6 +90,7 @@ def test_wrong_versions(valid_blob, version):
         blob.from_bytes(signed(payload, version))
 
 
+@pytest.mark.pypto
 @FUZZ
 @given(data=st.data())
 def test_damaged_payload_with_a_valid_digest(valid_blob, data):

@@ -86,6 +86,7 @@ def test_targets_lists_each_targets_chip_names(capfd):
     assert "Ascend910B3" in capfd.readouterr().out
 
 
+@pytest.mark.pypto
 def test_a_blob_is_checked_against_a_chip_name(example_build):
     folder, _, done = example_build
     assert done.returncode == 0, done.stderr
@@ -97,6 +98,7 @@ def test_a_blob_is_checked_against_a_chip_name(example_build):
 
 # --- the ATC-style build ------------------------------------------------------------------------
 
+@pytest.mark.pypto
 def test_the_atc_spelled_build_writes_the_stem_and_passes(example_build):
     folder, _, done = example_build
     assert done.returncode == 0, done.stderr
@@ -114,6 +116,7 @@ def test_the_atc_spelled_build_writes_the_stem_and_passes(example_build):
             .graph.input[0].type.tensor_type.shape.dim] == [1, 3, 64, 64]
 
 
+@pytest.mark.pypto
 def test_atc_input_shape_builds_the_same_graph_as_dim(example_build, tmp_path):
     """Same shapes, same kernel: the second build is a cache hit of the first's."""
     folder, cache, done = example_build
@@ -319,6 +322,7 @@ def test_the_env_var_moves_the_default_cache_and_cache_dir_wins(tmp_path, monkey
     assert kernel_cache.default_cache_dir() == tmp_path / "xdg" / "pypto-offline" / "kernels"
 
 
+@pytest.mark.pypto
 def test_info_counts_a_real_builds_entries_by_kind(example_build, capfd):
     _, cache, done = example_build
     assert done.returncode == 0, done.stderr
@@ -332,6 +336,7 @@ def test_info_counts_a_real_builds_entries_by_kind(example_build, capfd):
     assert f"entries: {info['entries']} (" in capfd.readouterr().out
 
 
+@pytest.mark.pypto
 def test_clean_removes_every_entry_and_leaves_a_live_builds_staging(example_build, tmp_path,
                                                                     capfd):
     _, cache, done = example_build

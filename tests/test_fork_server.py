@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import pytest
 from pypto_offline.pypto_kernels import program_figures, tiling
 from pypto_offline.pypto_kernels.cache import KernelCache
 from pypto_offline.pypto_kernels.codegen import KERNEL_FUNCTION, kernel_source
@@ -110,6 +111,7 @@ def compiled(result: JobResult) -> bool:
     return result.failure is None and all(c.compiled for c in result.candidates)
 
 
+@pytest.mark.pypto
 def test_a_failed_compile_does_not_poison_the_next_job_in_the_same_server(tmp_path):
     broken, good = tiny_job(BROKEN), tiny_job()
     # the hazard: the two kernels as candidates of one job, the good one after the failed one;
@@ -133,6 +135,7 @@ def live(pid: int) -> bool:
         return False
 
 
+@pytest.mark.pypto
 def test_a_timed_out_job_loses_its_process_group_and_the_server_serves_the_next(tmp_path):
     started = time.monotonic()
     (hung, folder, first), (then, _, second) = run_jobs(
@@ -146,6 +149,7 @@ def test_a_timed_out_job_loses_its_process_group_and_the_server_serves_the_next(
     assert time.monotonic() - started < 200
 
 
+@pytest.mark.pypto
 def test_the_servers_are_gone_when_the_build_is(tmp_path):
     """After ``pool.each``: no server process, no server folder in the staging area."""
     ((result, folder, server),) = run_jobs(tmp_path, [tiny_job()])
@@ -154,6 +158,7 @@ def test_the_servers_are_gone_when_the_build_is(tmp_path):
     assert [p.name for p in (tmp_path / "tmp").iterdir()] == [folder.parent.name]
 
 
+@pytest.mark.pypto
 def test_every_child_writes_its_pypto_side_files_into_its_job_folder(tmp_path):
     """PyPTO reads its config and log folder at import: one server per cost-model config, whose
     log folder the child points at its job's folder; the run data folder (read per compile)
@@ -173,6 +178,7 @@ def test_every_child_writes_its_pypto_side_files_into_its_job_folder(tmp_path):
     assert times["kirin9050"] != times["ascend950"], times  # the A5 tables were used
 
 
+@pytest.mark.pypto
 def test_a_kernel_compiled_after_other_jobs_of_its_server_has_the_same_artifacts(tmp_path):
     """Each child starts from the server's state as it was after import, whatever jobs (a failed
     one among them) the server ran before: the same kernel, the same bytes."""
@@ -218,6 +224,7 @@ def window_merge() -> onnx.ModelProto:
                         shape=[1, 196, 32]))
 
 
+@pytest.mark.pypto
 def test_a_kernel_ships_the_same_artifacts_whatever_its_folder_and_the_jobs_before(tmp_path):
     """The compile whose artifacts ship allocates from a heap of its own, with paths of one
     length (docs/determinism.md, "The heap a compile starts from"). Three checked compiles of
@@ -263,6 +270,7 @@ def servers_running(folder: Path) -> list[int]:
     return found
 
 
+@pytest.mark.pypto
 def test_a_region_compiled_on_its_own_starts_a_server_and_stops_it(tmp_path):
     """``compile_region`` outside a build's pool: a server of its own for the job, gone after."""
     b = GraphBuilder()
@@ -275,6 +283,7 @@ def test_a_region_compiled_on_its_own_starts_a_server_and_stops_it(tmp_path):
     assert list((tmp_path / "tmp").iterdir()) == [], "a server's folder is left behind"
 
 
+@pytest.mark.pypto
 def test_a_job_child_never_collects_the_objects_its_server_imported(tmp_path):
     """The server freezes torch's and pypto's objects before forking (docs/compile-time.md,
     "Where one compile's time goes"): without it, every full collection in a child walked them
@@ -305,6 +314,7 @@ def test_program_json_is_parsed_with_the_collector_paused(tmp_path, monkeypatch)
         gc.enable()
 
 
+@pytest.mark.pypto
 def test_a_search_job_may_compile_its_candidates_in_parallel_children(tmp_path):
     """``parallel``: each candidate in a child of the job's process, two at a time; the same
     answers as one after another, and a failed candidate spoils none of the others."""

@@ -58,6 +58,7 @@ def miss_then_hit(tmp_path_factory):
     return missed, first_log, hit, host_log(cache, hit.cache_key)
 
 
+@pytest.mark.pypto
 def test_a_replayed_host_compile_ships_the_same_kernel(miss_then_hit):
     missed, first_log, hit, second_log = miss_then_hit
     assert missed.compiled and hit.compiled and not hit.from_cache, hit.fallback_reason
@@ -92,6 +93,7 @@ def entries(cache: Path) -> list[Path]:
     return [e for e in (cache / host.SUBFOLDER).glob("??/*") if e.is_dir()]
 
 
+@pytest.mark.pypto
 def test_a_hit_writes_what_the_compiler_writes_in_that_job(tmp_path):
     """Another job folder (as in every build): the key does not see it, and the output and
     messages name this job's source, as the real g++ run here would."""
@@ -109,6 +111,7 @@ def test_a_hit_writes_what_the_compiler_writes_in_that_job(tmp_path):
     assert replayed.stderr == real.stderr and b"warning" in real.stderr
 
 
+@pytest.mark.pypto
 def test_a_changed_header_is_a_miss(tmp_path):
     job, source = wrapper_job(tmp_path, "job")
     assert host_compile(job, source).returncode == 0
@@ -119,6 +122,7 @@ def test_a_changed_header_is_a_miss(tmp_path):
     assert len(entries(tmp_path / "cache")) == 2
 
 
+@pytest.mark.pypto
 def test_a_damaged_host_compiler_entry_is_a_miss_and_is_replaced(tmp_path):
     job, source = wrapper_job(tmp_path, "job")
     assert host_compile(job, source).returncode == 0
@@ -143,6 +147,7 @@ def test_a_failing_host_compile_is_not_cached(tmp_path):
     assert entries(tmp_path / "cache") == [] and not (job / host.LOG).exists()
 
 
+@pytest.mark.pypto
 def test_only_plain_source_compiles_are_cached(tmp_path):
     """PyPTO also calls g++ to assemble the .s (-c); that, and a compile whose output names its
     folder (-g), run the real compiler untouched."""
@@ -176,6 +181,7 @@ def test_a_job_staged_in_a_kernel_cache_knows_that_cache(tmp_path):
     assert cache_root_of(tmp_path / "elsewhere") is None
 
 
+@pytest.mark.pypto
 def test_a_cache_that_cannot_be_used_leaves_the_compile_to_the_real_compiler(tmp_path):
     """A failure of the cache must not fail PyPTO's compile: that would be stored in the kernel
     cache as the kernel's compile error."""
@@ -220,6 +226,7 @@ def test_the_prologue_holds_the_defines_and_the_headers_from_outside_the_source_
     assert host.precompiled_prologue("#define A 1\nint x;\n", tmp_path) is None
 
 
+@pytest.mark.pypto
 @pytest.mark.parametrize("name", ["controlFlow_host_6493229403676378844.cpp",
                                   "control_flow_expr_table_0_0.cpp"])
 def test_pypto_sources_compile_through_the_precompiled_header_to_the_same_output(tmp_path, name):
@@ -238,6 +245,7 @@ def test_pypto_sources_compile_through_the_precompiled_header_to_the_same_output
     assert (entry / f"{host.PCH_HEADER}.gch").stat().st_size > 1_000_000
 
 
+@pytest.mark.pypto
 def test_one_precompiled_header_serves_every_source_with_that_prologue(tmp_path):
     """Other jobs and other sources opening with the same headers: built once, then read."""
     first, first_source = wrapper_job(tmp_path, "first")
@@ -248,6 +256,7 @@ def test_one_precompiled_header_serves_every_source_with_that_prologue(tmp_path)
     assert len(pch_entries(tmp_path / "cache")) == 1 and len(entries(tmp_path / "cache")) == 2
 
 
+@pytest.mark.pypto
 def test_a_damaged_precompiled_header_is_rebuilt(tmp_path):
     """A precompiled header is read back only as stored (its manifest): an edited one is a
     miss, with a warning, and a sound one replaces it; the compile's output is unchanged."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import pytest
 
 from pypto_offline.pypto_kernels import compile_kernels
 from pypto_offline.targets import TARGETS
@@ -26,6 +27,7 @@ def bert_mask(limit: int = 1):
     return b.model(b.op("Mul", [b.op("Mul", [inverted, b.const(np.float32(-10000.0))]), valid]))
 
 
+@pytest.mark.pypto
 def test_an_int64_attention_mask_is_one_kernel_holding_it_as_int32(tmp_path):
     graph, plan = fuse(bert_mask())
     assert plan.totals.kernels_after == 1, plan.unfused

@@ -7,6 +7,7 @@ models' (ppocr's LCNet, MobileNetV3), small enough to compile in seconds."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from pypto_offline.pypto_kernels import compile_kernels
 from pypto_offline.pypto_kernels.tiling import MERGE_CAPS
@@ -14,6 +15,8 @@ from pypto_offline.runtime import generate_inputs, max_abs_diff, run_model
 from pypto_offline.targets import TARGETS
 from tests.fusion_helpers import fuse
 from tests.onnx_builders import GraphBuilder
+
+pytestmark = pytest.mark.pypto  # every test here compiles with PyPTO
 
 RNG = np.random.default_rng(3)
 

@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 from onnx import helper
 
-from pypto_offline import api, cli
+from pypto_offline import api
+from pypto_offline.cli.text import StderrProgress, kernel_line
 from pypto_offline.progress import TIMED_STAGES, Progress
 from tests.onnx_builders import GraphBuilder
 
@@ -64,6 +65,7 @@ def cold(tmp_path_factory):
     return folder, model, run_cli(model, folder / "cold.ptom", folder / "cache", "--json")
 
 
+@pytest.mark.pypto
 def test_each_finished_kernel_is_a_plain_line_on_a_piped_stderr(cold):
     """On main the build printed progress only to a terminal: a CI log showed nothing for the
     whole compile."""
@@ -78,12 +80,14 @@ def test_each_finished_kernel_is_a_plain_line_on_a_piped_stderr(cold):
     assert "\r" not in err  # no running count redrawn in a log
 
 
+@pytest.mark.pypto
 def test_a_hostile_output_name_reaches_the_log_escaped(cold):
     _, _, done = cold
     assert "\x1b" not in done.stderr and "\x1b" not in done.stdout
     assert "evil\\x1b[2J\\n" in done.stderr
 
 
+@pytest.mark.pypto
 def test_json_stdout_stays_clean_and_holds_the_timings(cold):
     _, _, done = cold
     summary = json.loads(done.stdout)  # the whole stdout: no progress line mixed in
@@ -95,6 +99,7 @@ def test_json_stdout_stays_clean_and_holds_the_timings(cold):
     assert summary["kernel_cache"] == {"hits": 0, "compiled": 1, "pypto_compiles": 1}
 
 
+@pytest.mark.pypto
 def test_a_rebuild_says_cache_hit_and_prints_the_timings_line(cold):
     folder, model, first = cold
     done = run_cli(model, folder / "warm.ptom", folder / "cache")
@@ -111,6 +116,7 @@ def test_a_rebuild_says_cache_hit_and_prints_the_timings_line(cold):
         cold_blob.with_name("cold.report.html").read_bytes()
 
 
+@pytest.mark.pypto
 def test_quiet_prints_nothing(cold):
     folder, model, _ = cold
     done = run_cli(model, folder / "quiet.ptom", folder / "cache", "--quiet")
@@ -138,6 +144,7 @@ def recorded(cold):
     return recorder, compiled
 
 
+@pytest.mark.pypto
 def test_the_api_reports_through_the_progress_protocol(recorded):
     """Stages in order, then each kernel once, numbered 1..N, with its region and record."""
     recorder, compiled = recorded
@@ -149,6 +156,7 @@ def test_the_api_reports_through_the_progress_protocol(recorded):
     assert set(compiled.timings.as_dict()) == set(TIMED_STAGES)
 
 
+@pytest.mark.pypto
 def test_the_api_prints_nothing_by_default(cold, capfd):
     folder, model, _ = cold
     api.compile(model, "kirin9050", cache_dir=folder / "cache", tile_search=False)
@@ -160,12 +168,13 @@ class Terminal(io.StringIO):
         return True
 
 
+@pytest.mark.pypto
 def test_on_a_terminal_the_running_count_is_wiped_before_each_line(recorded):
     """Kernel lines stay whole lines on a terminal too; only the count between them is redrawn,
     and it is gone when the build ends."""
     recorder, _ = recorded
     screen = Terminal()
-    progress = cli._StderrProgress(screen)
+    progress = StderrProgress(screen)
     first, last = recorder.kernels
     progress.kernel(*first)
     assert screen.getvalue().endswith("\n[1/2] kernels finished")
@@ -174,7 +183,7 @@ def test_on_a_terminal_the_running_count_is_wiped_before_each_line(recorded):
     text = screen.getvalue()
     wiped = text.split("\r\x1b[K")
     assert len(wiped) == 2 and wiped[0].endswith("\n[1/2] kernels finished")
-    assert wiped[1] == cli.kernel_line(*last) + "\n"  # the last kernel: no count left behind
+    assert wiped[1] == kernel_line(*last) + "\n"  # the last kernel: no count left behind
     assert "\x1b[2J" not in text  # the model's escape sequence is not written raw
 
 

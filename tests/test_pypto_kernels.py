@@ -38,6 +38,7 @@ def anchor_kernels(tmp_path_factory):
     return cache, results
 
 
+@pytest.mark.pypto
 @pytest.mark.parametrize("name", ["slice_pad_tile_transpose_reshape_add", "channel_shuffle",
                                   "rotary"])
 def test_anchor_kernels_compile_and_pass_their_functional_check(anchor_kernels, name):
@@ -61,6 +62,7 @@ def test_anchor_kernels_compile_and_pass_their_functional_check(anchor_kernels, 
     assert "Ascend910B" in kernel.platform
 
 
+@pytest.mark.pypto
 def test_a_warm_rebuild_compiles_nothing(anchor_kernels):
     cache, results = anchor_kernels
     graph, plan, (cold,), _ = results["rotary"]
@@ -108,6 +110,7 @@ def test_a_region_the_generator_refuses_is_not_counted_as_a_compile(tmp_path):
     assert compiled.kernel_cache == {"hits": 0, "compiled": 0, "pypto_compiles": 0}
 
 
+@pytest.mark.pypto
 @pytest.mark.parametrize("sabotage,expected", [
     ("import os\nos._exit(3)\n", "crashed (exit code 3)"),
     ("import time\ntime.sleep(60)\n", "did not finish within 5 s"),
@@ -136,6 +139,7 @@ def test_a_crashing_or_hanging_compile_falls_back_and_the_build_goes_on(
     assert_compiled_matches(graph, replanned)
 
 
+@pytest.mark.pypto
 def test_same_kernel_same_artifacts_whatever_the_cache_folder(tmp_path):
     graph, plan = fuse(rotary())
     first, second = (compile_kernels(graph, plan, TARGETS["kirin9050"], cache_dir=tmp_path / d,
@@ -147,6 +151,7 @@ def test_same_kernel_same_artifacts_whatever_the_cache_folder(tmp_path):
         first.artifacts["program.json.gz"])
 
 
+@pytest.mark.pypto
 def test_gm_bytes_of_an_elementwise_chain_meet_the_lower_bound(tmp_path):
     from tests.onnx_builders import GraphBuilder
 
@@ -161,6 +166,7 @@ def test_gm_bytes_of_an_elementwise_chain_meet_the_lower_bound(tmp_path):
     assert kernel.gm_bytes <= 1.05 * lower_bound
 
 
+@pytest.mark.pypto
 def test_an_elementwise_region_on_padded_rows_gains_from_the_flat_layout(tmp_path):
     from tests.onnx_builders import GraphBuilder
 
@@ -174,6 +180,7 @@ def test_an_elementwise_region_on_padded_rows_gains_from_the_flat_layout(tmp_pat
     assert kernel.gm_bytes == plan.regions[0].fused.gm_bytes
 
 
+@pytest.mark.pypto
 @pytest.mark.parametrize("model", ["asr_frontend_whisper80_conv", "asr_frontend_nemo80"])
 def test_every_region_of_a_corpus_model_compiles_or_falls_back_with_a_reason(model, tmp_path):
     """Through the build: a matmul whose kernel with its epilogue does not compile (whisper's
@@ -196,6 +203,7 @@ def test_every_region_of_a_corpus_model_compiles_or_falls_back_with_a_reason(mod
     assert compiled.verify(spec.make_inputs(seed=0)).status == "passed"
 
 
+@pytest.mark.pypto
 def test_ascend950_kernels_are_costed_with_the_a5_tables(anchor_kernels, tmp_path):
     _, results = anchor_kernels
     graph, plan, (on_kirin,), _ = results["rotary"]
@@ -205,6 +213,7 @@ def test_ascend950_kernels_are_costed_with_the_a5_tables(anchor_kernels, tmp_pat
     assert on_950.tuned_tile.aicore_us != on_kirin.default_tile.aicore_us
 
 
+@pytest.mark.pypto
 def test_a_region_that_simplifies_to_a_rename_compiles_as_one_copy(tmp_path):
     from tests.onnx_builders import GraphBuilder
 
@@ -242,6 +251,7 @@ def test_the_unfused_baseline_measures_regions_in_parallel(monkeypatch, tmp_path
     assert list(costs.items()) == [("a", 1.5), ("b", None)]
 
 
+@pytest.mark.pypto
 def test_two_regions_doing_the_same_work_compile_once(tmp_path):
     """Same ops on the same shapes, other tensor names: one cache entry serves both regions,
     for the kernel and for each op of the unfused baseline, even when both are compiled at once
@@ -283,6 +293,7 @@ def test_regions_checked_with_other_constant_values_do_not_share_a_kernel():
     assert interfaces[0] == interfaces[2] != interfaces[1]
 
 
+@pytest.mark.pypto
 def test_targets_of_one_cost_model_share_their_compiles(tmp_path):
     """kirin9050 and ascend910b compile for the same 910B tables: once the kernel is compiled for
     one, the other finds every compile (search and checked final) in the cache and runs no
@@ -303,6 +314,7 @@ def test_targets_of_one_cost_model_share_their_compiles(tmp_path):
     assert ascend.max_abs_diff == kirin.max_abs_diff and ascend.verdicts == kirin.verdicts
 
 
+@pytest.mark.pypto
 def test_a_small_region_checks_its_first_round_and_ships_what_a_checked_final_compile_ships(
         monkeypatch, tmp_path):
     """Below ``CHECKED_SEARCH_BYTES`` the first round of the tile search runs pass-verify as it

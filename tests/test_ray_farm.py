@@ -19,6 +19,8 @@ import pytest
 from tests.malformed import EXAMPLE
 from tests.onnx_builders import GraphBuilder
 
+pytestmark = pytest.mark.pypto  # every test here compiles with PyPTO
+
 REPO = Path(__file__).resolve().parent.parent
 RAY = Path(sys.executable).with_name("ray")
 TARGETS = "kirin9050,ascend910b"

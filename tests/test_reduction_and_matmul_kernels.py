@@ -231,6 +231,7 @@ def built(tmp_path_factory):
     return planned, kernels
 
 
+@pytest.mark.pypto
 @pytest.mark.parametrize("name", sorted(PATTERNS))
 def test_the_pattern_is_one_kernel_that_passes_its_check(built, name):
     planned, kernels = built
@@ -247,6 +248,7 @@ def test_the_pattern_is_one_kernel_that_passes_its_check(built, name):
     assert_compiled_matches(graph, plan)
 
 
+@pytest.mark.pypto
 @pytest.mark.parametrize("name", sorted(COMPARISON_PATTERNS))
 def test_comparisons_fuse_with_their_casts_and_match_onnxruntime(built, name):
     planned, kernels = built
@@ -257,6 +259,7 @@ def test_comparisons_fuse_with_their_casts_and_match_onnxruntime(built, name):
     assert_compiled_matches(graph, plan)
 
 
+@pytest.mark.pypto
 def test_a_torch_group_norm_is_a_normalisation_kernel_and_an_affine_one(built):
     """The group rows [4, 256] normalise in one kernel (with the ReLU before them); the
     per-channel scale and shift broadcast over a channel's 64 pixels, a part of a row, so they
@@ -273,6 +276,7 @@ def test_a_torch_group_norm_is_a_normalisation_kernel_and_an_affine_one(built):
     assert_compiled_matches(graph, plan)
 
 
+@pytest.mark.pypto
 @pytest.mark.parametrize("name", sorted(AT_LOWER_BOUND))
 def test_the_kernel_moves_its_lower_bound(built, name):
     """A batched matmul runs as 2-D matmuls assembled at their place in the output (no
@@ -292,6 +296,7 @@ def test_the_kernel_moves_its_lower_bound(built, name):
     assert_compiled_matches(graph, plan)
 
 
+@pytest.mark.pypto
 @pytest.mark.parametrize("name", sorted(AT_PLATFORM_BOUND))
 def test_the_kernel_moves_its_platform_bound(built, name):
     """384 filters take two cube tiles of 192 rows, and the epilogue's vector tiles stay within
@@ -309,6 +314,7 @@ def test_the_kernel_moves_its_platform_bound(built, name):
     assert_compiled_matches(graph, plan)
 
 
+@pytest.mark.pypto
 def test_a_matmul_moves_its_lower_bound_plus_the_cube_to_vector_hand_off(built):
     """The bias joins the cube (no hand-off for it); the residual add is a vector op, so the
     product crosses to a vector core through GM once (docs/figures.md, "The platform bound")."""
@@ -322,6 +328,7 @@ def test_a_matmul_moves_its_lower_bound_plus_the_cube_to_vector_hand_off(built):
     assert region.fused.gm_bytes < moved <= 1.05 * (region.fused.gm_bytes + handoff)
 
 
+@pytest.mark.pypto
 def test_a_decomposed_layer_norm_is_at_least_three_times_faster_fused(built, tmp_path):
     """Under PyPTO's cost model (AICore time, launches included), against the same nine ops
     compiled one kernel each (what --measure-baseline does)."""

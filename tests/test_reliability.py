@@ -38,6 +38,7 @@ def cache_listing(cache: Path) -> dict[str, int]:
             if p.is_file()}
 
 
+@pytest.mark.pypto
 def test_two_builds_at_once_share_a_cache_and_a_third_compiles_nothing(tmp_path):
     from bench import corpus
 
@@ -67,6 +68,7 @@ def test_two_builds_at_once_share_a_cache_and_a_third_compiles_nothing(tmp_path)
     assert (tmp_path / "c.ptom").read_bytes() == (tmp_path / "b.ptom").read_bytes()
 
 
+@pytest.mark.pypto
 @pytest.mark.parametrize("sabotage,timeout,expected", [
     ("import os\nos._exit(3)\n", "300", "crashed (exit code 3)"),
     ("import time\ntime.sleep(120)\n", "5", "did not finish within 5 s"),

@@ -47,12 +47,14 @@ def corpus_build(tmp_path_factory):
     return summary, Path(summary["blob"]), Path(summary["report"])
 
 
+@pytest.mark.pypto
 def test_the_build_writes_the_report_beside_the_blob(corpus_build):
     summary, blob_path, report = corpus_build
     assert report == blob_path.with_name(f"{REPORT_MODEL}.kirin9050.report.html")
     assert report.stat().st_size > 10_000
 
 
+@pytest.mark.pypto
 def test_the_report_regenerates_byte_identical_from_the_blob(corpus_build, tmp_path):
     _, blob_path, report = corpus_build
     again = tmp_path / "again.html"
@@ -75,6 +77,7 @@ def test_a_build_on_a_machine_without_graphviz_stops_before_the_work(tmp_path):
     assert "Traceback" not in done.stderr and list(out.iterdir()) == []
 
 
+@pytest.mark.pypto
 def test_the_page_holds_everything_inline(corpus_build):
     html = corpus_build[2].read_text()
     for external in ("<link", "src=\"http", "src='http", "@import", "url(http"):
@@ -82,6 +85,7 @@ def test_the_page_holds_everything_inline(corpus_build):
     assert "default-src 'none'" in html   # the page's own policy forbids any fetch
 
 
+@pytest.mark.pypto
 def test_report_in_headless_chromium_matches_the_json_summary(corpus_build):
     summary, blob_path, report = corpus_build
     message = blob.read(blob_path)
@@ -237,6 +241,7 @@ def test_dot_lays_out_the_graph_as_one_svg():
     assert drawing.svg.count('class="node op') == 4
 
 
+@pytest.mark.pypto
 def test_identical_kernels_are_one_row_whatever_their_tensor_names(corpus_build):
     message = blob.read(corpus_build[1])
     copy = ptom_pb2.CompiledModel()
@@ -256,6 +261,7 @@ def test_identical_kernels_are_one_row_whatever_their_tensor_names(corpus_build)
     assert rows[0].ids == (message.kernels[0].id, "region_twin") and rows[0].count == 2
 
 
+@pytest.mark.pypto
 def test_the_compiled_graph_download_keeps_the_graph_and_leaves_the_weights_out(corpus_build):
     message = blob.read(corpus_build[1])
     graph = onnx.load_from_string(downloads.graph_without_weights(message.onnx_model))
@@ -267,6 +273,7 @@ def test_the_compiled_graph_download_keeps_the_graph_and_leaves_the_weights_out(
     assert len(graph.SerializeToString()) < len(message.onnx_model) / 4
 
 
+@pytest.mark.pypto
 @pytest.mark.parametrize("kernels", [1, 300])
 def test_a_page_of_1_or_300_kernels_stays_small_and_opens_fast(corpus_build, tmp_path, kernels):
     """The issue's bounds (under 5 MB, open in under 2 s in headless Chromium) on pages of 1 and
@@ -302,6 +309,7 @@ def test_a_page_of_1_or_300_kernels_stays_small_and_opens_fast(corpus_build, tmp
     assert load_ms < report_pages.OPEN_LIMIT_MS, load_ms
 
 
+@pytest.mark.pypto
 def test_render_is_deterministic_for_the_same_blob(corpus_build):
     message = blob.read(corpus_build[1])
     assert render_report(message) == render_report(blob.read(corpus_build[1]))

@@ -61,6 +61,7 @@ def test_no_tile_candidate_reshapes_a_view(head):
         assert reshaped_views(source) == [], (policy, source)
 
 
+@pytest.mark.pypto
 def test_the_head_compiles_with_copies_per_tile_not_per_element(head, tmp_path):
     """Real PyPTO: with the view reshaped directly, the compiled program held 1636 COPY_IN for
     the 1600 elements of the reshaped view (and nudenet's 134,400 never compiled); with the

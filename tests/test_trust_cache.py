@@ -84,6 +84,7 @@ def clean(tmp_path_factory):
     return folder, model, summary, err
 
 
+@pytest.mark.pypto
 def test_a_relative_cache_dir_is_resolved_and_the_region_fuses(clean):
     """On main every worker (run in its job folder) looked for its job under the relative path,
     crashed, and the build shipped the region unfused with exit 0, caching the crash."""
@@ -119,6 +120,7 @@ if "pypto_offline.pypto_kernels.worker" in sys.orig_argv:
 '''
 
 
+@pytest.mark.pypto
 @pytest.mark.parametrize("signal", ["SIGINT", "SIGKILL"])
 def test_a_worker_killed_mid_compile_leaves_no_entry_and_the_next_build_fuses(signal, tmp_path):
     """SIGINT is what Ctrl-C in the terminal sends the workers too, SIGKILL what the OOM killer
@@ -179,8 +181,8 @@ def break_json(found):
 
 
 def edit_baseline(found):
-    rewrite_json(found["op1"] / "kernel.json", lambda r: r.update(unfused_us=0.001))
-    return found["op1"], "kernel.json differs from its manifest"
+    rewrite_json(found["op1"] / "op_cost.json", lambda r: r.update(unfused_us=0.001))
+    return found["op1"], "op_cost.json differs from its manifest"
 
 
 def edit_final_compile(found):
@@ -191,6 +193,7 @@ def edit_final_compile(found):
     return found["final"], "result.json differs from its manifest"
 
 
+@pytest.mark.pypto
 @pytest.mark.parametrize("tamper", [edit_cost, edit_source, add_file, break_json, edit_baseline,
                                     edit_final_compile])
 def test_a_damaged_entry_is_compiled_again_with_one_warning_and_the_same_blob(
@@ -223,6 +226,7 @@ def test_a_damaged_entry_is_compiled_again_with_one_warning_and_the_same_blob(
 PLANTED = "open({marker!r}, 'w').write('ran')\n"
 
 
+@pytest.mark.pypto
 def test_a_file_planted_where_kernel_sources_went_is_never_run(clean, tmp_path):
     """On main kernel modules were imported from a fixed shared folder, and one already there
     was not rewritten: any user could plant the next build's kernel."""

@@ -142,6 +142,7 @@ def rotary_blobs(rotary_model, tmp_path_factory) -> dict[str, tuple[bytes, dict]
     return results
 
 
+@pytest.mark.pypto
 def test_cold_builds_with_different_hash_seeds_at_once_give_identical_blobs(rotary_blobs):
     blobs = {name: blob for name, (blob, _) in rotary_blobs.items()}
     reference = blobs["own_cache_seed_1"]
@@ -179,6 +180,7 @@ print(os.listdir(sys.argv[1])[0])
 """
 
 
+@pytest.mark.pypto
 def test_pypto_in_a_worker_sees_no_host_address(tmp_path):
     """PyPTO ends its run folders' names with the host's IPv4 address (8 hex digits, or nothing
     without one), which moves its op numbers (docs/determinism.md, "The host's address"): with

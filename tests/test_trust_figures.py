@@ -43,6 +43,7 @@ def masked(tmp_path_factory):
     return compiled, compiled.save(folder / "masked.ptom"), folder
 
 
+@pytest.mark.pypto
 def test_a_region_whose_output_holds_minus_inf_fuses_and_verifies(masked):
     compiled, _, _ = masked
     (kernel,) = compiled.message.kernels
@@ -52,6 +53,7 @@ def test_a_region_whose_output_holds_minus_inf_fuses_and_verifies(masked):
     assert compiled.summary()["verification"]["status"] == "passed"
 
 
+@pytest.mark.pypto
 def test_a_one_element_constant_is_no_part_of_the_lower_bound(masked):
     """The kernel holds the 0.125 scale as an immediate: x, the mask and the output are all it
     must move, and it measures no less."""
@@ -82,6 +84,7 @@ def unmeasured_baseline(masked):
     return compiled.save(folder / "unmeasured.ptom")
 
 
+@pytest.mark.pypto
 def test_an_unmeasured_baseline_is_null_in_json_not_zero(unmeasured_baseline, capsys):
     code, out = _run_cli(["inspect", str(unmeasured_baseline), "--json"], capsys)
     assert code == 0
@@ -90,6 +93,7 @@ def test_an_unmeasured_baseline_is_null_in_json_not_zero(unmeasured_baseline, ca
     assert pypto["compiled"] == 1 and pypto["kernels_cost_compared"] == 0
 
 
+@pytest.mark.pypto
 def test_an_unmeasured_baseline_reads_not_measured_in_the_human_summary(unmeasured_baseline,
                                                                          capsys):
     code, out = _run_cli(["inspect", str(unmeasured_baseline)], capsys)
@@ -98,6 +102,7 @@ def test_an_unmeasured_baseline_reads_not_measured_in_the_human_summary(unmeasur
     assert "cost model not measured" in line and "0.0 µs" not in line
 
 
+@pytest.mark.pypto
 def test_an_unmeasured_baseline_reads_not_measured_in_the_report(unmeasured_baseline, tmp_path,
                                                                  capsys):
     code, _ = _run_cli(["report", str(unmeasured_baseline), "-o", str(tmp_path / "r.html")],
@@ -116,6 +121,7 @@ def _edited_blob(masked, path, edit):
     return blob.write(path, message)
 
 
+@pytest.mark.pypto
 def test_inspect_and_report_show_infinite_figures_as_inf(masked, tmp_path, capsys):
     def infinite(message):
         message.verification.status = "failed"
@@ -137,6 +143,7 @@ def test_inspect_and_report_show_infinite_figures_as_inf(masked, tmp_path, capsy
     assert '<td class="num" data-tile="tuned">inf</td>' in page
 
 
+@pytest.mark.pypto
 def test_inspect_and_report_show_absent_figures_as_not_measured(masked, tmp_path, capsys):
     def absent(message):
         del message.verification.outputs[:]  # a check that compared no output
@@ -196,6 +203,7 @@ def _opcodes(kernel) -> set[str]:
     return {op["opcode"] for f in program["functions"] for op in f["operations"]}
 
 
+@pytest.mark.pypto
 def test_a_transpose_kernel_measures_at_least_its_lower_bound(tmp_path):
     graph, plan = fuse(moveout_transpose())
     (kernel,) = compile_kernels(graph, plan, TARGETS["kirin9050"], cache_dir=tmp_path,
@@ -209,6 +217,7 @@ def test_a_transpose_kernel_measures_at_least_its_lower_bound(tmp_path):
     assert kernel.gm_bytes_read - inputs == kernel.gm_bytes_written - output > 0
 
 
+@pytest.mark.pypto
 def test_a_kernel_reading_a_slice_window_measures_at_least_its_lower_bound(tmp_path):
     """whisper's front end: transpose a spectrogram and drop its last frame. The kernel reads
     the frames it keeps only, so the bound must not count the dropped one."""
@@ -224,6 +233,7 @@ def test_a_kernel_reading_a_slice_window_measures_at_least_its_lower_bound(tmp_p
     assert kernel.gm_bytes >= region.fused.gm_bytes
 
 
+@pytest.mark.pypto
 @pytest.mark.parametrize("model, least_compiled, transposes_out, matmuls_alone", [
     ("tf_bert_encoder", 15, True, False), ("asr_frontend_whisper80_conv", 2, False, True)])
 def test_no_kernel_of_a_corpus_model_measures_below_its_lower_bound(
@@ -253,6 +263,7 @@ def test_no_kernel_of_a_corpus_model_measures_below_its_lower_bound(
     assert below == {}
 
 
+@pytest.mark.pypto
 def test_the_bench_check_flags_a_kernel_below_its_lower_bound(masked):
     from pypto_offline.offline_compiler.summary import kernels_below_lower_bound
 

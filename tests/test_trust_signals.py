@@ -118,6 +118,7 @@ def remaining_after(seconds: float, tmp_path: Path, sessions: set[int]) -> dict[
     return left
 
 
+@pytest.mark.pypto
 @pytest.mark.parametrize("signum,code,when", [
     (signal.SIGINT, 130, "while the worker starts"),
     (signal.SIGTERM, 143, "while the worker compiles"),
@@ -151,6 +152,7 @@ def finished_build(folder: Path) -> bytes:
     return (folder / "tiny.ptom").read_bytes()
 
 
+@pytest.mark.pypto
 def test_a_build_interrupted_mid_compile_then_rebuilt_on_its_cache_ships_the_clean_blob(
         tmp_path):
     """Ctrl-C while PyPTO compiles, then the same build again on the same cache: the blob is the
@@ -223,6 +225,7 @@ def child_runs_on(tmp_path: Path, seconds: float) -> bool:
     return alive
 
 
+@pytest.mark.pypto
 def test_a_killed_build_takes_its_workers_and_their_children_with_it(tmp_path):
     build = subprocess.Popen([sys.executable, "-c", hanging_kernel_build(tmp_path, 600)],
                              cwd=REPO, env=environment(), stdout=subprocess.PIPE,
@@ -237,6 +240,7 @@ def test_a_killed_build_takes_its_workers_and_their_children_with_it(tmp_path):
     assert not child_runs_on(tmp_path, 0) and not left, f"orphans of the killed build: {left}"
 
 
+@pytest.mark.pypto
 def test_a_timed_out_worker_dies_with_its_children_and_the_failure_is_transient(tmp_path):
     """The time limit kills the worker's whole process group, and the fallback is marked as not
     the kernel's fault (the cache does not keep it as the kernel's verdict)."""
@@ -250,6 +254,7 @@ def test_a_timed_out_worker_dies_with_its_children_and_the_failure_is_transient(
     assert first == "transient: True", first
 
 
+@pytest.mark.pypto
 def test_a_worker_that_cannot_start_fails_the_build_with_its_cause(tmp_path):
     """A torch that fails to import (any broken environment): exit 2 naming the cause, not a
     build that 'passes' with every region fallen back."""

@@ -27,8 +27,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from pypto_offline import __version__
+from pypto_offline.cli.text import (human_cache_clean, human_cache_info, human_summary,
+                                    print_fallbacks, print_summary, printable, progress_on_stderr)
 from pypto_offline.errors import BuildInterrupted, PyptoOfflineError, UsageError
-from pypto_offline.progress import SILENT, Progress
 from pypto_offline.targets import TARGETS, chip_names
 
 # 1 is also a build's exit code under --fail-on-fallback when a region fell back.
@@ -156,90 +157,6 @@ def _load_inputs(path: str | None) -> dict:
     return load_inputs(path)
 
 
-class _StderrProgress(Progress):
-    """Progress as plain lines on stderr, a terminal's or a CI log's: stage lines with the time
-    since the start, one line per finished kernel. On a terminal, a running count of finished
-    kernels stays on the last line, redrawn in place (never in a log, where it would be noise).
-    Every string from the model goes through ``printable`` (docs/outputs.md)."""
-
-    def __init__(self, stream):
-        self._stream = stream
-        self._terminal = stream.isatty()
-        self._started = time.perf_counter()
-        self._status = ""  # the running count on the terminal's last line, if drawn
-
-    def stage(self, name: str) -> None:
-        self._line(f"[{time.perf_counter() - self._started:6.1f} s] {printable(name)}")
-
-    def kernel(self, done: int, total: int, region, kernel) -> None:
-        self._line(kernel_line(done, total, region, kernel),
-                   status=f"[{done}/{total}] kernels finished" if done < total else "")
-
-    def close(self) -> None:
-        self._line(None)
-
-    def _line(self, text: str | None, status: str = "") -> None:
-        if self._status:  # wipe the count before the line takes its place
-            self._stream.write("\r\x1b[K")
-        if text is not None:
-            self._stream.write(text + "\n")
-        self._status = status if self._terminal else ""
-        self._stream.write(self._status)
-        self._stream.flush()
-
-
-# A fallback reason may quote a whole PyPTO error; the report and inspect keep it whole.
-REASON_CHARS = 240
-
-
-def kernel_line(done: int, total: int, region, kernel) -> str:
-    """``[12/40] region_7 Slice+Pad+Tile: compiled 1.9 s (tile 1x8x64x128; budget 65536 B)``,
-    ``... cache hit`` or ``... fell back: REASON``, with the model's strings made printable."""
-    ops = "+".join(op.op_type for op in region.original)
-    if not kernel.compiled:
-        reason = short_reason(kernel.fallback_reason or "no reason recorded")
-        outcome = f"fell back{' (cached)' if kernel.from_cache else ''}: {reason}"
-    elif kernel.from_cache:
-        outcome = "cache hit"
-    else:
-        outcome = f"compiled {kernel.compile_seconds:.1f} s ({_tile_text(kernel)})"
-    return f"[{done}/{total}] {printable(region.id)} {printable(ops)}: {outcome}"
-
-
-def short_reason(reason: str) -> str:
-    """A fallback reason made printable and cut to ``REASON_CHARS`` for one line of stderr."""
-    reason = printable(reason)
-    return reason if len(reason) <= REASON_CHARS else reason[:REASON_CHARS - 1] + "…"
-
-
-def _tile_text(kernel) -> str:
-    """The tuned tile as the kernel record has it: its budget, and the tile shapes its source
-    sets (the record keeps no shape; the source is the one the blob ships)."""
-    from pypto_offline.report.content import tile_shapes
-
-    shapes = list(dict.fromkeys("x".join(part.strip() for part in shape.strip("()").split(","))
-                                for _, shape in tile_shapes(kernel.source)))
-    budget = f"budget {kernel.tuned_tile.budget_bytes} B" if kernel.tuned_tile else ""
-    if not shapes:
-        return f"tile {budget}" if budget else "tile not recorded"
-    named = ", ".join(shapes[:3]) + (", …" if len(shapes) > 3 else "")
-    return f"tile{'s' if len(shapes) > 1 else ''} {named}" + (f"; {budget}" if budget else "")
-
-
-@contextmanager
-def _progress(quiet: bool):
-    """The build's progress on stderr (nothing with --quiet; stdout stays the summary's, so
-    --json output is clean); the terminal's running count is wiped however the build ends."""
-    if quiet:
-        yield SILENT
-        return
-    progress = _StderrProgress(sys.stderr)
-    try:
-        yield progress
-    finally:
-        progress.close()
-
-
 class _Build:
     """One model for one target, where its blob and report go, and its inputs' shapes."""
 
@@ -327,7 +244,7 @@ def run_compile(argv: list[str]) -> int:
     builds = _builds(args)
     inputs = _load_inputs(args.inputs)
     codes, summaries = [], []
-    with _progress(args.quiet) as progress, \
+    with progress_on_stderr(args.quiet) as progress, \
             api.executor(args.executor, args.ray_address) as executor:
         args.jobs = args.jobs or executor.slots or DEFAULT_JOBS
         with _batch(api, args.jobs, len(builds)):
@@ -377,10 +294,10 @@ def _run_build(build: _Build, args, inputs: dict, progress, executor
                "kernel_cache": compiled.kernel_cache,
                "compile_seconds": round(time.perf_counter() - started, 2),
                "timings": compiled.timings.as_dict()}
-    _print(summary, args, _human_summary)
+    print_summary(summary, args, human_summary)
     fell_back = [k for k in summary["kernels"] if k["status"] == "fell_back"]
     if args.fail_on_fallback and fell_back:
-        _print_fallbacks(build, fell_back, len(summary["kernels"]))
+        print_fallbacks(build, fell_back, len(summary["kernels"]))
         return EXIT_VERIFY_FAILED, summary
     return (EXIT_VERIFY_FAILED if summary["verification"]["status"] == "failed" else EXIT_OK,
             summary)
@@ -397,96 +314,9 @@ def _batch_table(summaries: list[dict | None]) -> str:
                      .rstrip() for row in rows)
 
 
-def _print_fallbacks(build: _Build, fell_back: list[dict], planned: int) -> None:
-    """--fail-on-fallback's failures (the summary's kernels that fell back), on stderr whatever
-    --quiet says: they are why the build failed."""
-    for kernel in fell_back:
-        print(f"pypto-offline: fell back: {printable(kernel['id'])} "
-              f"{printable('+'.join(kernel['ops']))}: {short_reason(kernel['fallback_reason'])}",
-              file=sys.stderr)
-    print(f"pypto-offline: --fail-on-fallback: {printable(build.model)} for {build.target}: "
-          f"{len(fell_back)} of {planned} planned regions fell back (the blob and report are "
-          f"written)", file=sys.stderr)
-
-
 def report_path(blob: Path) -> Path:
     """MODEL.T.ptom → MODEL.T.report.html, beside it."""
     return blob.with_name(f"{blob.stem}.report.html")
-
-
-def _human_summary(s: dict) -> str:
-    from pypto_offline.offline_compiler.summary import shown
-
-    mb = lambda n: f"{n / 1e6:.2f} MB"  # noqa: E731
-    check = s["verification"]
-    lines = [
-        f"{s['model']} → {s.get('blob', '')} ({s['target']})",
-        f"  nodes {s['nodes_before']} → {s['nodes_after']}; kernels {s['kernels_before']} → "
-        f"{s['kernels_after']} ({s['fused_kernels']} fused kernels of {s['ops_fused']} ops)",
-        f"  global memory {mb(s['gm_bytes_before'])} → {mb(s['gm_bytes_after'])} measured "
-        f"(lower bound {mb(s['gm_bytes_lower_bound'])})",
-        f"  estimated time {s['est_time_us_before']:.1f} → {s['est_time_us_after']:.1f} µs "
-        f"(target bandwidth and launch cost are estimates)",
-        f"  PyPTO: {s['pypto']['compiled']} kernels compiled, {s['pypto']['fell_back']} fell "
-        f"back; {_cost_model(s['pypto'])}",
-        f"  verification: {check['status']}"
-        + (f" (max abs diff {shown(check['max_abs_diff'], '.2e')}; kernels checked "
-           f"{check['kernels_passed']}/{check['kernels_checked']})"
-           if check["status"] != "skipped" else ""),
-    ]
-    if "compile_seconds" in s:
-        lines.append(f"  compiled in {s['compile_seconds']:.1f} s" + _timings(s))
-    if s.get("report"):
-        lines.append(f"  report: {s['report']}")
-    return "\n".join(lines)
-
-
-def _timings(s: dict) -> str:
-    """``: import 0.4, plan 0.1, ... s; kernels 1 compiled by PyPTO, 2 cache hits``: the JSON
-    summary's ``timings`` and ``kernel_cache``, on the line of the total."""
-    if "timings" not in s:
-        return ""
-    stages = ", ".join(f"{name.removesuffix('_s')} {seconds:.1f}"
-                       for name, seconds in s["timings"].items())
-    cache = s.get("kernel_cache")
-    counts = (f"; kernels {cache['compiled']} compiled by PyPTO, {cache['hits']} cache hits; "
-              f"{cache['pypto_compiles']} PyPTO compiles") if cache else ""
-    return f": {stages} s{counts}"
-
-
-def _cost_model(pypto: dict) -> str:
-    """PyPTO's fused against unfused time, saying which kernels it covers; "not measured" when
-    no kernel's unfused baseline compiled (a sum of nothing is not 0 µs)."""
-    if pypto["cost_us_fused"] is None or pypto["cost_us_unfused"] is None:
-        return "cost model not measured (no kernel's unfused baseline compiled)"
-    compared = pypto.get("kernels_cost_compared", 0)
-    over = f" over {compared} of {pypto['compiled']} kernels" \
-        if 0 < compared < pypto["compiled"] else ""
-    return (f"cost model {pypto['cost_us_fused']:.1f} µs fused against "
-            f"{pypto['cost_us_unfused']:.1f} µs unfused ({pypto['cost_us_unfused_basis']}){over}")
-
-
-def _print(summary: dict, args, human) -> None:
-    """The one way a summary reaches stdout: JSON escapes control characters itself; the human
-    form gets every string of the summary escaped first (a model's names are its author's)."""
-    if args.json:  # one object a line (JSON Lines): a batch prints one per build
-        print(json.dumps(summary, sort_keys=True), flush=True)
-    elif not args.quiet:
-        print(human(printable(summary)), flush=True)
-
-
-def printable(value):
-    """``value`` with every non-printable character of its strings written as Python writes it
-    (``\\x1b``, ``\\n``, ``\\u202e``), through dicts and lists: a node named "\\x1b[2J" must not
-    clear the user's terminal, nor a newline forge a line of the summary."""
-    if isinstance(value, str):
-        return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii")
-                       for c in value)
-    if isinstance(value, dict):
-        return {key: printable(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [printable(item) for item in value]
-    return value
 
 
 def run_targets(argv: list[str]) -> int:
@@ -531,7 +361,7 @@ def run_inspect(argv: list[str]) -> int:
                "format_version": FORMAT_VERSION, "provenance": provenance(compiled.message)}
 
     def human(s):
-        lines = [_human_summary(s), "  kernels:"]
+        lines = [human_summary(s), "  kernels:"]
         lines += [f"    {k['id']}: {'+'.join(k['ops'])} — "
                   + (f"{shown(k['tuned_us'], '.2f', ' µs')} tuned, "
                      f"{shown(k['default_us'], '.2f', ' µs')} default"
@@ -539,7 +369,7 @@ def run_inspect(argv: list[str]) -> int:
                   for k in s["kernels"]]
         return "\n".join(lines)
 
-    _print(summary, args, human)
+    print_summary(summary, args, human)
     return EXIT_OK
 
 
@@ -557,7 +387,7 @@ def run_verify(argv: list[str]) -> int:
         compiled.use_reference(args.onnx)
     compiled.verify(_load_inputs(args.inputs))
     summary = {**compiled.summary(), "blob": args.blob}
-    _print(summary, args, _human_summary)
+    print_summary(summary, args, human_summary)
     return EXIT_VERIFY_FAILED if summary["verification"]["status"] == "failed" else EXIT_OK
 
 
@@ -577,7 +407,7 @@ def run_report(argv: list[str]) -> int:
     require_dot()
     compiled = api.load(args.blob)
     compiled.write_report(path)
-    _print({**compiled.summary(), "blob": args.blob, "report": str(path)}, args,
+    print_summary({**compiled.summary(), "blob": args.blob, "report": str(path)}, args,
            lambda s: f"report: {s['report']}")
     return EXIT_OK
 
@@ -612,32 +442,12 @@ def run_cache(argv: list[str]) -> int:
 
     folder = cache_folder(args.cache_dir)
     if args.action == "info":
-        _print({"schema_version": SCHEMA_VERSION, **cache_info(folder)}, args,
-               _human_cache_info)
+        print_summary({"schema_version": SCHEMA_VERSION, **cache_info(folder)}, args,
+               human_cache_info)
     else:
-        _print({"schema_version": SCHEMA_VERSION,
-                **clean_cache(folder, args.older_than, args.max_size)}, args, _human_cache_clean)
+        print_summary({"schema_version": SCHEMA_VERSION,
+                **clean_cache(folder, args.older_than, args.max_size)}, args, human_cache_clean)
     return EXIT_OK
-
-
-def _human_cache_info(info: dict) -> str:
-    kinds = ", ".join(f"{kind} {count}" for kind, count in info["entries_by_kind"].items())
-    return "\n".join([
-        f"{info['folder']}" + ("" if info["exists"] else " (does not exist yet)"),
-        f"  entries: {info['entries']}" + (f" ({kinds})" if kinds else ""),
-        f"  size: {info['total_bytes']} bytes ({_mib(info['total_bytes'])}; entries "
-        f"{info['entry_bytes']} bytes)"])
-
-
-def _human_cache_clean(result: dict) -> str:
-    removed, left = result["removed"], result["left"]
-    return (f"removed {removed['entries']} entries, {removed['bytes']} bytes "
-            f"({_mib(removed['bytes'])}), from {result['folder']}; left: {left['entries']} "
-            f"entries, {left['total_bytes']} bytes ({_mib(left['total_bytes'])})")
-
-
-def _mib(count: int) -> str:
-    return f"{count / 2**20:.1f} MiB"
 
 
 def run(argv: list[str]) -> int:

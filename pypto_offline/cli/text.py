@@ -1,0 +1,203 @@
+"""What the command line prints: the progress lines on stderr, the human summaries, the one way
+a summary reaches stdout, and ``printable``, through which every string from a model goes
+(docs/outputs.md)."""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from contextlib import contextmanager
+
+from pypto_offline.progress import SILENT, Progress
+
+
+class StderrProgress(Progress):
+    """Progress as plain lines on stderr, a terminal's or a CI log's: stage lines with the time
+    since the start, one line per finished kernel. On a terminal, a running count of finished
+    kernels stays on the last line, redrawn in place (never in a log, where it would be noise).
+    Every string from the model goes through ``printable`` (docs/outputs.md)."""
+
+    def __init__(self, stream):
+        self._stream = stream
+        self._terminal = stream.isatty()
+        self._started = time.perf_counter()
+        self._status = ""  # the running count on the terminal's last line, if drawn
+
+    def stage(self, name: str) -> None:
+        self._line(f"[{time.perf_counter() - self._started:6.1f} s] {printable(name)}")
+
+    def kernel(self, done: int, total: int, region, kernel) -> None:
+        self._line(kernel_line(done, total, region, kernel),
+                   status=f"[{done}/{total}] kernels finished" if done < total else "")
+
+    def close(self) -> None:
+        self._line(None)
+
+    def _line(self, text: str | None, status: str = "") -> None:
+        if self._status:  # wipe the count before the line takes its place
+            self._stream.write("\r\x1b[K")
+        if text is not None:
+            self._stream.write(text + "\n")
+        self._status = status if self._terminal else ""
+        self._stream.write(self._status)
+        self._stream.flush()
+
+
+# A fallback reason may quote a whole PyPTO error; the report and inspect keep it whole.
+REASON_CHARS = 240
+
+
+def kernel_line(done: int, total: int, region, kernel) -> str:
+    """``[12/40] region_7 Slice+Pad+Tile: compiled 1.9 s (tile 1x8x64x128; budget 65536 B)``,
+    ``... cache hit`` or ``... fell back: REASON``, with the model's strings made printable."""
+    ops = "+".join(op.op_type for op in region.original)
+    if not kernel.compiled:
+        reason = short_reason(kernel.fallback_reason or "no reason recorded")
+        outcome = f"fell back{' (cached)' if kernel.from_cache else ''}: {reason}"
+    elif kernel.from_cache:
+        outcome = "cache hit"
+    else:
+        outcome = f"compiled {kernel.compile_seconds:.1f} s ({tile_text(kernel)})"
+    return f"[{done}/{total}] {printable(region.id)} {printable(ops)}: {outcome}"
+
+
+def short_reason(reason: str) -> str:
+    """A fallback reason made printable and cut to ``REASON_CHARS`` for one line of stderr."""
+    reason = printable(reason)
+    return reason if len(reason) <= REASON_CHARS else reason[:REASON_CHARS - 1] + "…"
+
+
+def tile_text(kernel) -> str:
+    """The tuned tile as the kernel record has it: its budget, and the tile shapes its source
+    sets (the record keeps no shape; the source is the one the blob ships)."""
+    from pypto_offline.report.content import tile_shapes
+
+    shapes = list(dict.fromkeys("x".join(part.strip() for part in shape.strip("()").split(","))
+                                for _, shape in tile_shapes(kernel.source)))
+    budget = f"budget {kernel.tuned_tile.budget_bytes} B" if kernel.tuned_tile else ""
+    if not shapes:
+        return f"tile {budget}" if budget else "tile not recorded"
+    named = ", ".join(shapes[:3]) + (", …" if len(shapes) > 3 else "")
+    return f"tile{'s' if len(shapes) > 1 else ''} {named}" + (f"; {budget}" if budget else "")
+
+
+@contextmanager
+def progress_on_stderr(quiet: bool):
+    """The build's progress on stderr (nothing with --quiet; stdout stays the summary's, so
+    --json output is clean); the terminal's running count is wiped however the build ends."""
+    if quiet:
+        yield SILENT
+        return
+    progress = StderrProgress(sys.stderr)
+    try:
+        yield progress
+    finally:
+        progress.close()
+
+
+def print_fallbacks(build, fell_back: list[dict], planned: int) -> None:
+    """--fail-on-fallback's failures (the summary's kernels that fell back), on stderr whatever
+    --quiet says: they are why the build failed."""
+    for kernel in fell_back:
+        print(f"pypto-offline: fell back: {printable(kernel['id'])} "
+              f"{printable('+'.join(kernel['ops']))}: {short_reason(kernel['fallback_reason'])}",
+              file=sys.stderr)
+    print(f"pypto-offline: --fail-on-fallback: {printable(build.model)} for {build.target}: "
+          f"{len(fell_back)} of {planned} planned regions fell back (the blob and report are "
+          f"written)", file=sys.stderr)
+
+
+def human_summary(s: dict) -> str:
+    from pypto_offline.offline_compiler.summary import shown
+
+    mb = lambda n: f"{n / 1e6:.2f} MB"  # noqa: E731
+    check = s["verification"]
+    lines = [
+        f"{s['model']} → {s.get('blob', '')} ({s['target']})",
+        f"  nodes {s['nodes_before']} → {s['nodes_after']}; kernels {s['kernels_before']} → "
+        f"{s['kernels_after']} ({s['fused_kernels']} fused kernels of {s['ops_fused']} ops)",
+        f"  global memory {mb(s['gm_bytes_before'])} → {mb(s['gm_bytes_after'])} measured "
+        f"(lower bound {mb(s['gm_bytes_lower_bound'])})",
+        f"  estimated time {s['est_time_us_before']:.1f} → {s['est_time_us_after']:.1f} µs "
+        f"(target bandwidth and launch cost are estimates)",
+        f"  PyPTO: {s['pypto']['compiled']} kernels compiled, {s['pypto']['fell_back']} fell "
+        f"back; {cost_model_text(s['pypto'])}",
+        f"  verification: {check['status']}"
+        + (f" (max abs diff {shown(check['max_abs_diff'], '.2e')}; kernels checked "
+           f"{check['kernels_passed']}/{check['kernels_checked']})"
+           if check["status"] != "skipped" else ""),
+    ]
+    if "compile_seconds" in s:
+        lines.append(f"  compiled in {s['compile_seconds']:.1f} s" + timings_text(s))
+    if s.get("report"):
+        lines.append(f"  report: {s['report']}")
+    return "\n".join(lines)
+
+
+def timings_text(s: dict) -> str:
+    """``: import 0.4, plan 0.1, ... s; kernels 1 compiled by PyPTO, 2 cache hits``: the JSON
+    summary's ``timings`` and ``kernel_cache``, on the line of the total."""
+    if "timings" not in s:
+        return ""
+    stages = ", ".join(f"{name.removesuffix('_s')} {seconds:.1f}"
+                       for name, seconds in s["timings"].items())
+    cache = s.get("kernel_cache")
+    counts = (f"; kernels {cache['compiled']} compiled by PyPTO, {cache['hits']} cache hits; "
+              f"{cache['pypto_compiles']} PyPTO compiles") if cache else ""
+    return f": {stages} s{counts}"
+
+
+def cost_model_text(pypto: dict) -> str:
+    """PyPTO's fused against unfused time, saying which kernels it covers; "not measured" when
+    no kernel's unfused baseline compiled (a sum of nothing is not 0 µs)."""
+    if pypto["cost_us_fused"] is None or pypto["cost_us_unfused"] is None:
+        return "cost model not measured (no kernel's unfused baseline compiled)"
+    compared = pypto.get("kernels_cost_compared", 0)
+    over = f" over {compared} of {pypto['compiled']} kernels" \
+        if 0 < compared < pypto["compiled"] else ""
+    return (f"cost model {pypto['cost_us_fused']:.1f} µs fused against "
+            f"{pypto['cost_us_unfused']:.1f} µs unfused ({pypto['cost_us_unfused_basis']}){over}")
+
+
+def print_summary(summary: dict, args, human) -> None:
+    """The one way a summary reaches stdout: JSON escapes control characters itself; the human
+    form gets every string of the summary escaped first (a model's names are its author's)."""
+    if args.json:  # one object a line (JSON Lines): a batch prints one per build
+        print(json.dumps(summary, sort_keys=True), flush=True)
+    elif not args.quiet:
+        print(human(printable(summary)), flush=True)
+
+
+def printable(value):
+    """``value`` with every non-printable character of its strings written as Python writes it
+    (``\\x1b``, ``\\n``, ``\\u202e``), through dicts and lists: a node named "\\x1b[2J" must not
+    clear the user's terminal, nor a newline forge a line of the summary."""
+    if isinstance(value, str):
+        return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii")
+                       for c in value)
+    if isinstance(value, dict):
+        return {key: printable(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [printable(item) for item in value]
+    return value
+
+
+def human_cache_info(info: dict) -> str:
+    kinds = ", ".join(f"{kind} {count}" for kind, count in info["entries_by_kind"].items())
+    return "\n".join([
+        f"{info['folder']}" + ("" if info["exists"] else " (does not exist yet)"),
+        f"  entries: {info['entries']}" + (f" ({kinds})" if kinds else ""),
+        f"  size: {info['total_bytes']} bytes ({mib(info['total_bytes'])}; entries "
+        f"{info['entry_bytes']} bytes)"])
+
+
+def human_cache_clean(result: dict) -> str:
+    removed, left = result["removed"], result["left"]
+    return (f"removed {removed['entries']} entries, {removed['bytes']} bytes "
+            f"({mib(removed['bytes'])}), from {result['folder']}; left: {left['entries']} "
+            f"entries, {left['total_bytes']} bytes ({mib(left['total_bytes'])})")
+
+
+def mib(count: int) -> str:
+    return f"{count / 2**20:.1f} MiB"
+
