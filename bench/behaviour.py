@@ -110,13 +110,16 @@ def _sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def record(folder: Path, cache: Path | None, jobs_too: bool) -> dict:
+def record(folder: Path, cache: Path | None, jobs_too: bool, only: str = "") -> dict:
+    """The cases whose label starts with ``only`` (all by default), built on ``cache``."""
     folder.mkdir(parents=True, exist_ok=True)
     cache = cache or folder / "cache"
     log = JobLog()
     executor = RecordingExecutor(log) if jobs_too else None
     builds = {}
     for label, name, target, options in CASES:
+        if not label.startswith(only):
+            continue
         log.label = label
         builds[label] = _build(label, name, target, options, cache, folder, executor)
         print(label, builds[label]["kernel_cache"], file=sys.stderr)
@@ -203,16 +206,18 @@ def main(argv=None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     rec = sub.add_parser("record", help="cold builds, jobs recorded")
     rec.add_argument("folder", type=Path)
+    rec.add_argument("--only", default="", metavar="PREFIX", help="the cases of this label prefix")
     warm = sub.add_parser("warm", help="rebuild on the cache of an earlier record")
     warm.add_argument("record", type=Path)
     warm.add_argument("--out", type=Path, required=True)
+    warm.add_argument("--only", default="", metavar="PREFIX", help="the cases of this label prefix")
     cmp_ = sub.add_parser("compare", help="the first record against the others")
     cmp_.add_argument("records", type=Path, nargs="+")
     args = parser.parse_args(argv)
     if args.command == "record":
-        record(args.folder, None, jobs_too=True)
+        record(args.folder, None, jobs_too=True, only=args.only)
     elif args.command == "warm":
-        record(args.out, args.record / "cache", jobs_too=False)
+        record(args.out, args.record / "cache", jobs_too=False, only=args.only)
     else:
         differences = compare(args.records[0], args.records[1:])
         print("\n".join(differences) or "no difference")

@@ -293,6 +293,27 @@ def test_a_damaged_entry_is_a_miss_with_its_reason(damage, why, tmp_path, capfd)
     assert line == f"{WARNING}{cache.entry(key)} is damaged ({why}); compiling it again"
 
 
+def test_an_op_cost_entry_of_an_earlier_release_is_read_and_a_stranger_is_damaged(tmp_path):
+    """Before issue 33 an op cost entry kept its record in kernel.json: an upgrade must not
+    measure every baseline op again (bench/results/behaviour/). A record of another schema,
+    or of other sources, is still refused."""
+    from functools import partial
+
+    from pypto_offline.pypto_kernels.entries import cached_op_cost
+
+    cache, policy = KernelCache(tmp_path), TilePolicy(65536, False, False)
+    sources = {policy: "source of the op"}
+    record = {"unfused_us": 1.5, "sources": {policy.name: "source of the op"}}
+    for key, name in (("a1" * 32, "kernel.json"), ("a2" * 32, "op_cost.json")):
+        stored(cache, key, {name: json.dumps(record)})
+        assert cache.read(key, partial(cached_op_cost, sources=sources)) == record
+    with pytest.raises(kernel_cache.DamagedEntry, match="no op cost record"):
+        cached_op_cost({"kernel.json": b'{"cache_key": "x", "compiled": true}'}, sources)
+    with pytest.raises(kernel_cache.DamagedEntry, match="not the ones generated"):
+        cached_op_cost({"op_cost.json": json.dumps(record).encode()},
+                       {policy: "another source"})
+
+
 def test_cache_folders_are_absolute_whatever_the_user_gave(tmp_path, monkeypatch):
     from pypto_offline.pypto_kernels.jobs.processes import calculator_cache
 

@@ -169,10 +169,13 @@ def store_op_cost(cache: KernelCache, key: str, us: float | None,
 
 def cached_op_cost(files: dict[str, bytes], sources: dict[TilePolicy, str]) -> dict:
     """An op cost entry (its ``unfused_us``, None when no tile compiled), if it is the one
-    this build would measure."""
-    if OP_COST_FILE not in files:
-        raise DamagedEntry(f"stored as {KERNEL_FILE} by an earlier pypto-offline")
-    record = json.loads(files[OP_COST_FILE])
+    this build would measure. pypto-offline before issue 33 stored the same record under the
+    kernel's file name; the key alone says what an entry is (each kind has its own key
+    fields), so such an entry is read as it is, not measured again."""
+    name = OP_COST_FILE if OP_COST_FILE in files else KERNEL_FILE
+    record = json.loads(files[name]) if name in files else None
+    if not isinstance(record, dict) or set(record) != set(op_cost_record(None, {})):
+        raise DamagedEntry(f"it holds no op cost record ({OP_COST_FILE})")
     if record["sources"] != op_cost_record(None, sources)["sources"]:
         raise DamagedEntry("its kernel sources are not the ones generated for this build")
     if not isinstance(record["unfused_us"], (int, float, type(None))):
