@@ -163,6 +163,9 @@ def compile(model, target: str = "kirin9050",  # noqa: A001 - the API's verb
 # More PyPTO workers than this only queue on any machine this runs on, and each holds its own
 # memory; the bound keeps a typo (--jobs 10000) from forking the machine to death.
 MAX_JOBS = 64
+# A compile past a day is stuck, not slow (the largest corpus region compiles in minutes); the
+# bound also keeps the limit within what the workers' poll() takes (a C int of milliseconds).
+MAX_KERNEL_TIMEOUT_S = 86_400
 
 
 def input_names(model) -> list[str]:
@@ -209,9 +212,10 @@ def check_limits(jobs: int, kernel_timeout: float | None) -> None:
     if not isinstance(jobs, int) or not 1 <= jobs <= MAX_JOBS:
         raise UsageError(f"--jobs must be positive and at most {MAX_JOBS}, not {jobs}",
                          fix="give the number of parallel PyPTO compiles, e.g. --jobs 2")
-    if kernel_timeout is not None and not (math.isfinite(kernel_timeout) and kernel_timeout > 0):
-        raise UsageError(f"--kernel-timeout must be positive and finite, not {kernel_timeout}",
-                         fix="e.g. --kernel-timeout 300")
+    if kernel_timeout is not None and not (math.isfinite(kernel_timeout)
+                                           and 0 < kernel_timeout <= MAX_KERNEL_TIMEOUT_S):
+        raise UsageError(f"--kernel-timeout must be positive and at most {MAX_KERNEL_TIMEOUT_S} "
+                         f"s (a day), not {kernel_timeout}", fix="e.g. --kernel-timeout 300")
 
 
 def load(path, expected_target: str | None = None) -> CompiledModel:

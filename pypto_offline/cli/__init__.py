@@ -41,10 +41,31 @@ CACHE_DIR_HELP = ("kernel cache folder (default: $PYPTO_OFFLINE_CACHE, else "
 
 
 class _Parser(argparse.ArgumentParser):
-    """Usage errors as our one-line error (argparse would print usage and exit itself)."""
+    """Usage errors as our one-line error (argparse would print usage and exit itself), and no
+    empty value: ``-o ""`` or ``--cache-dir ""`` (an unset shell variable, usually) would
+    otherwise mean the default silently, and ``--ray-address ""`` a new local Ray instance."""
 
     def error(self, message: str):
         raise UsageError(message, fix=f"see '{self.prog} --help'")
+
+    def __init__(self, *args, **kwargs):
+        self.flags: dict[str, str] = {}  # an argument's dest → how the user spells it
+        super().__init__(*args, **kwargs)
+
+    def add_argument(self, *names, **options):
+        action = super().add_argument(*names, **options)
+        self.flags[action.dest] = "/".join(action.option_strings) or action.metavar or action.dest
+        return action
+
+    def parse_args(self, args=None, namespace=None):
+        parsed = super().parse_args(args, namespace)
+        for dest, value in vars(parsed).items():
+            values = value if isinstance(value, list) else [value]
+            if any(isinstance(v, str) and not v.strip() for v in values):
+                flag = self.flags.get(dest) or "--" + dest.replace("_", "-")
+                raise UsageError(f"{flag} is given an empty value",
+                                 fix="give it a value, or leave the option out for its default")
+        return parsed
 
 
 def compile_parser() -> argparse.ArgumentParser:
@@ -240,7 +261,7 @@ def run_compile(argv: list[str]) -> int:
     if args.ray_address and args.executor != "ray":
         raise UsageError("--ray-address is for --executor ray", fix="add --executor ray")
     if args.output_dir:
-        Path(args.output_dir).mkdir(parents=True, exist_ok=True)
+        _make_output_dir(Path(args.output_dir))
     builds = _builds(args)
     inputs = _load_inputs(args.inputs)
     codes, summaries = [], []
@@ -255,6 +276,19 @@ def run_compile(argv: list[str]) -> int:
     if len(builds) > 1 and not (args.json or args.quiet):
         print(_batch_table(summaries))
     return max(codes)
+
+
+def _make_output_dir(folder: Path) -> None:
+    """--output-dir, created if missing; a file there (or a link to one, or a path through one,
+    or /dev/null) is the user's slip, refused before any work."""
+    if folder.exists() and not folder.is_dir():
+        raise UsageError(f"--output-dir {str(folder)!r} is not a folder",
+                         fix="give a folder (created if missing), not a file")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise UsageError(f"--output-dir {str(folder)!r} cannot be created: {error.strerror}",
+                         fix="give a folder you can write to") from None
 
 
 @contextmanager

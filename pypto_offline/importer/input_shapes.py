@@ -45,6 +45,8 @@ def parse_atc_shapes(text: str) -> list[tuple[str, list[int]]]:
             raise UsageError(f"--input_shape {text!r}: {part!r} is not NAME:D0,D1,...",
                              fix=example)
         shapes.append((name, _whole_numbers(dims, f"--input_shape {text!r}", example)))
+    if not shapes:
+        raise UsageError(f"--input_shape {text!r} names no input", fix=example)
     return shapes
 
 
@@ -142,6 +144,7 @@ def fix_input_shapes(model: onnx.ModelProto, input_shapes: Mapping[str, Sequence
         if name in given:
             dims_given = [int(d) for d in given[name]]
             check_dims(dims_given, where)
+            _check_not_empty(dims_given, where)
             check_tensor_bytes(dims_given, value.type.tensor_type.elem_type, where)
             if value.type.tensor_type.HasField("shape"):
                 _check_keeps_static_dims(shape, dims_given, where)
@@ -151,8 +154,18 @@ def fix_input_shapes(model: onnx.ModelProto, input_shapes: Mapping[str, Sequence
             _check_declared(shape, where)
             if all(d.HasField("dim_value") for d in shape.dim):
                 check_dims([d.dim_value for d in shape.dim], where)
+                _check_not_empty([d.dim_value for d in shape.dim], where)
                 check_tensor_bytes([d.dim_value for d in shape.dim],
                                    value.type.tensor_type.elem_type, where)
+
+
+def _check_not_empty(dims: Sequence[int], where: str) -> None:
+    """A model input of zero elements is refused: there is nothing to compute, and a kernel over
+    an empty tensor fails PyPTO's compile (an empty intermediate tensor is the model's own and
+    stays unfused). The batch or sequence the user gave is the usual slip."""
+    if 0 in dims:
+        raise UsageError(f"shape {list(dims)} has a dimension of size 0: the input would be empty",
+                         where=where, fix="give every dimension a size of at least 1")
 
 
 def symbolic_dims(value: onnx.ValueInfoProto) -> list[str]:
@@ -190,8 +203,8 @@ def _check_named_dims(inputs, dims: Mapping[str, int], label: str) -> None:
                                   for name in symbolic_dims(value)))
     for name, size in dims.items():
         if isinstance(size, bool) or not isinstance(size, (int, np.integer)) \
-                or not 0 <= size <= MAX_ELEMENTS:
-            raise UsageError(f"--dim {name}={size}: a dimension is a whole number from 0 to "
+                or not 1 <= size <= MAX_ELEMENTS:
+            raise UsageError(f"--dim {name}={size}: a dimension is a whole number from 1 to "
                              f"{MAX_ELEMENTS}", where=label, fix="for example --dim batch=1")
         if name not in declared:
             raise UsageError(f"--dim {name!r} names no symbolic dimension of the model's inputs",
