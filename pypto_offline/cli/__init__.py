@@ -219,7 +219,10 @@ def _builds(args) -> list[_Build]:
     from pypto_offline import api
     from pypto_offline.offline_compiler.blob import check_outputs
 
-    targets = [api.get_target(name.strip()).name for name in args.target.split(",")]
+    targets = [api.get_target(name).name for name in _once_each(
+        [name.strip() for name in args.target.split(",")],
+        lambda name: api.get_target(name).name, "--target")]
+    args.models = _once_each(args.models, os.path.realpath, "the models")
     pairs = [(model, target) for model in args.models for target in targets]
     if len(pairs) > 1 and (args.output or args.report):
         raise UsageError(f"-o and --report name one build's files, and this is {len(pairs)} "
@@ -232,6 +235,7 @@ def _builds(args) -> list[_Build]:
         report = None if args.no_report else Path(args.report) if args.report \
             else report_path(output)
         builds.append(_Build(model, target, output, report, shapes[model]))
+    _refuse_shared_outputs(builds)
     # labelled as the user named them: the options of one build, each build's files in a batch
     labels = (lambda b: ("-o", "--report")) if len(builds) == 1 else \
         (lambda b: (f"{b.model} for {b.target}: the blob", f"{b.model} for {b.target}: the report"))
@@ -251,6 +255,37 @@ def _builds(args) -> list[_Build]:
 
         require_dot()  # before the work, as the outputs: a build must not end without its report
     return builds
+
+
+def _once_each(given: list[str], identity, what: str) -> list:
+    """Each of ``given`` once by its identity (a chip's target, a model's real path), in the
+    order given, with a note for each repeat: a batch builds a model for a target once (two
+    builds would write the same files)."""
+    kept: dict = {}
+    for value in given:
+        same = identity(value)
+        if same in kept:
+            print(f"pypto-offline: note: {what} name {printable(kept[same])!r} twice (as "
+                  f"{printable(value)!r} too): built once", file=sys.stderr)
+        else:
+            kept[same] = value
+    return list(kept.values())
+
+
+def _refuse_shared_outputs(builds: list[_Build]) -> None:
+    """Two builds of a batch writing one file (models of one name from two folders, under one
+    --output-dir or beside each other through links): refused, with advice a batch can follow."""
+    seen: dict[str, _Build] = {}
+    for build in builds:
+        for path in (build.output, build.report):
+            if path is None:
+                continue
+            other = seen.setdefault(os.path.realpath(path), build)
+            if other is not build:
+                raise UsageError(f"{other.model} and {build.model} for {build.target} would both "
+                                 f"write {str(path)!r}", where=str(path),
+                                 fix="give the models different file names, or build them in "
+                                     "separate runs, each with its own --output-dir")
 
 
 def run_compile(argv: list[str]) -> int:
@@ -301,8 +336,7 @@ def _batch(api, jobs: int, builds: int):
         yield
 
 
-def _run_build(build: _Build, args, inputs: dict, progress, executor
-               ) -> tuple[int, dict | None]:
+def _run_build(build: _Build, args, inputs: dict, progress, executor) -> tuple[int, dict]:
     """Compile, save and print one build; its exit code and summary. Bad input of one model
     (exit 2) does not stop the others: the batch's exit code is the worst."""
     from pypto_offline import api
@@ -318,11 +352,14 @@ def _run_build(build: _Build, args, inputs: dict, progress, executor
         progress.stage("writing the blob" + (" and the report" if build.report else ""))
         compiled.save(build.output, report=build.report)
     except PyptoOfflineError as err:
+        failure = _failure(build, err)
+        if args.json:  # one line per requested build, a failed one too (README "JSON output")
+            print_summary(failure, args, human_summary)
         if len(args.models) * len(args.target.split(",")) == 1:
             raise
         print(f"pypto-offline: error: {build.model} for {build.target}: "
               f"{printable(str(err))}", file=sys.stderr)
-        return EXIT_BAD_INPUT, None
+        return EXIT_BAD_INPUT, failure
     summary = {**compiled.summary(), "model": build.model, "blob": str(build.output),
                "report": str(build.report) if build.report else None,
                "kernel_cache": compiled.kernel_cache,
@@ -337,12 +374,22 @@ def _run_build(build: _Build, args, inputs: dict, progress, executor
             summary)
 
 
-def _batch_table(summaries: list[dict | None]) -> str:
-    """The batch at a glance: a line per build (a build refused with bad input shows none)."""
+def _failure(build: _Build, err: PyptoOfflineError) -> dict:
+    """A build that stopped on bad input, as its JSON line says it (schema: build_failure)."""
+    from pypto_offline.offline_compiler.summary import SCHEMA_VERSION
+
+    return {"schema_version": SCHEMA_VERSION, "model": build.model, "target": build.target,
+            "status": "failed", "error": str(err), "exit_code": EXIT_BAD_INPUT}
+
+
+def _batch_table(summaries: list[dict]) -> str:
+    """The batch at a glance: a line per build, a failed one with its exit code."""
     rows = [("model", "target", "kernels", "fell back", "verification", "blob")]
-    rows += [(s["model"], s["target"], f"{s['kernels_before']} -> {s['kernels_after']}",
+    rows += [(s["model"], s["target"], "-", "-", f"failed (exit {s['exit_code']})", "-")
+             if s.get("status") == "failed" else
+             (s["model"], s["target"], f"{s['kernels_before']} -> {s['kernels_after']}",
               str(s["pypto"]["fell_back"]), s["verification"]["status"], s["blob"])
-             for s in summaries if s is not None]
+             for s in summaries]
     widths = [max(len(printable(row[i])) for row in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(printable(cell).ljust(width) for cell, width in zip(row, widths))
                      .rstrip() for row in rows)
