@@ -428,8 +428,8 @@ def test_a_reader_losing_an_entry_to_clean_takes_it_for_a_miss(tmp_path, monkeyp
     stored(cache, key, {"kernel.json": "{}"})
     honest = kernel_cache.verified_files
 
-    def cleaned_midway(entry, wanted):
-        files = honest(entry, wanted)
+    def cleaned_midway(entry, wanted, *trust):
+        files = honest(entry, wanted, *trust)
         cache_maintenance.clean_cache(tmp_path)
         raise kernel_cache.DamagedEntry("unreadable: No such file or directory")
 

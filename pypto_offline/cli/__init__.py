@@ -38,6 +38,9 @@ DEFAULT_JOBS = 2
 SUBCOMMANDS = ("targets", "inspect", "verify", "report", "cache")
 CACHE_DIR_HELP = ("kernel cache folder (default: $PYPTO_OFFLINE_CACHE, else "
                   "~/.cache/pypto-offline/kernels)")
+CACHE_GROUP_HELP = ("a team's shared kernel cache: also trust what this group wrote in it "
+                    "(default: $PYPTO_OFFLINE_CACHE_GROUP, else only your own and root's; "
+                    "docs/kernel-cache.md)")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -103,6 +106,7 @@ def compile_parser() -> argparse.ArgumentParser:
                              "for the inputs it names)")
     parser.add_argument("--inputs", help=".npz of real inputs for the check, by input name")
     parser.add_argument("--cache-dir", help=CACHE_DIR_HELP)
+    parser.add_argument("--cache-trust-group", metavar="GROUP", help=CACHE_GROUP_HELP)
     parser.add_argument("--jobs", type=int, help="parallel PyPTO compiles (default 2; with "
                                                  "--executor ray, the cluster's CPUs)")
     parser.add_argument("--executor", choices=("local", "ray"), default="local",
@@ -293,6 +297,7 @@ def run_compile(argv: list[str]) -> int:
     from pypto_offline import api
 
     api.check_limits(1 if args.jobs is None else args.jobs, args.kernel_timeout)
+    api.check_cache(args.cache_dir, args.cache_trust_group)  # once, before any build's work
     if args.ray_address and args.executor != "ray":
         raise UsageError("--ray-address is for --executor ray", fix="add --executor ray")
     if args.output_dir:
@@ -344,7 +349,8 @@ def _run_build(build: _Build, args, inputs: dict, progress, executor) -> tuple[i
     started = time.perf_counter()
     try:
         compiled = api.compile(build.model, build.target, build.shapes, dims=_dims(args),
-                               cache_dir=args.cache_dir, jobs=args.jobs,
+                               cache_dir=args.cache_dir,
+                               cache_trust_group=args.cache_trust_group, jobs=args.jobs,
                                tile_search=not args.no_tile_search,
                                kernel_timeout=args.kernel_timeout, progress=progress,
                                inputs=inputs, verify=not args.no_verify,
@@ -511,6 +517,7 @@ def cache_parser() -> argparse.ArgumentParser:
     for action in (info, clean):
         action.add_argument("--cache-dir", help=CACHE_DIR_HELP)
         _common(action)
+    clean.add_argument("--cache-trust-group", metavar="GROUP", help=CACHE_GROUP_HELP)
     return parser
 
 
@@ -518,6 +525,7 @@ def run_cache(argv: list[str]) -> int:
     args = cache_parser().parse_args(argv)
     from pypto_offline.pypto_kernels.cache import cache_folder
     from pypto_offline.pypto_kernels.cache_maintenance import cache_info, clean_cache
+    from pypto_offline.pypto_kernels.cache_trust import trust_for
 
     from pypto_offline.offline_compiler.summary import SCHEMA_VERSION
 
@@ -527,7 +535,8 @@ def run_cache(argv: list[str]) -> int:
                human_cache_info)
     else:
         print_summary({"schema_version": SCHEMA_VERSION,
-                **clean_cache(folder, args.older_than, args.max_size)}, args, human_cache_clean)
+                **clean_cache(folder, args.older_than, args.max_size,
+                              trust=trust_for(args.cache_trust_group))}, args, human_cache_clean)
     return EXIT_OK
 
 
