@@ -315,9 +315,9 @@ def test_a_read_only_cache_is_read_and_what_it_misses_is_built_uncached(tmp_path
     before = snapshot(cache)
     prefix = []
     if ROOT:
-        if shutil.which("setpriv") is None:
-            pytest.skip("as root, setpriv (util-linux) is needed to drop the capabilities that "
-                        "let root write a read-only folder")
+        assert shutil.which("setpriv"), ("as root, setpriv (util-linux) is needed to drop the "
+                                         "capabilities that let root write a read-only folder: "
+                                         "apt-get install util-linux")
         prefix = ["setpriv", "--inh-caps=-all", "--bounding-set=-all", "--"]
     try:
         done = subprocess.run([*prefix, sys.executable, "-c", READ_ONLY_BUILD, str(cache)],
