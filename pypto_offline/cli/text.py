@@ -110,9 +110,9 @@ def print_fallbacks(build, fell_back: list[dict], planned: int) -> None:
     """--fail-on-fallback's failures (the summary's kernels that fell back), on stderr whatever
     --quiet says: they are why the build failed."""
     for kernel in fell_back:
-        print(f"pypto-offline: fell back: {printable(kernel['id'])} "
-              f"{printable(op_types_text(kernel['ops']))}: {short_reason(kernel['fallback_reason'])}",
-              file=sys.stderr)
+        ops = printable(op_types_text(kernel["ops"]))
+        print(f"pypto-offline: fell back: {printable(kernel['id'])} {ops}: "
+              f"{short_reason(kernel['fallback_reason'])}", file=sys.stderr)
     print(f"pypto-offline: --fail-on-fallback: {printable(build.model)} for {build.target}: "
           f"{len(fell_back)} of {planned} planned regions fell back (the blob and report are "
           f"written)", file=sys.stderr)

@@ -2,11 +2,12 @@
 
 Regions grow by merging the two ends of a producer→consumer edge, in graph order. A merge is
 refused when it would make the region non-convex (a path leaves the region and comes back, so that
-fusing would create a cycle; checked by reachability on the graph of regions) or when the working
-set of one tile of every tensor in the region would not fit the target's Unified Buffer, or when a
-region holding a reduction could no longer run as rows (``rows``), or a matmul would no longer
-be its region's root. Regions
-keep several inputs and outputs and fan-out inside (Split → … → Concat, rotary, window partition).
+fusing would create a cycle; checked by reachability on the graph of regions, searched only as far
+as the consumer in graph order so that planning stays near-linear: docs/regions.md) or when the
+working set of one tile of every tensor in the region would not fit the target's Unified Buffer,
+or when a region holding a reduction could no longer run as rows (``rows``), or a matmul would no
+longer be its region's root. Regions keep several inputs and outputs and fan-out inside (Split →
+… → Concat, rotary, window partition).
 """
 from __future__ import annotations
 
