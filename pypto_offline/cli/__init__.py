@@ -28,7 +28,8 @@ from pathlib import Path
 
 from pypto_offline import __version__
 from pypto_offline.cli.text import (human_cache_clean, human_cache_info, human_summary,
-                                    print_fallbacks, print_summary, printable, progress_on_stderr)
+                                    op_types_text, print_fallbacks, print_summary, printable,
+                                    progress_on_stderr)
 from pypto_offline.errors import BuildInterrupted, PyptoOfflineError, UsageError
 from pypto_offline.targets import TARGETS, chip_names
 
@@ -449,7 +450,7 @@ def run_inspect(argv: list[str]) -> int:
 
     def human(s):
         lines = [human_summary(s), "  kernels:"]
-        lines += [f"    {k['id']}: {'+'.join(k['ops'])} — "
+        lines += [f"    {k['id']}: {op_types_text(k['ops'])} — "
                   + (f"{shown(k['tuned_us'], '.2f', ' µs')} tuned, "
                      f"{shown(k['default_us'], '.2f', ' µs')} default"
                      if k["status"] == "compiled" else f"fell back: {k['fallback_reason']}")
