@@ -4,10 +4,11 @@ with its shape and dtype (docs/report.md, "The graph").
 
 ``dot`` lays out a DAG in layers with few crossings, as Netron and TensorBoard draw models; the
 page embeds the SVG it writes (no request leaves the page) and its script adds pan, zoom, search
-and collapsing. A graph past ``MAX_BOXES`` boxes is drawn with one box per fused region, and past
-that again not at all; a layout that fails or runs out of its time budget leaves the page
-without a drawing: in each case the page says why (``Drawing.notice``), and its tables and cards
-still name every op and tensor in full. Names are shortened and made printable for dot.
+and collapsing. A graph past ``MAX_BOXES`` boxes or ``MAX_CLUSTERS`` regions is drawn with one
+box per fused region, and past ``MAX_BOXES`` with that too not at all; a layout that fails or
+runs out of its time budget leaves the page without a drawing. In each case the page says why
+(``Drawing.notice``), and its tables and cards still name every op and tensor in full. Names
+are made printable and short for dot.
 """
 from __future__ import annotations
 
@@ -25,13 +26,16 @@ MAX_NAME = 32           # characters of a node's name shown in its box (all of i
 # (Graphviz 2.43 measured: 16,383 bytes fail), and a hover text is past reading long before.
 MAX_DOT_TEXT = 1000
 MAX_DOT_ID = 200        # characters of a region's id used as dot's cluster name and svg id
-# Boxes (ops, inputs, outputs) dot lays out within seconds and a page of under 5 MB holds: the
-# largest corpus graph draws 400, a chain of 2,000 lays out in a second, and the widest graph
-# of 2,000 (one input read by 2,000 ops) in about 12 s. Past it, each region is one box; past it
-# with that too, the graph is not drawn (docs/report.md).
-MAX_BOXES = 2000
+# What dot lays out within seconds, and a page of under 5 MB holds (an SVG takes ~1 KB a box).
+# dot's time grows with a rank's width, and with clusters far faster than with boxes: measured
+# on a loaded machine, 2,500 boxes of one input read by 625 three-op branches took 5 s, 1,250
+# region boxes beside 1,250 outputs 10 s; 300 clusters of five ops side by side 9 s, 500 of
+# three 35 s, 1,000 of one 142 s. The largest corpus graph has 400 boxes and 50 clusters. Past
+# either bound each region is one box; past MAX_BOXES with that too, the graph is not drawn.
+MAX_BOXES = 2500        # ops, inputs and outputs (weights are not drawn)
+MAX_CLUSTERS = 300      # fused regions drawn as clusters of their ops
 # dot's time: a base and a share per box, so a small graph is not given minutes and a large one
-# is not cut short; well above the measured times, so that the same blob gives the same page.
+# is not cut short; ten times the measured times, so that the same blob gives the same page.
 DOT_BUDGET_S = 30.0
 DOT_BUDGET_PER_BOX_S = 0.03
 
@@ -58,16 +62,18 @@ class GraphFacts:
 
 
 def draw(facts: GraphFacts) -> Drawing:
-    """The drawing of the whole graph when it has at most MAX_BOXES boxes, else of its regions
-    as one box each, else none; a page without a drawing says why."""
+    """The drawing of the whole graph when dot lays it out in seconds (MAX_BOXES,
+    MAX_CLUSTERS), else of its regions as one box each, else none; a page without a drawing
+    says why."""
     ops, regions = len(facts.model.graph.node), len(facts.compiled)
-    boxes = box_count(facts, whole_regions=False)
-    whole_regions = boxes > MAX_BOXES
+    boxes, clusters = box_count(facts, whole_regions=False), len(_drawn_regions(facts))
+    whole_regions = boxes > MAX_BOXES or clusters > MAX_CLUSTERS
     notice = ""
     if whole_regions:
-        notice = (f"The graph has {boxes:,} boxes (ops, inputs and outputs), more than the "
-                  f"{MAX_BOXES:,} dot lays out in seconds: each fused region is drawn as one box "
-                  f"(its ops are in its kernel card).")
+        notice = (f"The graph has {boxes:,} boxes (ops, inputs and outputs) and {clusters:,} "
+                  f"fused regions, more than dot lays out in seconds ({MAX_BOXES:,} boxes, "
+                  f"{MAX_CLUSTERS:,} regions): each fused region is drawn as one box (its ops "
+                  f"are in its kernel card).")
         boxes = box_count(facts, whole_regions=True)
         if boxes > MAX_BOXES:
             return Drawing("", {}, {}, ops, regions, (
@@ -116,11 +122,12 @@ def dot_source(facts: GraphFacts, whole_regions: bool = False
         lines.append(_tensor_node(ident, value.name, facts, "input"))
         search[ident] = f"input {value.name}"
     by_region: dict[str, list[str]] = {}
+    region_text: dict[str, list[str]] = {}  # a whole region's box -> its ops' search texts
     for index, node in enumerate(graph.node):
         ident, region = box[index], facts.region_of.get(_key(node))
         text = " ".join([node.op_type, node.name, *node.input, *node.output])
         if whole_regions and region is not None:
-            search[ident] = f"{search[ident]} {text}" if ident in search else text
+            region_text.setdefault(ident, []).append(text)
             continue
         line = _op_node(ident, node, facts)
         search[ident] = text
@@ -134,6 +141,7 @@ def dot_source(facts: GraphFacts, whole_regions: bool = False
     if whole_regions:
         lines.extend(_region_box(region, ops, facts.compiled[region])
                      for region, ops in _drawn_regions(facts).items())
+        search.update((ident, " ".join(texts)) for ident, texts in region_text.items())
     for index, value in enumerate(graph.output):
         ident = f"out{index}"
         lines.append(_tensor_node(ident, value.name, facts, "output"))
