@@ -256,7 +256,7 @@ def _builds(args) -> list[_Build]:
     check_outputs(outputs, {**models,
                             **({"--inputs file": Path(args.inputs)} if args.inputs else {})})
     if any(b.report for b in builds):
-        from pypto_offline.report.graph_view import require_dot
+        from pypto_offline.report.dot import require_dot
 
         require_dot()  # before the work, as the outputs: a build must not end without its report
     return builds
@@ -490,7 +490,7 @@ def run_report(argv: list[str]) -> int:
 
     path = Path(args.output) if args.output else report_path(Path(args.blob))
     check_outputs({"-o": path}, {"blob": Path(args.blob)})
-    from pypto_offline.report.graph_view import require_dot
+    from pypto_offline.report.dot import require_dot
 
     require_dot()
     compiled = api.load(args.blob)
