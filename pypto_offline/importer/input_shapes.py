@@ -154,15 +154,14 @@ def fix_input_shapes(model: onnx.ModelProto, input_shapes: Mapping[str, Sequence
             _check_declared(shape, where)
             if all(d.HasField("dim_value") for d in shape.dim):
                 check_dims([d.dim_value for d in shape.dim], where)
-                _check_not_empty([d.dim_value for d in shape.dim], where)
                 check_tensor_bytes([d.dim_value for d in shape.dim],
                                    value.type.tensor_type.elem_type, where)
 
 
 def _check_not_empty(dims: Sequence[int], where: str) -> None:
-    """A model input of zero elements is refused: there is nothing to compute, and a kernel over
-    an empty tensor fails PyPTO's compile (an empty intermediate tensor is the model's own and
-    stays unfused). The batch or sequence the user gave is the usual slip."""
+    """A shape the user gives with a dimension of 0 is refused: the input would be empty, a
+    kernel over it fails PyPTO's compile, and a batch or sequence of 0 is a slip. (A model that
+    declares an empty input itself, as some ONNX backend cases do, is the model's own.)"""
     if 0 in dims:
         raise UsageError(f"shape {list(dims)} has a dimension of size 0: the input would be empty",
                          where=where, fix="give every dimension a size of at least 1")
