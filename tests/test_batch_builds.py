@@ -97,17 +97,21 @@ def test_a_bad_model_in_a_batch_is_exit_2_and_the_others_are_built(tmp_path):
     (["--input-shape", "y=1,2"], "'y', an input of none of the models"),
 ])
 def test_outputs_that_cannot_serve_a_batch_are_refused_before_any_work(options, expected,
-                                                                        tmp_path):
+                                                                        tmp_path, monkeypatch,
+                                                                        capfd):
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     first, second = small_model(tmp_path / "a" / "m.onnx"), small_model(tmp_path / "b" / "m.onnx")
-    done = run_cli(first, second, "--target", "kirin9050", *options,
-                   "--cache-dir", tmp_path / "cache", cwd=tmp_path)
-    assert done.returncode == 2 and expected in done.stderr, done.stderr
+    monkeypatch.chdir(tmp_path)
+    code = main(first, second, "--target", "kirin9050", *options, "--cache-dir",
+                tmp_path / "cache")
+    err = capfd.readouterr().err
+    assert code == 2 and expected in err, err
     assert not (tmp_path / "cache").exists()  # refused before any work
 
 
-# --- issue 34: batches of models that need no PyPTO kernel (one MatMul: no memory-bound op) ---
+# --- issue 34: batches of models that need no PyPTO kernel (one MatMul: no memory-bound op),
+# run in this process (cli.main) to keep the fast tier fast ---------------------------------
 
 def matmul_model(path: Path) -> Path:
     import numpy as np
@@ -117,48 +121,54 @@ def matmul_model(path: Path) -> Path:
     return path
 
 
-def test_a_json_batch_prints_a_line_for_every_build_a_failed_one_too(tmp_path):
+def main(*args) -> int:
+    from pypto_offline import cli
+
+    return cli.main([str(a) for a in args])
+
+
+def test_a_json_batch_prints_a_line_for_every_build_a_failed_one_too(tmp_path, capfd):
     """Row 14: on cb4dc9a good, bad, good printed 2 lines: the bad build had no line and no
     row."""
     models = [matmul_model(tmp_path / "first.onnx"), tmp_path / "broken.onnx",
               matmul_model(tmp_path / "second.onnx")]
     models[1].write_bytes(b"not a model")
-    done = run_cli(*models, "--target", "kirin9050", "--output-dir", tmp_path / "out",
-                   "--cache-dir", tmp_path / "cache", "--no-report", "--json", "--quiet")
-    assert done.returncode == 2, done.stderr
-    lines = [json.loads(line) for line in done.stdout.splitlines()]
+    options = ["--target", "kirin9050", "--output-dir", tmp_path / "out", "--cache-dir",
+               tmp_path / "cache", "--no-report"]
+    assert main(*models, *options, "--json", "--quiet") == 2
+    done = capfd.readouterr()
+    lines = [json.loads(line) for line in done.out.splitlines()]
     assert [line["model"] for line in lines] == [str(m) for m in models]
     assert [line.get("status") for line in lines] == [None, "failed", None]
-    assert lines[1]["exit_code"] == 2 and "broken.onnx" in done.stderr
+    assert lines[1]["exit_code"] == 2 and "broken.onnx" in done.err
     for line, kind in zip(lines, ("build", "build_failure", "build")):
         assert not list(schema_validator(kind).iter_errors(line)), (kind, line)
-    table = run_cli(*models, "--target", "kirin9050", "--output-dir", tmp_path / "out",
-                    "--cache-dir", tmp_path / "cache", "--no-report").stdout
+    assert main(*models, *options) == 2
+    table = capfd.readouterr().out
     assert "broken.onnx  kirin9050  -" in table and "failed (exit 2)" in table, table
 
 
 @pytest.mark.parametrize("twice", ["models", "targets"])
-def test_a_model_or_a_target_given_twice_is_built_once_with_a_note(twice, tmp_path):
+def test_a_model_or_a_target_given_twice_is_built_once_with_a_note(twice, tmp_path, capfd):
     """Row 15: on cb4dc9a the same model twice, or kirin9050,Kirin9050, was built twice into the
     same files, exit 0 (while a/m.onnx ./a/m.onnx was refused): one rule for both now."""
     model = matmul_model(tmp_path / "m.onnx")
     models = [model, tmp_path / "." / "m.onnx"] if twice == "models" else [model]
     targets = "kirin9050" if twice == "models" else "kirin9050,Kirin9050"
-    done = run_cli(*models, "--target", targets, "--cache-dir", tmp_path / "cache",
-                   "--no-report", "--json", "--quiet", cwd=tmp_path)
-    assert done.returncode == 0, done.stderr
-    assert len(done.stdout.splitlines()) == 1
-    assert "pypto-offline: note:" in done.stderr and "twice" in done.stderr, done.stderr
+    assert main(*models, "--target", targets, "--cache-dir", tmp_path / "cache",
+                "--no-report", "--json", "--quiet") == 0
+    done = capfd.readouterr()
+    assert len(done.out.splitlines()) == 1
+    assert "pypto-offline: note:" in done.err and "twice" in done.err, done.err
 
 
-def test_a_blob_path_that_is_a_link_replaces_the_link_not_its_target(tmp_path):
-    """Row 16 (documented in README "Using it"): ``-o`` naming a symbolic link writes a new file
+def test_a_blob_path_that_is_a_link_replaces_the_link_not_its_target(tmp_path, capfd):
+    """Row 16 (documented in docs/outputs.md): ``-o`` naming a symbolic link writes a new file
     in the link's place; the file it pointed to is left as it was."""
     model = matmul_model(tmp_path / "m.onnx")
     (tmp_path / "elsewhere.ptom").write_bytes(b"someone else's file")
     (tmp_path / "out.ptom").symlink_to(tmp_path / "elsewhere.ptom")
-    done = run_cli(model, "--target", "kirin9050", "-o", tmp_path / "out.ptom",
-                   "--cache-dir", tmp_path / "cache", "--no-report", "--quiet")
-    assert done.returncode == 0, done.stderr
+    assert main(model, "--target", "kirin9050", "-o", tmp_path / "out.ptom", "--cache-dir",
+                tmp_path / "cache", "--no-report", "--quiet") == 0, capfd.readouterr().err
     assert not (tmp_path / "out.ptom").is_symlink() and (tmp_path / "out.ptom").stat().st_size
     assert (tmp_path / "elsewhere.ptom").read_bytes() == b"someone else's file"
