@@ -176,7 +176,8 @@ def _finite(value: float) -> float:
 
 def compile(model, target: str = "kirin9050",  # noqa: A001 - the API's verb
             input_shapes: Mapping[str, Sequence[int]] | None = None, *,
-            cache_dir=None, jobs: int = 2, tile_search: bool = True,
+            cache_dir=None, cache_trust_group: str | None = None, jobs: int = 2,
+            tile_search: bool = True,
             kernel_timeout: float | None = None, progress: Progress = SILENT,
             inputs: Mapping[str, np.ndarray] | None = None, verify: bool = False,
             measure_baseline: bool = False,
@@ -189,11 +190,16 @@ def compile(model, target: str = "kirin9050",  # noqa: A001 - the API's verb
     unfused cost figure instead of estimating it (docs/baseline.md). ``dims``: symbolic
     dimensions fixed by name in every input that has them (``{"batch": 1}``); ``input_shapes``
     wins for the inputs it names. ``executor``: where the PyPTO jobs run (``executor()`` gives
-    one; by default the fork servers of this machine)."""
+    one; by default the fork servers of this machine). ``cache_dir``: the kernel cache
+    (default: ``$PYPTO_OFFLINE_CACHE``, else the user's); ``cache_trust_group``: the team's
+    group whose entries a shared cache trusts (default: ``$PYPTO_OFFLINE_CACHE_GROUP``, else
+    none: docs/kernel-cache.md, "The trust rule")."""
     check_limits(jobs, kernel_timeout)
     get_target(target)
+    trust = check_cache(cache_dir, cache_trust_group)
     options = BuildOptions(input_shapes=dict(input_shapes or {}), dims=dict(dims or {}),
-                           cache_dir=Path(cache_dir) if cache_dir else None, jobs=jobs,
+                           cache_dir=Path(cache_dir) if cache_dir else None,
+                           cache_trust=trust, jobs=jobs,
                            tile_search=tile_search, inputs=dict(inputs or {}), verify=verify,
                            measure_baseline=measure_baseline, executor=executor,
                            **({"kernel_timeout_s": kernel_timeout} if kernel_timeout else {}))
@@ -209,6 +215,9 @@ def compile(model, target: str = "kirin9050",  # noqa: A001 - the API's verb
 # More PyPTO workers than this only queue on any machine this runs on, and each holds its own
 # memory; the bound keeps a typo (--jobs 10000) from forking the machine to death.
 MAX_JOBS = 64
+# A compile past a day is stuck, not slow (the largest corpus region compiles in minutes); the
+# bound also keeps the limit within what the workers' poll() takes (a C int of milliseconds).
+MAX_KERNEL_TIMEOUT_S = 86_400
 
 
 def input_names(model) -> list[str]:
@@ -250,14 +259,27 @@ def shared_workers(jobs: int = 2):
     return shared_pool(jobs)
 
 
+def check_cache(cache_dir=None, trust_group: str | None = None):
+    """Refuse, before any work, a kernel cache a build could not use: a path that is no folder,
+    or a folder another user could change (docs/kernel-cache.md, "The trust rule"). Returns the
+    cache's trust, for ``compile``."""
+    from pypto_offline.pypto_kernels.cache import cache_folder
+    from pypto_offline.pypto_kernels.cache_trust import check_root, trust_for
+
+    trust = trust_for(trust_group)
+    check_root(cache_folder(cache_dir), trust)
+    return trust
+
+
 def check_limits(jobs: int, kernel_timeout: float | None) -> None:
     """Refuse resource options outside what makes sense, before any work."""
     if not isinstance(jobs, int) or not 1 <= jobs <= MAX_JOBS:
         raise UsageError(f"--jobs must be positive and at most {MAX_JOBS}, not {jobs}",
                          fix="give the number of parallel PyPTO compiles, e.g. --jobs 2")
-    if kernel_timeout is not None and not (math.isfinite(kernel_timeout) and kernel_timeout > 0):
-        raise UsageError(f"--kernel-timeout must be positive and finite, not {kernel_timeout}",
-                         fix="e.g. --kernel-timeout 300")
+    if kernel_timeout is not None and not (math.isfinite(kernel_timeout)
+                                           and 0 < kernel_timeout <= MAX_KERNEL_TIMEOUT_S):
+        raise UsageError(f"--kernel-timeout must be positive and at most {MAX_KERNEL_TIMEOUT_S} "
+                         f"s (a day), not {kernel_timeout}", fix="e.g. --kernel-timeout 300")
 
 
 def load(path, expected_target: str | None = None) -> CompiledModel:

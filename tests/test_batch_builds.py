@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.json_schema import schema_validator
 from tests.malformed import EXAMPLE
-from tests.onnx_builders import GraphBuilder
+from tests.onnx_builders import GraphBuilder, one_node
 
 REPO = Path(__file__).resolve().parent.parent
 TARGETS = "kirin9050,ascend910b"
@@ -84,15 +85,15 @@ def test_a_bad_model_in_a_batch_is_exit_2_and_the_others_are_built(tmp_path):
                    "--json", "--quiet")
     assert done.returncode == 2, done.stderr
     assert f"{broken} for kirin9050" in done.stderr and "Traceback" not in done.stderr
-    (line,) = done.stdout.splitlines()
-    assert json.loads(line)["model"] == str(good)
+    failed, built = map(json.loads, done.stdout.splitlines())
+    assert (failed["status"], failed["model"], built["model"]) == ("failed", str(broken), str(good))
     assert (tmp_path / "out" / "good.kirin9050.ptom").is_file()
     assert not (tmp_path / "out" / "broken.kirin9050.ptom").exists()
 
 
 @pytest.mark.parametrize("options,expected", [
     (["-o", "one.ptom"], "use --output-dir"),
-    (["--output-dir", "out"], "is the same file as"),
+    (["--output-dir", "out"], "would both write"),
     (["--input-shape", "y=1,2"], "'y', an input of none of the models"),
 ])
 def test_outputs_that_cannot_serve_a_batch_are_refused_before_any_work(options, expected,
@@ -104,3 +105,60 @@ def test_outputs_that_cannot_serve_a_batch_are_refused_before_any_work(options, 
                    "--cache-dir", tmp_path / "cache", cwd=tmp_path)
     assert done.returncode == 2 and expected in done.stderr, done.stderr
     assert not (tmp_path / "cache").exists()  # refused before any work
+
+
+# --- issue 34: batches of models that need no PyPTO kernel (one MatMul: no memory-bound op) ---
+
+def matmul_model(path: Path) -> Path:
+    import numpy as np
+
+    path.write_bytes(one_node("MatMul", [2, 3], opset=17, params={
+        "w": np.arange(12, dtype=np.float32).reshape(3, 4)}).SerializeToString())
+    return path
+
+
+def test_a_json_batch_prints_a_line_for_every_build_a_failed_one_too(tmp_path):
+    """Row 14: on cb4dc9a good, bad, good printed 2 lines: the bad build had no line and no
+    row."""
+    models = [matmul_model(tmp_path / "first.onnx"), tmp_path / "broken.onnx",
+              matmul_model(tmp_path / "second.onnx")]
+    models[1].write_bytes(b"not a model")
+    done = run_cli(*models, "--target", "kirin9050", "--output-dir", tmp_path / "out",
+                   "--cache-dir", tmp_path / "cache", "--no-report", "--json", "--quiet")
+    assert done.returncode == 2, done.stderr
+    lines = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [line["model"] for line in lines] == [str(m) for m in models]
+    assert [line.get("status") for line in lines] == [None, "failed", None]
+    assert lines[1]["exit_code"] == 2 and "broken.onnx" in done.stderr
+    for line, kind in zip(lines, ("build", "build_failure", "build")):
+        assert not list(schema_validator(kind).iter_errors(line)), (kind, line)
+    table = run_cli(*models, "--target", "kirin9050", "--output-dir", tmp_path / "out",
+                    "--cache-dir", tmp_path / "cache", "--no-report").stdout
+    assert "broken.onnx  kirin9050  -" in table and "failed (exit 2)" in table, table
+
+
+@pytest.mark.parametrize("twice", ["models", "targets"])
+def test_a_model_or_a_target_given_twice_is_built_once_with_a_note(twice, tmp_path):
+    """Row 15: on cb4dc9a the same model twice, or kirin9050,Kirin9050, was built twice into the
+    same files, exit 0 (while a/m.onnx ./a/m.onnx was refused): one rule for both now."""
+    model = matmul_model(tmp_path / "m.onnx")
+    models = [model, tmp_path / "." / "m.onnx"] if twice == "models" else [model]
+    targets = "kirin9050" if twice == "models" else "kirin9050,Kirin9050"
+    done = run_cli(*models, "--target", targets, "--cache-dir", tmp_path / "cache",
+                   "--no-report", "--json", "--quiet", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert len(done.stdout.splitlines()) == 1
+    assert "pypto-offline: note:" in done.stderr and "twice" in done.stderr, done.stderr
+
+
+def test_a_blob_path_that_is_a_link_replaces_the_link_not_its_target(tmp_path):
+    """Row 16 (documented in README "Using it"): ``-o`` naming a symbolic link writes a new file
+    in the link's place; the file it pointed to is left as it was."""
+    model = matmul_model(tmp_path / "m.onnx")
+    (tmp_path / "elsewhere.ptom").write_bytes(b"someone else's file")
+    (tmp_path / "out.ptom").symlink_to(tmp_path / "elsewhere.ptom")
+    done = run_cli(model, "--target", "kirin9050", "-o", tmp_path / "out.ptom",
+                   "--cache-dir", tmp_path / "cache", "--no-report", "--quiet")
+    assert done.returncode == 0, done.stderr
+    assert not (tmp_path / "out.ptom").is_symlink() and (tmp_path / "out.ptom").stat().st_size
+    assert (tmp_path / "elsewhere.ptom").read_bytes() == b"someone else's file"

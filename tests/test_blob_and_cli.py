@@ -16,6 +16,7 @@ from pypto_offline import cli
 from pypto_offline.errors import ModelError
 from pypto_offline.offline_compiler import blob
 from pypto_offline.targets import TARGETS
+from tests.json_schema import schema_validator
 from tests.malformed import EXAMPLE
 
 SHAPE = ["--input-shape", "x=1,3,64,64"]
@@ -105,17 +106,6 @@ def test_cli_inspect_and_verify_agree(builds):
     assert "/" not in json.dumps(inspected["provenance"]["options"])  # no paths
 
 
-def _schema_validator(definition: str):
-    """A validator of one kind of JSON output against the package's schema file."""
-    import jsonschema
-    from importlib.resources import files
-
-    schema = json.loads(files("pypto_offline.offline_compiler").joinpath(
-        "summary.schema.json").read_text())
-    jsonschema.Draft202012Validator.check_schema(schema)
-    return jsonschema.Draft202012Validator({**schema, "$ref": f"#/$defs/{definition}"})
-
-
 @pytest.mark.pypto
 def test_every_json_output_follows_the_schema(builds, tmp_path):
     """compile, inspect, verify, report, targets and cache: schema_version 2, the keys the
@@ -133,13 +123,13 @@ def test_every_json_output_follows_the_schema(builds, tmp_path):
                                                  "--json", "--cache-dir",
                                                  path.parent / "cache0").stdout)}
     for kind, output in outputs.items():
-        errors = [e.message for e in _schema_validator(kind).iter_errors(output)]
+        errors = [e.message for e in schema_validator(kind).iter_errors(output)]
         assert not errors, (kind, errors[:3])
         assert output["schema_version"] == 2
     (kernel,) = compiled["kernels"]
     assert kernel["status"] == "compiled" and kernel["fallback_category"] is None
     broken = {**compiled, "kernels": [{**kernel, "status": "maybe"}]}
-    assert not _schema_validator("build").is_valid(broken)  # the schema does check
+    assert not schema_validator("build").is_valid(broken)  # the schema does check
 
 
 def _refused(data: bytes) -> bool:

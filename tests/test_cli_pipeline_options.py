@@ -188,12 +188,28 @@ def test_dim_fixes_a_symbolic_dimension_in_every_input_and_input_shape_wins():
 @pytest.mark.parametrize("dims,message", [
     ({"batc": 1}, "--dim 'batc' names no symbolic dimension of the model's inputs (its symbolic "
                   "dimensions are: batch, seq)"),
-    ({"batch": -1}, "--dim batch=-1: a dimension is a whole number from 0 to"),
+    ({"batch": -1}, "--dim batch=-1: a dimension is a whole number from 1 to"),
+    ({"batch": 0}, "--dim batch=0: a dimension is a whole number from 1 to"),
 ])
 def test_a_wrong_dim_is_a_usage_error(dims, message):
     with pytest.raises(UsageError) as error:
         import_model(two_input_model(), dims=dims)
     assert message in str(error.value)
+
+
+@pytest.mark.parametrize("options,message", [
+    (["--dim", "batch=0", "--dim", "seq=4"], "--dim batch=0: a dimension is a whole number from 1"),
+    (["--input-shape", "ids=0,4,1", "--dim", "seq=4"],
+     "has a dimension of size 0: the input would be empty")])
+def test_a_zero_sized_input_is_refused_before_any_work(options, message, tmp_path, capfd):
+    """Issue 34 row 18: on cb4dc9a an empty input was accepted and its region fell back
+    ("compile failed", cached), exit 0."""
+    model = tmp_path / "m.onnx"
+    onnx.save(two_input_model(), model)
+    assert cli.main([str(model), *KIRIN, *options]) == 2
+    (line,) = capfd.readouterr().err.splitlines()[-1:]
+    assert message in line, line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]
 
 
 @pytest.mark.parametrize("options,message", [
@@ -412,8 +428,8 @@ def test_a_reader_losing_an_entry_to_clean_takes_it_for_a_miss(tmp_path, monkeyp
     stored(cache, key, {"kernel.json": "{}"})
     honest = kernel_cache.verified_files
 
-    def cleaned_midway(entry, wanted):
-        files = honest(entry, wanted)
+    def cleaned_midway(entry, wanted, *trust):
+        files = honest(entry, wanted, *trust)
         cache_maintenance.clean_cache(tmp_path)
         raise kernel_cache.DamagedEntry("unreadable: No such file or directory")
 

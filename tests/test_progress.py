@@ -204,3 +204,25 @@ def test_a_re_planned_build_counts_the_compiles_of_its_first_plan():
     assert result.kernel_cache() == {"hits": 1, "compiled": 2, "pypto_compiles": 6}
     assert BuildResult(None, None, None, second).kernel_cache() == {
         "hits": 2, "compiled": 1, "pypto_compiles": 1}
+
+
+def test_a_region_of_240_ops_is_one_short_progress_line():
+    """Issue 34, row 19: the line joined every op type of the region, 1,400 characters for a
+    region of 240 ops. Past a few ops it names the first ones and counts them all; a short
+    region is still named whole."""
+    from types import SimpleNamespace
+
+    from pypto_offline.fusion.records import RegionOp
+    from pypto_offline.pypto_kernels.records import Kernel
+
+    kinds = ("Add", "Mul", "Relu", "Neg", "Sigmoid", "Abs")
+    ops = [RegionOp(kinds[i % len(kinds)], (f"t{i}",), (f"t{i + 1}",)) for i in range(240)]
+    region = SimpleNamespace(id="region_3", original=ops)
+    hit = Kernel("region_3", True, cache_key="k", from_cache=True)
+    assert kernel_line(7, 9, region, hit) == "[7/9] region_3 Add+Mul+Relu+… (240 ops): cache hit"
+    fell_back = Kernel("region_3", False, "x" * 1000)
+    line = kernel_line(8, 9, region, fell_back)
+    assert line.startswith("[8/9] region_3 Add+Mul+Relu+… (240 ops): fell back: xxx")
+    assert len(line) < 300, len(line)  # the reason is cut at 240 characters too
+    short = SimpleNamespace(id="region_4", original=ops[:3])
+    assert kernel_line(9, 9, short, hit) == "[9/9] region_4 Add+Mul+Relu: cache hit"

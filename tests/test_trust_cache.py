@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -244,6 +245,49 @@ def test_a_file_planted_where_kernel_sources_went_is_never_run(clean, tmp_path):
     assert not marker.exists(), "a planted kernel source was run"
     assert fused(summary) and summary["kernel_cache"] == {"hits": 0, "compiled": 1,
                                                           "pypto_compiles": 1}
+
+
+def stranger_owns(paths: list[Path]) -> str:
+    """Another user's (uid 12345) as root; otherwise writable by every user, as what another
+    user planted under umask 000 is. Why the trust rule refuses them."""
+    for path in paths:
+        if os.getuid() == 0:
+            os.chown(path, 12345, -1)
+        else:
+            path.chmod(stat.S_IMODE(path.stat().st_mode) | 0o002)
+    return "owned by another user (uid 12345)" if os.getuid() == 0 else "writable by every user"
+
+
+@pytest.mark.pypto
+def test_a_kernel_entry_another_user_planted_is_never_shipped(clean, tmp_path):
+    """Issue 34 row 1: another user plants the kernel's entry, its control_flow_host.cpp edited
+    and its manifest signed again. On cb4dc9a the build hit it and shipped the planted file
+    (verification passed, exit 0). Now a cache root another user owns stops the build before
+    any work, and in the user's own cache (its prefix folder left open by umask 000) the planted
+    entry is not trusted: compiled again, the clean build's blob."""
+    folder, model, _, _ = clean
+    cache = tmp_path / "cache"
+    shutil.copytree(folder / "cache", cache)
+    kernel = entries(cache)["kernel"]
+    (planted,) = kernel.rglob("control_flow_host.cpp")
+    planted.write_text(planted.read_text() + "\n// planted by another user\n")
+    resign(kernel)
+    kernel.parent.chmod(0o777)
+    why = stranger_owns([kernel, *kernel.rglob("*")])
+    mode = stat.S_IMODE(cache.stat().st_mode)
+    stranger_owns([cache])
+    _, err = build(model, tmp_path / "refused.ptom", cache, cwd=tmp_path, expect_exit=2)
+    assert f"{cache}: the kernel cache is {why}" in err and not (tmp_path / "refused.ptom").exists()
+    os.chown(cache, os.getuid(), -1)
+    cache.chmod(mode)
+    summary, err = build(model, tmp_path / "rebuilt.ptom", cache, cwd=tmp_path)
+    assert [line for line in err.splitlines() if WARNING in line] == [
+        f"{WARNING}{kernel} is not trusted (its folder is {why}, another user could have written "
+        f"it); compiling it again"]
+    assert fused(summary)
+    assert summary["kernel_cache"] == {"hits": 0, "compiled": 1, "pypto_compiles": 0}
+    shipped = (tmp_path / "rebuilt.ptom").read_bytes()
+    assert shipped == (folder / "tiny.ptom").read_bytes() and b"planted" not in shipped
 
 
 # Cheap checks of the cache's parts, no PyPTO needed.

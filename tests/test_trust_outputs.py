@@ -244,7 +244,9 @@ def test_a_huge_input_shape_is_refused_with_the_memory_it_needs(tmp_path):
 
 
 @pytest.mark.parametrize("option", [["--kernel-timeout", "nan"], ["--kernel-timeout", "inf"],
-                                    ["--jobs", "10000"]])
+                                    ["--jobs", "10000"],
+                                    # issue 34 row 12: on cb4dc9a an OverflowError, exit 3
+                                    ["--kernel-timeout", "1e12"]])
 def test_resource_options_out_of_range_are_refused(option, tmp_path, capfd):
     model = _relu_model(tmp_path)
     assert cli.main([str(model), *TARGET, *option]) == 2
@@ -453,3 +455,52 @@ def test_a_large_weight_held_in_a_constant_node_is_not_a_computed_tensor(monkeyp
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     assert import_model(model).tensors["y"].shape == (1,)
+
+
+# --- issue 34: the user's slips exit 2 before any work ---------------------------------------
+
+def _output_dirs(folder: Path) -> dict[str, str]:
+    (folder / "a-file").write_text("not a folder")
+    (folder / "link-to-file").symlink_to(folder / "a-file")
+    return {"a file": str(folder / "a-file"), "a link to a file": str(folder / "link-to-file"),
+            "a path under a file": str(folder / "a-file" / "out"), "/dev/null": "/dev/null"}
+
+
+@pytest.mark.parametrize("case", ["a file", "a link to a file", "a path under a file",
+                                  "/dev/null"])
+def test_an_output_dir_that_cannot_be_a_folder_is_refused(case, tmp_path, capfd):
+    """Row 9: on cb4dc9a FileExistsError / NotADirectoryError, exit 3."""
+    model = _relu_model(tmp_path)
+    folder = _output_dirs(tmp_path)[case]
+    assert cli.main([str(model), *TARGET, "--output-dir", folder]) == 2
+    err = capfd.readouterr().err
+    assert err.startswith("pypto-offline: error: --output-dir") and "Traceback" not in err, err
+    assert (tmp_path / "a-file").read_text() == "not a folder"
+    assert _files(tmp_path) == ["a-file", "link-to-file", "model.onnx"]
+
+
+@pytest.mark.parametrize("option,flag", [
+    (["-o", ""], "-o/--output"), (["--cache-dir", ""], "--cache-dir"),
+    (["--report", " "], "--report"), (["--output-dir", ""], "--output-dir"),
+    (["--executor", "ray", "--ray-address", ""], "--ray-address"),
+    (["--input-shape", ""], "--input-shape"), (["--inputs", ""], "--inputs")])
+def test_an_empty_option_value_is_refused(option, flag, tmp_path, capfd):
+    """Row 17: on cb4dc9a an empty value meant the default, silently (an empty --ray-address
+    would have started a local Ray instance)."""
+    model = _relu_model(tmp_path)
+    assert cli.main([str(model), *TARGET, *option]) == 2
+    assert f"error: {flag} is given an empty value" in capfd.readouterr().err
+    assert _files(tmp_path) == ["model.onnx"]
+
+
+@pytest.mark.parametrize("argv,flag", [(["cache", "info", "--cache-dir", ""], "--cache-dir"),
+                                       (["report", "b.ptom", "-o", ""], "-o/--output")])
+def test_an_empty_value_is_refused_by_the_other_commands_too(argv, flag, capfd):
+    assert cli.main(argv) == 2
+    assert f"error: {flag} is given an empty value" in capfd.readouterr().err
+
+
+def test_an_atc_input_shape_naming_no_input_is_refused(tmp_path, capfd):
+    model = _relu_model(tmp_path)
+    assert cli.main([str(model), *TARGET, "--input_shape", ";"]) == 2
+    assert "--input_shape ';' names no input" in capfd.readouterr().err

@@ -29,7 +29,8 @@ from pathlib import Path
 
 from pypto_offline import __version__
 from pypto_offline.cli.text import (human_cache_clean, human_cache_info, human_summary,
-                                    print_fallbacks, print_summary, printable, progress_on_stderr)
+                                    op_types_text, print_fallbacks, print_summary, printable,
+                                    progress_on_stderr)
 from pypto_offline.errors import BuildInterrupted, PyptoOfflineError, UsageError
 from pypto_offline.targets import TARGETS, chip_names
 
@@ -39,13 +40,37 @@ DEFAULT_JOBS = 2
 SUBCOMMANDS = ("targets", "inspect", "verify", "report", "cache")
 CACHE_DIR_HELP = ("kernel cache folder (default: $PYPTO_OFFLINE_CACHE, else "
                   "~/.cache/pypto-offline/kernels)")
+CACHE_GROUP_HELP = ("a team's shared kernel cache: also trust what this group wrote in it "
+                    "(default: $PYPTO_OFFLINE_CACHE_GROUP, else only your own and root's; "
+                    "docs/kernel-cache.md)")
 
 
 class _Parser(argparse.ArgumentParser):
-    """Usage errors as our one-line error (argparse would print usage and exit itself)."""
+    """Usage errors as our one-line error (argparse would print usage and exit itself), and no
+    empty value: ``-o ""`` or ``--cache-dir ""`` (an unset shell variable, usually) would
+    otherwise mean the default silently, and ``--ray-address ""`` a new local Ray instance."""
 
     def error(self, message: str):
         raise UsageError(message, fix=f"see '{self.prog} --help'")
+
+    def __init__(self, *args, **kwargs):
+        self.flags: dict[str, str] = {}  # an argument's dest → how the user spells it
+        super().__init__(*args, **kwargs)
+
+    def add_argument(self, *names, **options):
+        action = super().add_argument(*names, **options)
+        self.flags[action.dest] = "/".join(action.option_strings) or action.metavar or action.dest
+        return action
+
+    def parse_args(self, args=None, namespace=None):
+        parsed = super().parse_args(args, namespace)
+        for dest, value in vars(parsed).items():
+            values = value if isinstance(value, list) else [value]
+            if any(isinstance(v, str) and not v.strip() for v in values):
+                flag = self.flags.get(dest) or "--" + dest.replace("_", "-")
+                raise UsageError(f"{flag} is given an empty value",
+                                 fix="give it a value, or leave the option out for its default")
+        return parsed
 
 
 def compile_parser() -> argparse.ArgumentParser:
@@ -83,6 +108,7 @@ def compile_parser() -> argparse.ArgumentParser:
                              "for the inputs it names)")
     parser.add_argument("--inputs", help=".npz of real inputs for the check, by input name")
     parser.add_argument("--cache-dir", help=CACHE_DIR_HELP)
+    parser.add_argument("--cache-trust-group", metavar="GROUP", help=CACHE_GROUP_HELP)
     parser.add_argument("--jobs", type=int, help="parallel PyPTO compiles (default 2; with "
                                                  "--executor ray, the cluster's CPUs)")
     parser.add_argument("--executor", choices=("local", "ray"), default="local",
@@ -199,7 +225,10 @@ def _builds(args) -> list[_Build]:
     from pypto_offline import api
     from pypto_offline.offline_compiler.blob import check_outputs
 
-    targets = [api.get_target(name.strip()).name for name in args.target.split(",")]
+    targets = [api.get_target(name).name for name in _once_each(
+        [name.strip() for name in args.target.split(",")],
+        lambda name: api.get_target(name).name, "--target")]
+    args.models = _once_each(args.models, os.path.realpath, "the models")
     pairs = [(model, target) for model in args.models for target in targets]
     if len(pairs) > 1 and (args.output or args.report):
         raise UsageError(f"-o and --report name one build's files, and this is {len(pairs)} "
@@ -212,6 +241,7 @@ def _builds(args) -> list[_Build]:
         report = None if args.no_report else Path(args.report) if args.report \
             else report_path(output)
         builds.append(_Build(model, target, output, report, shapes[model]))
+    _refuse_shared_outputs(builds)
     # labelled as the user named them: the options of one build, each build's files in a batch
     labels = (lambda b: ("-o", "--report")) if len(builds) == 1 else \
         (lambda b: (f"{b.model} for {b.target}: the blob", f"{b.model} for {b.target}: the report"))
@@ -227,10 +257,41 @@ def _builds(args) -> list[_Build]:
     check_outputs(outputs, {**models,
                             **({"--inputs file": Path(args.inputs)} if args.inputs else {})})
     if any(b.report for b in builds):
-        from pypto_offline.report.graph_view import require_dot
+        from pypto_offline.report.dot import require_dot
 
         require_dot()  # before the work, as the outputs: a build must not end without its report
     return builds
+
+
+def _once_each(given: list[str], identity, what: str) -> list:
+    """Each of ``given`` once by its identity (a chip's target, a model's real path), in the
+    order given, with a note for each repeat: a batch builds a model for a target once (two
+    builds would write the same files)."""
+    kept: dict = {}
+    for value in given:
+        same = identity(value)
+        if same in kept:
+            print(f"pypto-offline: note: {what} name {printable(kept[same])!r} twice (as "
+                  f"{printable(value)!r} too): built once", file=sys.stderr)
+        else:
+            kept[same] = value
+    return list(kept.values())
+
+
+def _refuse_shared_outputs(builds: list[_Build]) -> None:
+    """Two builds of a batch writing one file (models of one name from two folders, under one
+    --output-dir or beside each other through links): refused, with advice a batch can follow."""
+    seen: dict[str, _Build] = {}
+    for build in builds:
+        for path in (build.output, build.report):
+            if path is None:
+                continue
+            other = seen.setdefault(os.path.realpath(path), build)
+            if other is not build:
+                raise UsageError(f"{other.model} and {build.model} for {build.target} would both "
+                                 f"write {str(path)!r}", where=str(path),
+                                 fix="give the models different file names, or build them in "
+                                     "separate runs, each with its own --output-dir")
 
 
 def run_compile(argv: list[str]) -> int:
@@ -238,10 +299,11 @@ def run_compile(argv: list[str]) -> int:
     from pypto_offline import api
 
     api.check_limits(1 if args.jobs is None else args.jobs, args.kernel_timeout)
+    api.check_cache(args.cache_dir, args.cache_trust_group)  # once, before any build's work
     if args.ray_address and args.executor != "ray":
         raise UsageError("--ray-address is for --executor ray", fix="add --executor ray")
     if args.output_dir:
-        Path(args.output_dir).mkdir(parents=True, exist_ok=True)
+        _make_output_dir(Path(args.output_dir))
     builds = _builds(args)
     inputs = _load_inputs(args.inputs)
     codes, summaries = [], []
@@ -258,6 +320,19 @@ def run_compile(argv: list[str]) -> int:
     return max(codes)
 
 
+def _make_output_dir(folder: Path) -> None:
+    """--output-dir, created if missing; a file there (or a link to one, or a path through one,
+    or /dev/null) is the user's slip, refused before any work."""
+    if folder.exists() and not folder.is_dir():
+        raise UsageError(f"--output-dir {str(folder)!r} is not a folder",
+                         fix="give a folder (created if missing), not a file")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise UsageError(f"--output-dir {str(folder)!r} cannot be created: {error.strerror}",
+                         fix="give a folder you can write to") from None
+
+
 @contextmanager
 def _batch(api, jobs: int, builds: int):
     """One worker pool for every build of a batch (a single build makes its own)."""
@@ -268,8 +343,7 @@ def _batch(api, jobs: int, builds: int):
         yield
 
 
-def _run_build(build: _Build, args, inputs: dict, progress, executor
-               ) -> tuple[int, dict | None]:
+def _run_build(build: _Build, args, inputs: dict, progress, executor) -> tuple[int, dict]:
     """Compile, save and print one build; its exit code and summary. Bad input of one model
     (exit 2) does not stop the others: the batch's exit code is the worst."""
     from pypto_offline import api
@@ -277,7 +351,8 @@ def _run_build(build: _Build, args, inputs: dict, progress, executor
     started = time.perf_counter()
     try:
         compiled = api.compile(build.model, build.target, build.shapes, dims=_dims(args),
-                               cache_dir=args.cache_dir, jobs=args.jobs,
+                               cache_dir=args.cache_dir,
+                               cache_trust_group=args.cache_trust_group, jobs=args.jobs,
                                tile_search=not args.no_tile_search,
                                kernel_timeout=args.kernel_timeout, progress=progress,
                                inputs=inputs, verify=not args.no_verify,
@@ -285,11 +360,14 @@ def _run_build(build: _Build, args, inputs: dict, progress, executor
         progress.stage("writing the blob" + (" and the report" if build.report else ""))
         compiled.save(build.output, report=build.report)
     except PyptoOfflineError as err:
+        failure = _failure(build, err)
+        if args.json:  # one line per requested build, a failed one too (README "JSON output")
+            print_summary(failure, args, human_summary)
         if len(args.models) * len(args.target.split(",")) == 1:
             raise
         print(f"pypto-offline: error: {build.model} for {build.target}: "
               f"{printable(str(err))}", file=sys.stderr)
-        return EXIT_BAD_INPUT, None
+        return EXIT_BAD_INPUT, failure
     summary = {**compiled.summary(), "model": build.model, "blob": str(build.output),
                "report": str(build.report) if build.report else None,
                "kernel_cache": compiled.kernel_cache,
@@ -304,12 +382,22 @@ def _run_build(build: _Build, args, inputs: dict, progress, executor
             summary)
 
 
-def _batch_table(summaries: list[dict | None]) -> str:
-    """The batch at a glance: a line per build (a build refused with bad input shows none)."""
+def _failure(build: _Build, err: PyptoOfflineError) -> dict:
+    """A build that stopped on bad input, as its JSON line says it (schema: build_failure)."""
+    from pypto_offline.offline_compiler.summary import SCHEMA_VERSION
+
+    return {"schema_version": SCHEMA_VERSION, "model": build.model, "target": build.target,
+            "status": "failed", "error": str(err), "exit_code": EXIT_BAD_INPUT}
+
+
+def _batch_table(summaries: list[dict]) -> str:
+    """The batch at a glance: a line per build, a failed one with its exit code."""
     rows = [("model", "target", "kernels", "fell back", "verification", "blob")]
-    rows += [(s["model"], s["target"], f"{s['kernels_before']} -> {s['kernels_after']}",
+    rows += [(s["model"], s["target"], "-", "-", f"failed (exit {s['exit_code']})", "-")
+             if s.get("status") == "failed" else
+             (s["model"], s["target"], f"{s['kernels_before']} -> {s['kernels_after']}",
               str(s["pypto"]["fell_back"]), s["verification"]["status"], s["blob"])
-             for s in summaries if s is not None]
+             for s in summaries]
     widths = [max(len(printable(row[i])) for row in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(printable(cell).ljust(width) for cell, width in zip(row, widths))
                      .rstrip() for row in rows)
@@ -363,7 +451,7 @@ def run_inspect(argv: list[str]) -> int:
 
     def human(s):
         lines = [human_summary(s), "  kernels:"]
-        lines += [f"    {k['id']}: {'+'.join(k['ops'])} — "
+        lines += [f"    {k['id']}: {op_types_text(k['ops'])} — "
                   + (f"{shown(k['tuned_us'], '.2f', ' µs')} tuned, "
                      f"{shown(k['default_us'], '.2f', ' µs')} default"
                      if k["status"] == "compiled" else f"fell back: {k['fallback_reason']}")
@@ -406,7 +494,7 @@ def run_report(argv: list[str]) -> int:
 
     path = Path(args.output) if args.output else report_path(Path(args.blob))
     check_outputs({"-o": path}, {"blob": Path(args.blob)})
-    from pypto_offline.report.graph_view import require_dot
+    from pypto_offline.report.dot import require_dot
 
     require_dot()
     compiled = api.load(args.blob)
@@ -434,6 +522,7 @@ def cache_parser() -> argparse.ArgumentParser:
     for action in (info, clean):
         action.add_argument("--cache-dir", help=CACHE_DIR_HELP)
         _common(action)
+    clean.add_argument("--cache-trust-group", metavar="GROUP", help=CACHE_GROUP_HELP)
     return parser
 
 
@@ -441,6 +530,7 @@ def run_cache(argv: list[str]) -> int:
     args = cache_parser().parse_args(argv)
     from pypto_offline.pypto_kernels.cache import cache_folder
     from pypto_offline.pypto_kernels.cache_maintenance import cache_info, clean_cache
+    from pypto_offline.pypto_kernels.cache_trust import trust_for
 
     from pypto_offline.offline_compiler.summary import SCHEMA_VERSION
 
@@ -450,7 +540,8 @@ def run_cache(argv: list[str]) -> int:
                human_cache_info)
     else:
         print_summary({"schema_version": SCHEMA_VERSION,
-                **clean_cache(folder, args.older_than, args.max_size)}, args, human_cache_clean)
+                **clean_cache(folder, args.older_than, args.max_size,
+                              trust=trust_for(args.cache_trust_group))}, args, human_cache_clean)
     return EXIT_OK
 
 

@@ -45,12 +45,14 @@ class StderrProgress(Progress):
 
 # A fallback reason may quote a whole PyPTO error; the report and inspect keep it whole.
 REASON_CHARS = 240
+# A region may hold hundreds of ops; a line names this many and counts the rest.
+OPS_SHOWN = 4
 
 
 def kernel_line(done: int, total: int, region, kernel) -> str:
     """``[12/40] region_7 Slice+Pad+Tile: compiled 1.9 s (tile 1x8x64x128; budget 65536 B)``,
     ``... cache hit`` or ``... fell back: REASON``, with the model's strings made printable."""
-    ops = "+".join(op.op_type for op in region.original)
+    ops = op_types_text([op.op_type for op in region.original])
     if not kernel.compiled:
         reason = short_reason(kernel.fallback_reason or "no reason recorded")
         outcome = f"fell back{' (cached)' if kernel.from_cache else ''}: {reason}"
@@ -59,6 +61,15 @@ def kernel_line(done: int, total: int, region, kernel) -> str:
     else:
         outcome = f"compiled {kernel.compile_seconds:.1f} s ({tile_text(kernel)})"
     return f"[{done}/{total}] {printable(region.id)} {printable(ops)}: {outcome}"
+
+
+def op_types_text(op_types: list[str]) -> str:
+    """A region's op types on one line: ``Relu+Neg+Sigmoid`` whole up to ``OPS_SHOWN`` ops, past
+    that the first few and the count, ``Add+Mul+Relu+… (240 ops)``; the JSON summary and the
+    report keep the whole list."""
+    if len(op_types) <= OPS_SHOWN:
+        return "+".join(op_types)
+    return "+".join(op_types[:OPS_SHOWN - 1]) + f"+… ({len(op_types)} ops)"
 
 
 def short_reason(reason: str) -> str:
@@ -99,9 +110,9 @@ def print_fallbacks(build, fell_back: list[dict], planned: int) -> None:
     """--fail-on-fallback's failures (the summary's kernels that fell back), on stderr whatever
     --quiet says: they are why the build failed."""
     for kernel in fell_back:
-        print(f"pypto-offline: fell back: {printable(kernel['id'])} "
-              f"{printable('+'.join(kernel['ops']))}: {short_reason(kernel['fallback_reason'])}",
-              file=sys.stderr)
+        ops = printable(op_types_text(kernel["ops"]))
+        print(f"pypto-offline: fell back: {printable(kernel['id'])} {ops}: "
+              f"{short_reason(kernel['fallback_reason'])}", file=sys.stderr)
     print(f"pypto-offline: --fail-on-fallback: {printable(build.model)} for {build.target}: "
           f"{len(fell_back)} of {planned} planned regions fell back (the blob and report are "
           f"written)", file=sys.stderr)

@@ -36,11 +36,12 @@ def plan_fusion(graph: ImportedGraph, target: Target,
     verdicts.update(boundaries or {})
     fusable = {nid for nid, verdict in verdicts.items() if verdict is None}
     nodes = {node_id(n): n for n in graph.nodes}
+    readers = tensor_readers(graph)
     regions: list[Region] = []
     refused: dict[str, tuple[str, str]] = {}
     for members in partition(graph, fusable, target):
         region = make_region(f"region_{len(regions)}", [nodes[m] for m in members], graph,
-                             target)
+                             target, readers)
         why = _why_it_does_not_pay(region)
         if why is None:
             regions.append(region)
@@ -68,12 +69,14 @@ def _plan(graph, target, regions, verdicts, refused) -> FusionPlan:
                       _totals(graph, regions, model, target), model)
 
 
-def make_region(region_id: str, members: list[Node], graph: ImportedGraph, target: Target
-                ) -> Region:
+def make_region(region_id: str, members: list[Node], graph: ImportedGraph, target: Target,
+                readers: Mapping[str, list[str]] | None = None) -> Region:
     """The region of these nodes (in graph order), as the partition makes it: its boundary,
     program, rewrites and cost figures. Tests use it for a region of one op, which the
-    partition never makes (it saves nothing)."""
-    inputs, outputs = _boundary_tensors(members, graph)
+    partition never makes (it saves nothing). ``readers``: ``tensor_readers(graph)``, made once
+    for a plan's every region rather than once per region."""
+    inputs, outputs = _boundary_tensors(members, graph,
+                                        tensor_readers(graph) if readers is None else readers)
     program = build_program(graph, members, inputs, outputs)
     original = tuple(program.ops)
     applied = simplify(program)
@@ -92,14 +95,24 @@ def _program_tensors(program: Program) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def _boundary_tensors(members: list[Node], graph: ImportedGraph):
+def tensor_readers(graph: ImportedGraph) -> dict[str, list[str]]:
+    """Tensor name → the ids of the nodes that take it as an input."""
+    readers: dict[str, list[str]] = {}
+    for n in graph.nodes:
+        for name in n.inputs:
+            readers.setdefault(name, []).append(node_id(n))
+    return readers
+
+
+def _boundary_tensors(members: list[Node], graph: ImportedGraph,
+                      readers: Mapping[str, list[str]]):
     produced = {name for n in members for name in n.outputs}
     inside = {node_id(n) for n in members}
     read = [name for n in members for name in node_tensors(n)
             if name not in produced and name not in n.outputs]
-    used_outside = {name for n in graph.nodes if node_id(n) not in inside for name in n.inputs}
-    used_outside |= set(graph.outputs)
-    written = [name for n in members for name in n.outputs if name in used_outside]
+    graph_outputs = set(graph.outputs)
+    written = [name for n in members for name in n.outputs if name in graph_outputs
+               or any(reader not in inside for reader in readers.get(name, ()))]
     return tuple(dict.fromkeys(read)), tuple(dict.fromkeys(written))
 
 

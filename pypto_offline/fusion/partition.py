@@ -2,11 +2,12 @@
 
 Regions grow by merging the two ends of a producer→consumer edge, in graph order. A merge is
 refused when it would make the region non-convex (a path leaves the region and comes back, so that
-fusing would create a cycle; checked by reachability on the graph of regions) or when the working
-set of one tile of every tensor in the region would not fit the target's Unified Buffer, or when a
-region holding a reduction could no longer run as rows (``rows``), or a matmul would no longer
-be its region's root. Regions
-keep several inputs and outputs and fan-out inside (Split → … → Concat, rotary, window partition).
+fusing would create a cycle; checked by reachability on the graph of regions, searched only as far
+as the consumer in graph order so that planning stays near-linear: docs/regions.md) or when the
+working set of one tile of every tensor in the region would not fit the target's Unified Buffer,
+or when a region holding a reduction could no longer run as rows (``rows``), or a matmul would no
+longer be its region's root. Regions keep several inputs and outputs and fan-out inside (Split →
+… → Concat, rotary, window partition).
 """
 from __future__ import annotations
 
@@ -36,29 +37,92 @@ def min_tile_bytes(graph: ImportedGraph, name: str) -> int:
 
 def partition(graph: ImportedGraph, fusable: set[str], target: Target) -> list[list[str]]:
     """Regions as lists of node ids in graph order; only regions of two or more nodes."""
-    nodes = {node_id(n): n for n in graph.nodes}
-    order = [node_id(n) for n in graph.nodes]
-    region_of = {nid: nid for nid in order}
-    members = {nid: [nid] for nid in order}
-    working = {nid: _working_set(graph, [nodes[nid]]) for nid in order}
-    quotient = _node_graph(graph)
-    for consumer in order:
-        if consumer not in fusable:
-            continue
-        for producer in list(quotient.predecessors(region_of[consumer])):
-            a, b = producer, region_of[consumer]
-            if a == b or not (set(members[a]) <= fusable):
+    return Partition(graph, fusable, target).regions()
+
+
+class Partition:
+    """The graph of regions as merges make it: every node starts as its own region (named by
+    its node id), a merge contracts a producer's region and a consumer's into one named by the
+    producer's. ``steps`` counts the edges the convexity checks looked at (followed or pruned),
+    the partition's one search: it grows with the ops (bench/scale.py,
+    tests/test_fusion_scale.py)."""
+
+    def __init__(self, graph: ImportedGraph, fusable: set[str], target: Target):
+        self.graph, self.fusable, self.target = graph, fusable, target
+        self.nodes = {node_id(n): n for n in graph.nodes}
+        self.order = [node_id(n) for n in graph.nodes]
+        self.position = {nid: index for index, nid in enumerate(self.order)}
+        self.region_of = {nid: nid for nid in self.order}
+        self.members = {nid: [nid] for nid in self.order}
+        self.last = dict(self.position)  # a region's last node in graph order
+        self.working = {nid: _working_set(graph, [self.nodes[nid]]) for nid in self.order}
+        self.constrained = {nid: int(nid in fusable and _constrains(graph, self.nodes[nid]))
+                            for nid in self.order}  # how many members constrain a merge
+        self.quotient = _node_graph(graph, self.position)
+        self.steps = 0
+        for consumer in self.order:
+            if consumer in fusable:
+                self._grow(consumer)
+
+    def regions(self) -> list[list[str]]:
+        regions = [sorted(m, key=self.position.__getitem__) for m in self.members.values()
+                   if len(m) > 1]
+        return sorted(regions, key=lambda r: self.position[r[0]])
+
+    def _grow(self, consumer: str) -> None:
+        """Merge the consumer's region with each producer's region that keeps it fusable."""
+        for producer in list(self.quotient.predecessors(self.region_of[consumer])):
+            a, b = producer, self.region_of[consumer]
+            # A region of several nodes holds fusable nodes only (merges join no other), so
+            # its name, one of its nodes, tells whether all of it is.
+            if a == b or a not in self.fusable:
                 continue
-            if working[a] + working[b] > target.ub_plan_bytes.value:
+            if self.working[a] + self.working[b] > self.target.ub_plan_bytes.value:
                 continue
-            if _creates_cycle(quotient, a, b):
+            if self._creates_cycle(a, b, self.position[consumer]):
                 continue
-            merged = [nodes[m] for m in members[a] + members[b]]
-            if not _matmul_is_root(graph, merged, target) or not _rows_agree(graph, merged):
-                continue
-            _merge(quotient, a, b, region_of, members, working)
-    regions = [sorted(m, key=order.index) for m in members.values() if len(m) > 1]
-    return sorted(regions, key=lambda r: order.index(r[0]))
+            if self.constrained[a] + self.constrained[b]:
+                merged = [self.nodes[m] for m in self.members[a] + self.members[b]]
+                if not _matmul_is_root(self.graph, merged, self.target) \
+                        or not _rows_agree(self.graph, merged):
+                    continue
+            self._merge(a, b)
+
+    def _creates_cycle(self, a: str, b: str, consumer: int) -> bool:
+        """Merging producer region ``a`` into consumer region ``b`` (an edge a → b) makes a
+        cycle iff a reaches b through a third region; b cannot reach a, the graph of regions
+        staying acyclic.
+
+        The search skips every region whose last node comes after the consumer. Consumers are
+        taken in graph order (topological) and a merge joins the consumer's region with a
+        producer's, so while this consumer's producers are tried every region of several nodes
+        holds nodes up to the consumer only: a region with a later node is that one node, and
+        every path from it runs through later nodes, never into b. Without this the search ran
+        through the whole rest of the graph once per merge (quadratic on a chain)."""
+        queue, seen = deque(), {b}
+        self._enqueue(self.quotient.successors(a), queue, seen, consumer)
+        while queue:
+            current = queue.popleft()
+            if self.quotient.has_edge(current, b):
+                return True
+            self._enqueue(self.quotient.successors(current), queue, seen, consumer)
+        return False
+
+    def _enqueue(self, regions, queue: deque, seen: set, consumer: int) -> None:
+        for region in regions:
+            self.steps += 1
+            if region not in seen and self.last[region] <= consumer:
+                seen.add(region)
+                queue.append(region)
+
+    def _merge(self, a: str, b: str) -> None:
+        nx.contracted_nodes(self.quotient, a, b, self_loops=False, copy=False)
+        for nid in self.members[b]:
+            self.region_of[nid] = a
+        self.members[a].extend(self.members.pop(b))
+        self.working[a] += self.working.pop(b)
+        self.last[a] = max(self.last[a], self.last.pop(b))
+        self.constrained[a] += self.constrained.pop(b)
 
 
 def _matmul_is_root(graph: ImportedGraph, members: list[Node], target: Target) -> bool:
@@ -92,10 +156,9 @@ def _aligned_matmul(graph: ImportedGraph, matmul: Node, target: Target) -> bool:
 
 def _rows_agree(graph: ImportedGraph, members: list[Node]) -> bool:
     """A region with a reduction must run as rows (``rows``): a merge that breaks that is
-    refused, as one that overflows UB is. Most merges hold no reduction: they are told from the
-    registry's kinds, without building the region's ops (this runs for every merge tried)."""
-    if not any(kind_of(n.op_type) == REDUCTION
-               and not reduces_lone_elements(n, graph.tensors[n.inputs[0]].shape) for n in members):
+    refused, as one that overflows UB is. Most merges hold no reduction: ``Partition`` tells
+    them by its count of members that ``_constrains`` and calls this for the others only."""
+    if not any(_constrains(graph, n) for n in members if kind_of(n.op_type) == REDUCTION):
         return True
     ops = [region_op(n, {name: graph.tensors[name].shape for name in n.outputs}) for n in members]
     shapes = {name: graph.tensors[name].shape for op in ops for name in op.inputs + op.outputs
@@ -107,13 +170,16 @@ def _rows_agree(graph: ImportedGraph, members: list[Node]) -> bool:
     return True
 
 
-def _node_graph(graph: ImportedGraph) -> nx.DiGraph:
+def _node_graph(graph: ImportedGraph, position: dict[str, int]) -> nx.DiGraph:
     producer = {name: node_id(n) for n in graph.nodes for name in n.outputs if name}
     dag = nx.DiGraph()
     dag.add_nodes_from(node_id(n) for n in graph.nodes)
     for n in graph.nodes:
         for name in n.inputs:
             if name in producer:
+                if position[producer[name]] >= position[node_id(n)]:
+                    raise ValueError(f"node {node_id(n)!r} comes before its producer "
+                                     f"{producer[name]!r}: the importer sorts the graph")
                 dag.add_edge(producer[name], node_id(n))
     return dag
 
@@ -124,28 +190,9 @@ def _working_set(graph: ImportedGraph, nodes: list[Node]) -> int:
                and graph.tensors[name].shape is not None)
 
 
-def _creates_cycle(quotient: nx.DiGraph, a: str, b: str) -> bool:
-    """Merging a and b is a cycle iff one reaches the other through a third region."""
-    return _reaches_indirectly(quotient, a, b) or _reaches_indirectly(quotient, b, a)
-
-
-def _reaches_indirectly(quotient: nx.DiGraph, source: str, target: str) -> bool:
-    queue = deque(s for s in quotient.successors(source) if s != target)
-    seen = set(queue)
-    while queue:
-        current = queue.popleft()
-        if current == target:
-            return True
-        for nxt in quotient.successors(current):
-            if nxt not in seen:
-                seen.add(nxt)
-                queue.append(nxt)
-    return False
-
-
-def _merge(quotient, a, b, region_of, members, working) -> None:
-    nx.contracted_nodes(quotient, a, b, self_loops=False, copy=False)
-    for nid in members[b]:
-        region_of[nid] = a
-    members[a].extend(members.pop(b))
-    working[a] += working.pop(b)
+def _constrains(graph: ImportedGraph, node: Node) -> bool:
+    """A matmul, or a reduction over more than lone elements: a merge of a region holding one
+    is checked op by op (``_matmul_is_root``, ``_rows_agree``); any other merge passes both."""
+    kind = kind_of(node.op_type)
+    return kind == MATMUL or (kind == REDUCTION and not reduces_lone_elements(
+        node, graph.tensors[node.inputs[0]].shape))

@@ -45,6 +45,8 @@ def parse_atc_shapes(text: str) -> list[tuple[str, list[int]]]:
             raise UsageError(f"--input_shape {text!r}: {part!r} is not NAME:D0,D1,...",
                              fix=example)
         shapes.append((name, _whole_numbers(dims, f"--input_shape {text!r}", example)))
+    if not shapes:
+        raise UsageError(f"--input_shape {text!r} names no input", fix=example)
     return shapes
 
 
@@ -142,6 +144,7 @@ def fix_input_shapes(model: onnx.ModelProto, input_shapes: Mapping[str, Sequence
         if name in given:
             dims_given = [int(d) for d in given[name]]
             check_dims(dims_given, where)
+            _check_not_empty(dims_given, where)
             check_tensor_bytes(dims_given, value.type.tensor_type.elem_type, where)
             if value.type.tensor_type.HasField("shape"):
                 _check_keeps_static_dims(shape, dims_given, where)
@@ -153,6 +156,15 @@ def fix_input_shapes(model: onnx.ModelProto, input_shapes: Mapping[str, Sequence
                 check_dims([d.dim_value for d in shape.dim], where)
                 check_tensor_bytes([d.dim_value for d in shape.dim],
                                    value.type.tensor_type.elem_type, where)
+
+
+def _check_not_empty(dims: Sequence[int], where: str) -> None:
+    """A shape the user gives with a dimension of 0 is refused: the input would be empty, a
+    kernel over it fails PyPTO's compile, and a batch or sequence of 0 is a slip. (A model that
+    declares an empty input itself, as some ONNX backend cases do, is the model's own.)"""
+    if 0 in dims:
+        raise UsageError(f"shape {list(dims)} has a dimension of size 0: the input would be empty",
+                         where=where, fix="give every dimension a size of at least 1")
 
 
 def symbolic_dims(value: onnx.ValueInfoProto) -> list[str]:
@@ -190,8 +202,8 @@ def _check_named_dims(inputs, dims: Mapping[str, int], label: str) -> None:
                                   for name in symbolic_dims(value)))
     for name, size in dims.items():
         if isinstance(size, bool) or not isinstance(size, (int, np.integer)) \
-                or not 0 <= size <= MAX_ELEMENTS:
-            raise UsageError(f"--dim {name}={size}: a dimension is a whole number from 0 to "
+                or not 1 <= size <= MAX_ELEMENTS:
+            raise UsageError(f"--dim {name}={size}: a dimension is a whole number from 1 to "
                              f"{MAX_ELEMENTS}", where=label, fix="for example --dim batch=1")
         if name not in declared:
             raise UsageError(f"--dim {name!r} names no symbolic dimension of the model's inputs",

@@ -27,6 +27,7 @@ from pypto_offline.progress import SILENT, Progress, Timings
 from pypto_offline.pypto_kernels import Kernel, compile_kernels, setup_for
 from pypto_offline.pypto_kernels.baseline import (ESTIMATED, MEASURED, slower_fused,
                                                   estimated_unfused_costs)
+from pypto_offline.pypto_kernels.cache_trust import Trust
 from pypto_offline.pypto_kernels.jobs.executor import Executor
 from pypto_offline.pypto_kernels.jobs.protocol import FailureKind
 from pypto_offline.pypto_kernels.measured_baseline import unfused_costs
@@ -40,6 +41,9 @@ class BuildOptions:
     # Symbolic dimensions fixed by name (--dim batch=1); input_shapes wins for its inputs.
     dims: Mapping[str, int] = field(default_factory=dict)
     cache_dir: Path | None = None
+    # Whose entries the cache trusts (None: $PYPTO_OFFLINE_CACHE_GROUP's, else the user's own;
+    # docs/kernel-cache.md, "The trust rule").
+    cache_trust: Trust | None = None
     jobs: int = 2
     tile_search: bool = True
     kernel_timeout_s: float = DEFAULT_TIMEOUT_S  # per PyPTO worker; past it the region falls back
@@ -159,8 +163,9 @@ def build(source, target: Target, options: BuildOptions, progress: Progress = SI
 
 def _compiled(graph, plan, target: Target, options: BuildOptions, progress) -> tuple:
     return tuple(compile_kernels(graph, plan, target, cache_dir=options.cache_dir,
-                                 jobs=options.jobs, search=options.tile_search,
-                                 timeout=options.kernel_timeout_s, progress=progress,
+                                 cache_trust=options.cache_trust, jobs=options.jobs,
+                                 search=options.tile_search, timeout=options.kernel_timeout_s,
+                                 progress=progress,
                                  executor=options.executor))
 
 
@@ -216,7 +221,8 @@ def unfused_baseline(graph: ImportedGraph, regions: Sequence[Region], target: Ta
         progress.stage("estimating the unfused baseline")
         return Baseline(estimated_unfused_costs(graph, regions, target), ESTIMATED)
     progress.stage("measuring the unfused baseline")
-    setup = setup_for(target, options.cache_dir, options.executor, options.kernel_timeout_s)
+    setup = setup_for(target, options.cache_dir, options.executor, options.kernel_timeout_s,
+                      options.cache_trust)
     return Baseline(unfused_costs(graph, regions, setup, jobs=options.jobs), MEASURED)
 
 

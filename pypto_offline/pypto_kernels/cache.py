@@ -7,7 +7,9 @@ in one step: a reader sees a whole entry or none, and when two builds race the f
 
 Only deterministic outcomes are stored (the caller decides which); every entry carries a manifest
 (its key, each file's sha256) and is read back through ``KernelCache.read``, which checks it and
-moves a damaged entry aside. See docs/kernel-cache.md.
+moves a damaged entry aside. What it reads must be what no other user could have written
+(``cache_trust``); a read-only cache is read, and what a build compiles is then not stored. See
+docs/kernel-cache.md.
 """
 from __future__ import annotations
 
@@ -22,12 +24,17 @@ import sys
 import tempfile
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import TypeVar
 
 from pypto_offline.errors import UsageError
+from pypto_offline.pypto_kernels.cache_trust import (Trust, check_root, close, distrust,
+                                                     folder_distrust, make_folder, make_folders,
+                                                     owner_of, read_only, seal, secure_folder,
+                                                     trust_for)
 
 MANIFEST = "manifest.json"
 # A staging folder whose build cannot be asked whether it still runs (another host sharing the
@@ -39,6 +46,10 @@ Parsed = TypeVar("Parsed")
 
 class DamagedEntry(Exception):
     """A cache entry that is not what was stored, or not what this build would store."""
+
+
+class UntrustedEntry(DamagedEntry):
+    """A cache entry another user could have written (``cache_trust``): never read."""
 
 
 def absolute(path) -> Path:
@@ -78,13 +89,22 @@ def new_staging(root: Path, label: str = "") -> Path:
 
 
 class KernelCache:
-    def __init__(self, root: Path | None = None):
+    """The cache in ``root`` (--cache-dir; by default ``default_cache_dir``), trusting what
+    ``trust`` says (by default ``$PYPTO_OFFLINE_CACHE_GROUP``'s: ``cache_trust.trust_for``). A
+    root that is no folder, or that another user could change, is refused (UsageError, exit 2).
+    A cache it cannot write is read all the same: hits are used, and what misses is compiled
+    in a staging folder outside it and not stored (one warning)."""
+
+    def __init__(self, root: Path | None = None, trust: Trust | None = None):
         self.root = cache_folder(root)
-        self.root.mkdir(parents=True, exist_ok=True)
+        self.trust = trust_for() if trust is None else trust
+        open_root(self.root, self.trust)
         self._locks: dict[str, threading.Lock] = {}
         self._locks_guard = threading.Lock()
-        self._staging_root = private_folder(self.root / STAGING)
-        remove_dead_staging(self._staging_root)
+        self._staging_root = writable_staging(self.root, self.trust)
+        self.read_only = self._staging_root is None
+        if not self.read_only:
+            remove_dead_staging(self._staging_root)
 
     @contextmanager
     def holding(self, keys) -> Iterator[None]:
@@ -105,45 +125,71 @@ class KernelCache:
         """The entry of ``key`` as ``parse`` makes it from the entry's files (relative path →
         bytes, checked against the manifest), or None on a miss. ``parse`` raises DamagedEntry
         (or ValueError, KeyError, TypeError) when the files are not what this build would store.
-        A damaged entry is a miss: it is moved aside, with one warning, so that the entry this
-        build computes replaces it."""
+        A damaged entry, or one another user could have written (``cache_trust``), is a miss: it
+        is moved aside, with one warning, so that the entry this build computes replaces it."""
         path = self.entry(key)
         if not os.path.lexists(path):
             return None
+        state = "damaged"
         try:
-            found = parse(verified_files(path, key))
+            found = parse(verified_files(path, key, self.trust, self._prefix_checked(path)))
         except DamagedEntry as why:
             reason = str(why)
+            if isinstance(why, UntrustedEntry):
+                state = "not trusted"
         except (ValueError, KeyError, TypeError) as why:
             reason = f"kernel.json does not describe its kernel ({type(why).__name__})"
         else:
-            touch(path)
+            if not self.read_only:
+                touch(path)
             return found
         if not os.path.lexists(path):  # removed as we read it (`cache clean`): a miss, no damage
             return None
-        print(f"pypto-offline: warning: kernel cache entry {path} is damaged ({reason}); "
+        print(f"pypto-offline: warning: kernel cache entry {path} is {state} ({reason}); "
               f"compiling it again", file=sys.stderr)
         self._discard(path)
         return None
 
+    def _prefix_checked(self, entry: Path) -> str | None:
+        """Why the prefix folder of ``entry`` (``<key[:2]>``) is not trusted, or None: one of
+        ours left open by an earlier release is closed first (``cache_trust.secure_folder``)."""
+        try:
+            if self.read_only:
+                return distrust(os.lstat(entry.parent), self.trust)
+            return secure_folder(entry.parent, self.trust.folder_mode(), self.trust)
+        except OSError as error:
+            return f"its folder cannot be checked: {error.strerror}"
+
     def put(self, key: str, staged: Path) -> dict[str, bytes]:
         """Sign a filled staging folder (its manifest) and move it into place atomically; returns
         the files stored. When another build stored the same key first, theirs is kept: the
-        outcome is deterministic, so both are the same kernel."""
+        outcome is deterministic, so both are the same kernel. In a read-only cache nothing is
+        stored (one warning a process)."""
         files = folder_files(staged)
+        if self.read_only:
+            warn_read_only(self.root)
+            shutil.rmtree(staged, ignore_errors=True)
+            return files
         manifest = {"key": key, "files": {name: sha256(data) for name, data in files.items()}}
         (staged / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
         final = self.entry(key)
-        final.parent.mkdir(parents=True, exist_ok=True)
         try:
+            seal(staged, self.trust)
+            make_folder(final.parent, self.trust.folder_mode(), self.trust)
             os.rename(staged, final)
-        except OSError:
+        except OSError:  # stored first by another build (or the cache could not take it)
             shutil.rmtree(staged, ignore_errors=True)
         return files
 
     def staging(self) -> Path:
         """A fresh private folder, named after this host and process so that a later build can
-        tell whether its owner is gone (``remove_dead_staging``)."""
+        tell whether its owner is gone (``remove_dead_staging``). For a read-only cache, in a
+        private folder of the system's temporary folder, removed when this cache object goes
+        (or at exit), once empty."""
+        with self._locks_guard:
+            if self._staging_root is None:
+                self._staging_root = Path(tempfile.mkdtemp(prefix="pypto-offline-uncached-"))
+                weakref.finalize(self, remove_if_empty, self._staging_root)
         return new_staging(self._staging_root)
 
     def _discard(self, path: Path) -> None:
@@ -157,6 +203,20 @@ class KernelCache:
         shutil.rmtree(aside, ignore_errors=True)
 
 
+def nested_cache(root: Path, name: str, trust: Trust) -> KernelCache:
+    """A cache kept inside the kernel cache in ``root`` (the host g++ outputs, the precompiled
+    headers: ``host_compiler_cache``). Its folder is the kernel cache's own, so one of ours an
+    earlier release left open (umask 000) is closed, as a prefix folder is; one another user
+    could change is refused as any cache root is."""
+    folder = absolute(root) / name
+    if folder.is_dir() and not folder.is_symlink():
+        try:
+            secure_folder(folder, trust.folder_mode(), trust)
+        except OSError:  # read-only: KernelCache judges it as it is
+            pass
+    return KernelCache(folder, trust)
+
+
 def touch(entry: Path) -> None:
     """Mark an entry used now (its folder's mtime), for `cache clean`'s least-recently-used
     order: the access time is no guide, as most mounts update it once a day at most. Best
@@ -165,6 +225,27 @@ def touch(entry: Path) -> None:
         os.utime(entry)
     except OSError:
         pass
+
+
+def remove_if_empty(folder: Path) -> None:
+    try:
+        folder.rmdir()
+    except OSError:  # still used (a fork server's folder) or gone: left to the system
+        pass
+
+
+_warned_read_only: set[Path] = set()
+_warned_guard = threading.Lock()
+
+
+def warn_read_only(root: Path) -> None:
+    """One warning a process for a read-only cache, at its first miss."""
+    with _warned_guard:
+        if root in _warned_read_only:
+            return
+        _warned_read_only.add(root)
+    print(f"pypto-offline: warning: the kernel cache {root} is read-only: its entries are used, "
+          f"and what this build compiles is not stored in it", file=sys.stderr)
 
 
 def entry_folders(root: Path) -> list[Path]:
@@ -178,28 +259,42 @@ def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def folder_files(folder: Path) -> dict[str, bytes]:
+def folder_files(folder: Path, trust: Trust | None = None) -> dict[str, bytes]:
     """Every file under ``folder`` by relative path, without following links (a link in an
-    entry is damage: it could point anywhere)."""
+    entry is damage: it could point anywhere). With ``trust``, each folder and file must be
+    one no other user could have written (``UntrustedEntry`` otherwise)."""
     files = {}
     for parent, dirs, names in os.walk(folder):
         for name in sorted(dirs + names):
             path = Path(parent) / name
             if path.is_symlink():
                 raise DamagedEntry(f"{path.relative_to(folder)} is a symbolic link")
+        if trust is not None:
+            for path in (Path(parent), *(Path(parent) / name for name in names)):
+                why = distrust(os.lstat(path), trust)
+                if why is not None:
+                    shown = path.relative_to(folder).as_posix()
+                    raise UntrustedEntry(f"{'its folder' if shown == '.' else shown} is {why}, "
+                                         f"another user could have written it")
         for name in names:
             path = Path(parent) / name
             files[path.relative_to(folder).as_posix()] = path.read_bytes()
     return dict(sorted(files.items()))
 
 
-def verified_files(entry: Path, key: str) -> dict[str, bytes]:
+def verified_files(entry: Path, key: str, trust: Trust | None = None,
+                   prefix_distrusted: str | None = None) -> dict[str, bytes]:
     """The entry's files, less its manifest, after checking them against it: the key it was
-    stored under, the same set of files, each with the recorded sha256."""
+    stored under, the same set of files, each with the recorded sha256; and first that no other
+    user could have written the entry, its prefix folder (``prefix_distrusted``: why not, as
+    ``KernelCache.read`` found) or anything in it (``trust``; by default this user's own)."""
     if entry.is_symlink() or not entry.is_dir():
         raise DamagedEntry("not a folder")
+    if prefix_distrusted is not None:
+        raise UntrustedEntry(f"the folder {entry.parent} is {prefix_distrusted}, another user "
+                             f"could have put it there")
     try:
-        files = folder_files(entry)
+        files = folder_files(entry, Trust() if trust is None else trust)
     except OSError as error:  # e.g. moved aside by another build as we read it
         raise DamagedEntry(f"unreadable: {error.strerror}") from None
     try:
@@ -221,24 +316,41 @@ def verified_files(entry: Path, key: str) -> dict[str, bytes]:
     return files
 
 
-def private_folder(path: Path) -> Path:
-    """A folder only this user can enter, where builds stage kernels and their worker jobs. It
-    must be a real folder of ours: through a link or in a folder of someone else's, a job (and
-    the kernel source in it, which the worker runs) could be swapped under the worker."""
+def open_root(root: Path, trust: Trust) -> None:
+    """A cache's root, created when missing (none of its folders open to other users), refused
+    (UsageError) when it is no folder or another user could change it
+    (``cache_trust.check_root``)."""
+    check_root(root, trust)
     try:
-        path.mkdir(mode=0o700)
-    except FileExistsError:
-        pass
+        make_folders(root, trust)
     except OSError as error:
+        raise UsageError(f"cannot create the kernel cache folder: {error.strerror}",
+                         where=str(root), fix="choose a --cache-dir you can write to") from None
+
+
+def writable_staging(root: Path, trust: Trust) -> Path | None:
+    """``<root>/tmp``, where builds stage entries and worker jobs, made when missing; None when
+    the cache is read-only. It must be a real folder no other user could change: through a
+    link or in a folder of someone else's, a job (and the kernel source in it, which the
+    worker runs) could be swapped under the worker. One of ours that is open to others is
+    closed (0700; a team's: ``Trust.staging_mode``)."""
+    path = root / STAGING
+    try:
+        if not make_folder(path, trust.staging_mode(), trust):
+            info = os.lstat(path)
+            if stat.S_ISDIR(info.st_mode) and owner_of(info) == os.getuid():
+                close(path, trust.staging_mode(), trust)  # ours, so ours to close
+    except OSError as error:
+        if read_only(error):
+            return None
         raise UsageError(f"cannot create the kernel cache's staging folder: {error.strerror}",
                          where=str(path), fix="choose a --cache-dir you can write to") from None
-    info = os.lstat(path)
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
-        raise UsageError("the kernel cache's staging folder is not a folder of this user's "
-                         "(a symbolic link, a file, or owned by someone else)", where=str(path),
-                         fix="remove it, or choose another --cache-dir")
-    if stat.S_IMODE(info.st_mode) != 0o700:
-        os.chmod(path, 0o700)  # ours, so ours to close: others must not write in it
+    why = folder_distrust(os.lstat(path), trust)
+    if why is not None:
+        raise UsageError(f"the kernel cache's staging folder is {why}: not a folder of this "
+                         f"user's", where=str(path), fix="remove it, or choose another --cache-dir")
+    if not (os.access(path, os.W_OK | os.X_OK) and os.access(root, os.W_OK | os.X_OK)):
+        return None
     return path
 
 
@@ -258,7 +370,10 @@ def remove_dead_staging(staging_root: Path, now: float | None = None) -> None:
             if folder.is_dir() and not folder.is_symlink():
                 shutil.rmtree(folder, ignore_errors=True)
             else:
-                folder.unlink(missing_ok=True)
+                try:
+                    folder.unlink(missing_ok=True)
+                except OSError:  # a teammate's, in a team's sticky tmp/: theirs to remove
+                    pass
 
 
 def process_alive(pid: int) -> bool:

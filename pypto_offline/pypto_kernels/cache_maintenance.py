@@ -21,7 +21,8 @@ from pathlib import Path
 
 from pypto_offline.errors import UsageError
 from pypto_offline.pypto_kernels.cache import (STAGING, entry_folders, new_staging,
-                                               private_folder, remove_dead_staging)
+                                               remove_dead_staging, writable_staging)
+from pypto_offline.pypto_kernels.cache_trust import Trust, check_folder, check_root, trust_for
 from pypto_offline.pypto_kernels.entries import KIND_OF_FILE
 from pypto_offline.pypto_kernels.host_compiler_cache import PCH_SUBFOLDER, SUBFOLDER
 
@@ -48,7 +49,7 @@ class Entry:
 def cache_info(root: Path) -> dict:
     """What the cache in ``root`` holds: its entries by kind and its size in bytes (entries,
     staging folders and anything else in it)."""
-    _check_folder(root)
+    check_folder(root)
     found = entries(root)
     by_kind = {kind: sum(e.kind == kind for e in found) for kind in KINDS}
     return {"folder": str(root), "exists": root.is_dir(), "entries": len(found),
@@ -57,20 +58,29 @@ def cache_info(root: Path) -> dict:
 
 
 def clean_cache(root: Path, older_than_days: float | None = None,
-                max_size_gb: float | None = None, now: float | None = None) -> dict:
+                max_size_gb: float | None = None, now: float | None = None,
+                trust: Trust | None = None) -> dict:
     """Remove entries: all of them without a limit; with ``older_than_days``, those not used
     for that long; with ``max_size_gb``, then the least recently used until the whole cache
-    fits. Returns what was removed and what is left."""
+    fits. Returns what was removed and what is left. A cache another user could change is
+    refused as a build refuses it, and so is a read-only one (nothing could be removed)."""
     _check_limit("--older-than", older_than_days)
     _check_limit("--max-size", max_size_gb)
-    if not _check_folder(root):
+    trust = trust_for() if trust is None else trust
+    if not check_folder(root):
         return _cleaned(root, [])
+    check_root(root, trust)
+    staging = writable_staging(root, trust)
+    if staging is None:
+        raise UsageError("the kernel cache is read-only: no entry can be removed from it",
+                         where=str(root), fix="clean it where it is mounted writable, or as "
+                                              "its owner")
     for folder in (root, *(root / nested for nested in NESTED.values())):
         if (folder / STAGING).is_dir():  # a dead build's leftovers go too; a live build's stay
             remove_dead_staging(folder / STAGING)
     chosen = _to_remove(entries(root), root, older_than_days, max_size_gb,
                         time.time() if now is None else now)
-    return _cleaned(root, _remove(chosen, root))
+    return _cleaned(root, _remove(chosen, staging))
 
 
 def entries(root: Path) -> list[Entry]:
@@ -96,14 +106,6 @@ def folder_bytes(folder: Path) -> int:
             except OSError:
                 pass
     return total
-
-
-def _check_folder(root: Path) -> bool:
-    """Whether the cache exists; refuses a path that names something else than a folder."""
-    if os.path.lexists(root) and not root.is_dir():
-        raise UsageError("the kernel cache is not a folder", where=str(root),
-                         fix="give the cache's folder with --cache-dir")
-    return root.is_dir()
 
 
 def _entry_folders(cache: Path) -> list[Path]:
@@ -151,13 +153,14 @@ def _to_remove(found: list[Entry], root: Path, older_than_days: float | None,
     return chosen
 
 
-def _remove(chosen: list[Entry], root: Path) -> list[Entry]:
-    """Rename each entry into a staging folder of this process, then delete it there; the
-    entries it removed (not one another build removed first). The staging folder is named
-    after this process, so if it dies midway the next build deletes what is left."""
+def _remove(chosen: list[Entry], staging: Path) -> list[Entry]:
+    """Rename each entry into a staging folder of this process (in the cache's ``staging``
+    area), then delete it there; the entries it removed (not one another build removed
+    first). The staging folder is named after this process, so if it dies midway the next
+    build deletes what is left."""
     if not chosen:
         return []
-    aside = new_staging(private_folder(root / STAGING), "clean-")
+    aside = new_staging(staging, "clean-")
     removed = []
     try:
         for number, entry in enumerate(chosen):

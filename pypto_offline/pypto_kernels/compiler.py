@@ -30,6 +30,7 @@ from pypto_offline.fusion.records import FusionPlan, Region
 from pypto_offline.importer import ImportedGraph
 from pypto_offline.progress import SILENT, Progress
 from pypto_offline.pypto_kernels.cache import KernelCache
+from pypto_offline.pypto_kernels.cache_trust import Trust
 from pypto_offline.pypto_kernels.codegen import (CannotExpress, flat_rows_change_the_tiling,
                                                  is_scalar_constant, kernel_source)
 from pypto_offline.pypto_kernels.entries import (cached_kernel, kernel_key, load_kernel,
@@ -48,18 +49,21 @@ __all__ = ["compile_kernels", "compile_region", "compile_regions", "distinct_sou
 
 
 def setup_for(target: Target, cache_dir: Path | None = None, executor: Executor | None = None,
-              timeout: float = DEFAULT_TIMEOUT_S) -> Setup:
-    """What a build's compiles share: by default the local fork servers and the user's cache."""
-    return Setup(target, KernelCache(cache_dir), executor or LocalExecutor(), timeout)
+              timeout: float = DEFAULT_TIMEOUT_S, cache_trust: Trust | None = None) -> Setup:
+    """What a build's compiles share: by default the local fork servers and the user's cache
+    (trusting what ``cache_trust`` says: docs/kernel-cache.md, "The trust rule")."""
+    return Setup(target, KernelCache(cache_dir, cache_trust), executor or LocalExecutor(),
+                 timeout)
 
 
 def compile_kernels(graph: ImportedGraph, plan: FusionPlan, target: Target, *,
                     cache_dir: Path | None = None, jobs: int = 2, search: bool = True,
                     timeout: float = DEFAULT_TIMEOUT_S, progress: Progress = SILENT,
-                    executor: Executor | None = None) -> list[Kernel]:
+                    executor: Executor | None = None, cache_trust: Trust | None = None
+                    ) -> list[Kernel]:
     return compile_regions([(region, graph) for region in plan.regions],
-                           setup_for(target, cache_dir, executor, timeout), jobs=jobs,
-                           search=search, progress=progress)
+                           setup_for(target, cache_dir, executor, timeout, cache_trust),
+                           jobs=jobs, search=search, progress=progress)
 
 
 def compile_regions(work: Sequence[tuple[Region, ImportedGraph]], setup: Setup, *,

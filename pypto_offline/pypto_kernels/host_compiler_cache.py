@@ -60,22 +60,25 @@ SOURCE_DIR, JOB_DIR = "@PYPTO_OFFLINE_SOURCE_DIR@", "@PYPTO_OFFLINE_JOB_DIR@"
 
 # --- in the worker ---------------------------------------------------------------------------
 
-def install(folder: Path, cache_root: str | None, job: Path) -> Path | None:
+def install(folder: Path, cache_root: str | None, job: Path,
+            cache_group: int | None = None) -> Path | None:
     """After ``import pypto``, in the worker, for a compile run in ``folder``: the folder to put
     first on PATH for PyPTO's ``g++`` calls to go through the cache in ``cache_root`` (the
-    kernel cache), logged in the job's folder ``job``. None without a cache or a host g++:
-    nothing changes."""
+    kernel cache, trusting the team's group ``cache_group`` if the build named one), logged in
+    the job's folder ``job``. None without a cache or a host g++: nothing changes."""
     if not cache_root:
         return None
-    return write_wrapper(folder, Path(cache_root), log=job)
+    return write_wrapper(folder, Path(cache_root), log=job, cache_group=cache_group)
 
 
 def write_wrapper(folder: Path, cache_root: Path, path: str | None = None,
-                  log: Path | None = None) -> Path | None:
+                  log: Path | None = None, cache_group: int | None = None) -> Path | None:
     """Write ``<folder>/host_compiler/g++`` for the real ``g++`` found on ``path`` (PATH by
     default) and return its folder; None without a g++. No wrapper's folder is searched, this
     job's or another's (a process forked from a worker inherits its PATH): a wrapper must call
-    the compiler, not a wrapper. Its compiles are logged in ``log`` (default ``folder``)."""
+    the compiler, not a wrapper. Its compiles are logged in ``log`` (default ``folder``); its
+    cache trusts what the kernel cache's build trusts (``cache_group``: docs/kernel-cache.md,
+    "The trust rule")."""
     tools = folder / WRAPPER_FOLDER
     search = [p for p in (path or os.environ.get("PATH", "")).split(os.pathsep)
               if p and Path(p).name != WRAPPER_FOLDER]
@@ -87,7 +90,8 @@ def write_wrapper(folder: Path, cache_root: Path, path: str | None = None,
     config = tools / "config.json"
     config.write_text(json.dumps({"compiler": real, "identity": compiler_identity(real),
                                   "cache": str(cache_root), "job": str(folder.absolute()),
-                                  "log": str((log or folder).absolute() / LOG)},
+                                  "log": str((log or folder).absolute() / LOG),
+                                  "cache_group": cache_group},
                                  indent=1))
     # -I -S: no site-packages, no PYTHONPATH; the script finds this package by its own path
     runner = " ".join(shlex.quote(p) for p in (sys.executable, "-I", "-S", __file__, str(config)))
@@ -160,7 +164,8 @@ def _compile(compiler: str, args: list[str], header: Path | None
 def _cache_and_key(config: dict, args: list[str], output: Path, folders: dict[str, str]):
     """The cache, this compile's key and the files it reads; no key when the compile cannot be
     cached (its files cannot be listed, or it reads the clock)."""
-    from pypto_offline.pypto_kernels.cache import KernelCache, cache_key, sha256
+    from pypto_offline.pypto_kernels.cache import cache_key, nested_cache, sha256
+    from pypto_offline.pypto_kernels.cache_trust import Trust
 
     inputs = files_read(config["compiler"], args, output)
     if inputs is None or any(m in data for data in inputs.values() for m in CLOCK_MACROS):
@@ -170,7 +175,8 @@ def _cache_and_key(config: dict, args: list[str], output: Path, folders: dict[st
         args=[portable(a, folders) for a in args], cwd=portable(os.getcwd(), folders),
         environment={name: os.environ.get(name) for name in ENVIRONMENT},
         inputs=[[portable(path, folders), sha256(data)] for path, data in inputs.items()])
-    return KernelCache(Path(config["cache"]) / SUBFOLDER), key, inputs
+    return nested_cache(Path(config["cache"]), SUBFOLDER, Trust(config.get("cache_group"))), \
+        key, inputs
 
 
 # --- the precompiled header -------------------------------------------------------------------
@@ -212,7 +218,8 @@ def precompiled_header(config: dict, args: list[str], source: Path,
     folder that the compile reads (``inputs``, as ``g++ -M`` listed them; a superset of what the
     header reads). g++ checks a ``.gch`` against the options itself and, when it would not fit,
     reads the header as text: slower, the same output."""
-    from pypto_offline.pypto_kernels.cache import KernelCache, cache_key, sha256
+    from pypto_offline.pypto_kernels.cache import cache_key, nested_cache, sha256
+    from pypto_offline.pypto_kernels.cache_trust import Trust
 
     header = precompiled_prologue(source.read_text(errors="replace"), source.parent)
     options = _options(args, source=False)
@@ -225,7 +232,7 @@ def precompiled_header(config: dict, args: list[str], source: Path,
         environment={name: os.environ.get(name) for name in ENVIRONMENT},
         inputs=sorted([path, sha256(data)] for path, data in inputs.items()
                       if not str(Path(path).resolve()).startswith(local + os.sep)))
-    cache = KernelCache(Path(config["cache"]) / PCH_SUBFOLDER)
+    cache = nested_cache(Path(config["cache"]), PCH_SUBFOLDER, Trust(config.get("cache_group")))
     if cache.read(key, lambda files: _precompiled(files, key, header)) is None and \
             not _build_precompiled(cache, key, config["compiler"], options, header):
         return None

@@ -95,8 +95,8 @@ def _measure_single_ops(singles: dict[str, Region], sources: dict, graph: Import
                                                "op": key, "inputs": tuple(names),
                                                "outputs": output_specs(single)}))
         np.savez(folder / "inputs.npz", **arrays)
-        result = run_job(setup.executor, folder, Job(KERNEL_FUNCTION, False, tuple(candidates)),
-                         setup.target, setup.timeout)
+        job = Job(KERNEL_FUNCTION, False, tuple(candidates), cache_group=setup.cache.trust.group)
+        result = run_job(setup.executor, folder, job, setup.target, setup.timeout)
         best = {key: None for key in singles}
         ub = setup.target.ub_plan_bytes.value
         for c in result.candidates:

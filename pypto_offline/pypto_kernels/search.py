@@ -252,7 +252,7 @@ def run_region_job(setup: Setup, folder: Path, region: Region, sources: dict[Til
     np.savez(folder / "reference.npz", **{f"out{i}": a for i, a in enumerate(reference)})
     job = Job(KERNEL_FUNCTION, verify,
               tuple(job_candidate(p, key, text) for p, text in sources.items()),
-              output_specs(region), parallel)
+              output_specs(region), parallel, cache_group=setup.cache.trust.group)
     return run_job(setup.executor, folder, job, setup.target, setup.timeout)
 
 

@@ -173,7 +173,8 @@ def enter_workspace(job: dict, folder: Path, index: int) -> Path:
     space.mkdir(parents=True)
     os.chdir(space)
     # the g++ wrapper's settings name this folder (docs/kernel-cache.md)
-    tools = [host_compiler_cache.install(space, job.get("host_compiler_cache"), folder)]
+    tools = [host_compiler_cache.install(space, job.get("host_compiler_cache"), folder,
+                                         job.get("cache_group"))]
     if job.get("verify"):
         tools.append(keep_aicore_sources(space))
         # the kernel's module reads it as it runs: it turns pass-verify on

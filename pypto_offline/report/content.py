@@ -13,7 +13,8 @@ from pypto_offline.offline_compiler.summary import (NOT_MEASURED, measured, prov
                                                   summarise, tile_us)
 from pypto_offline.report import kernel_table
 from pypto_offline.report.downloads import downloads, file_stem
-from pypto_offline.report.graph_view import Drawing, GraphFacts, draw, graphviz_version
+from pypto_offline.report.dot import graphviz_version
+from pypto_offline.report.graph_view import Drawing, GraphFacts, draw
 from pypto_offline.report.tensors import TensorType, UNKNOWN, graph_io, tensor_types
 from pypto_offline.report.plots import Series, bar_chart
 

@@ -150,7 +150,9 @@ class Job:
     ``outputs`` (shapes and torch dtypes), each checked by pass-verify and against the reference
     when ``verify``; ``parallel`` > 1 lets the child compile that many at once (None: the
     measured baseline's jobs, which never ask). The executor adds where the job runs:
-    ``folder`` and the kernel cache whose g++ cache it shares (``host_compiler_cache``)."""
+    ``folder`` and the kernel cache whose g++ cache it shares (``host_compiler_cache``), whose
+    team's group, when one was named, that g++ cache trusts too (``cache_group``, a gid:
+    docs/kernel-cache.md, "The trust rule")."""
 
     function: str
     verify: bool
@@ -159,6 +161,7 @@ class Job:
     parallel: int | None = None
     folder: str | None = None
     host_compiler_cache: str | None = None
+    cache_group: int | None = None
 
     def to_dict(self) -> dict:
         data = {"function": self.function, "verify": self.verify}
@@ -168,6 +171,8 @@ class Job:
                     outputs=[dict(o) for o in self.outputs])
         if self.folder is not None:
             data.update(folder=self.folder, host_compiler_cache=self.host_compiler_cache)
+        if self.cache_group is not None:  # only then: a job of one's own cache reads as before
+            data["cache_group"] = self.cache_group
         return data
 
     def to_json(self) -> str:
@@ -179,7 +184,7 @@ class Job:
         return cls(data["function"], bool(data["verify"]),
                    tuple(Candidate.from_dict(c) for c in data["candidates"]),
                    tuple(data.get("outputs", ())), data.get("parallel"), data.get("folder"),
-                   data.get("host_compiler_cache"))
+                   data.get("host_compiler_cache"), data.get("cache_group"))
 
     def rest(self, done: int) -> Job:
         """The job less its first ``done`` candidates (a child stops at its first failed

@@ -19,6 +19,8 @@ import contextlib
 import logging
 import os
 import shutil
+import signal
+import socket
 import threading
 import time
 from pathlib import Path
@@ -26,6 +28,7 @@ from typing import Iterator
 
 from pypto_offline.errors import UsageError
 from pypto_offline.pypto_kernels.cache import KernelCache, user_cache_base
+from pypto_offline.pypto_kernels.cache_trust import Trust
 from pypto_offline.pypto_kernels.jobs import pool
 from pypto_offline.pypto_kernels.jobs.executor import LocalExecutor
 from pypto_offline.pypto_kernels.jobs.processes import Cancelled, Workers
@@ -57,7 +60,7 @@ class _Node:
         logging.getLogger("ray").setLevel(logging.ERROR)
         self.workers = Workers()
         self.executor = LocalExecutor(self.workers)
-        self.cache = KernelCache(user_cache_base() / "farm")
+        self.cache = KernelCache(user_cache_base() / "farm", Trust())  # the node user's own
 
     def run(self, bundle: dict) -> dict:
         staged = self.cache.staging()
@@ -66,7 +69,9 @@ class _Node:
             folder.mkdir()
             for name, data in bundle["files"].items():
                 (folder / name).write_bytes(data)
-            answer = self.executor.run(folder, Job.from_dict(bundle["job"]),
+            # the node's g++ cache is its own: not the driver's cache's team group to trust
+            job = Job.from_dict({**bundle["job"], "cache_group": None})
+            answer = self.executor.run(folder, job,
                                        TARGETS[bundle["target"]], bundle["timeout"])
             return {"answer": answer.to_dict(), "folder": str(folder),
                     "files": _files_made(folder, answer)}
@@ -94,10 +99,7 @@ class RayExecutor:
 
     def __init__(self, address: str | None):
         ray = _ray()
-        address = address or os.environ.get("RAY_ADDRESS") or None
-        started_here = {} if address else {"include_dashboard": False}
-        ray.init(address=address, namespace="pypto-offline", logging_level=logging.ERROR,
-                 log_to_driver=False, **started_here)
+        _connect(ray, address)
         self._ray = ray
         self._node = ray.remote(num_cpus=1, max_restarts=0)(_Node)
         self._actors: dict[int, object] = {}
@@ -159,13 +161,18 @@ class RayExecutor:
             self._actors = {k: a for k, a in self._actors.items() if a is not actor}
         self._ray.kill(actor)
 
-    def close(self) -> None:
+    def close(self, graceful: bool = True) -> None:
+        """Every actor gone, then disconnected. ``graceful``: each actor first stops its fork
+        server; an interrupted build kills them at once (a busy actor would answer its shutdown
+        only after its job: Ctrl-C took 28 s), its fork servers dying with it (PDEATHSIG)."""
         with self._lock:
             actors, self._actors = list(self._actors.values()), {}
         for actor in actors:
+            if graceful:
+                with contextlib.suppress(Exception):
+                    self._ray.get(actor.shutdown.remote(), timeout=30)
             with contextlib.suppress(Exception):
-                self._ray.get(actor.shutdown.remote(), timeout=30)
-            self._ray.kill(actor)
+                self._ray.kill(actor)
         self._ray.shutdown()  # disconnects, or stops the instance started here
 
 
@@ -176,5 +183,69 @@ def ray_executor(address: str | None) -> Iterator[RayExecutor]:
     executor = RayExecutor(address)
     try:
         yield executor
+    except BaseException:
+        executor.close(graceful=False)
+        raise
+    executor.close()
+
+
+# Ray's own wait for an address where no cluster answers is a retry loop of many minutes (and,
+# with its timeouts shortened, a process abort): the address is checked, then probed, first.
+PROBE_TIMEOUT_S = 5
+ADDRESS_FIX = ("give HOST:PORT of a running cluster (`ray start --head --port 6379` prints it), "
+               "ray://HOST:PORT for Ray Client, or auto; or leave --ray-address and RAY_ADDRESS "
+               "unset for a Ray instance started for this build")
+
+
+def _connect(ray, given: str | None) -> None:
+    """``ray.init`` on the checked address, within seconds or a UsageError naming it. Ray
+    installs a SIGTERM handler of its own in the driver; the build's (SIGTERM ends it as Ctrl-C
+    does, exit 143) is put back."""
+    label = f"--ray-address {given!r}" if given else \
+        f"RAY_ADDRESS={os.environ.get('RAY_ADDRESS')!r}"
+    address = given or os.environ.get("RAY_ADDRESS") or None
+    # what Ray will connect to: "auto" means $RAY_ADDRESS when set (Ray's own rule), else a
+    # cluster Ray finds on this machine; "local" starts one, as no address does
+    reached = os.environ.get("RAY_ADDRESS") or address if address == "auto" else address
+    if reached not in (None, "auto", "local"):
+        _probe(*_host_and_port(reached, label), label)
+    started_here = {} if address else {"include_dashboard": False}
+    handlers = _signal_handlers()
+    try:
+        ray.init(address=address, namespace="pypto-offline", logging_level=logging.ERROR,
+                 log_to_driver=False, **started_here)
+    except (ConnectionError, ValueError, RuntimeError, ImportError) as error:
+        raise UsageError(f"{label}: Ray cannot connect ({type(error).__name__}: "
+                         f"{str(error)[:300]})", fix=ADDRESS_FIX) from None
     finally:
-        executor.close()
+        _restore(handlers)
+
+
+def _host_and_port(address: str, label: str) -> tuple[str, int]:
+    """``HOST:PORT`` or ``ray://HOST:PORT`` split, the port a real one."""
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise UsageError(f"{label} is not HOST:PORT, ray://HOST:PORT, auto or local",
+                         fix=ADDRESS_FIX)
+    return host.strip("[]"), int(port)
+
+
+def _probe(host: str, port: int, label: str) -> None:
+    try:
+        socket.create_connection((host, port), timeout=PROBE_TIMEOUT_S).close()
+    except OSError as error:
+        raise UsageError(f"{label}: no Ray cluster answers at {host}:{port} "
+                         f"({error.strerror or type(error).__name__}, within "
+                         f"{PROBE_TIMEOUT_S} s)", fix=ADDRESS_FIX) from None
+
+
+def _signal_handlers() -> dict:
+    if threading.current_thread() is not threading.main_thread():
+        return {}  # only the main thread may set them, and Ray sets none from another
+    return {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM)}
+
+
+def _restore(handlers: dict) -> None:
+    for number, handler in handlers.items():
+        if handler is not None:
+            signal.signal(number, handler)

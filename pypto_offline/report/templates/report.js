@@ -3,9 +3,10 @@
 // works on the page alone (its policy forbids any request).
 (function () {
   "use strict";
+  var svg = document.getElementById("graph-svg");
+  if (!svg) { return; }  // a page without a drawing says why (docs/report.md); its tables work
   var data = JSON.parse(document.getElementById("graph-data").textContent);
   var box = document.getElementById("graph");
-  var svg = document.getElementById("graph-svg");
   var full = svg.viewBox.baseVal;
   var whole = {x: full.x, y: full.y, w: full.width, h: full.height};
   var view = {x: 0, y: 0, w: 1, h: 1};
@@ -94,7 +95,9 @@
     card.scrollIntoView({block: "start"});
   }
   function regionOfElement(element) {
-    if (element.classList.contains("cluster")) { return element.id.replace(/^region-/, ""); }
+    if (element.classList.contains("cluster") || element.classList.contains("region-box")) {
+      return element.id.replace(/^region-/, "");  // a region's cluster, or its one box
+    }
     return regionOf[element.id];
   }
   svg.querySelectorAll("g.cluster, g.node.fused, g.node.fell-back").forEach(function (element) {
@@ -156,7 +159,11 @@
   search.addEventListener("input", find);
   search.addEventListener("keydown", function (event) { if (event.key === "Enter") { step(); } });
   document.getElementById("graph-next").onclick = step;
+  start();
+})();
 
+(function () {
+  "use strict";
   // The kernel table sorts by a column's number, largest first; a second click reverses.
   var table = document.getElementById("kernel-table");
   table.querySelectorAll("th[data-sort]").forEach(function (head) {
@@ -182,6 +189,4 @@
       link.download = link.dataset.filename;
     });
   });
-
-  start();
 })();

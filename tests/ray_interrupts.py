@@ -1,0 +1,63 @@
+"""Run inside tests/test_ray_farm.py's cluster (its network namespace): a build on the farm is
+interrupted by SIGINT, then SIGTERM, once its jobs are out; prints, per signal, the exit code and
+the seconds from the signal to the exit, then whether the cluster got every CPU back (each job
+actor holds one: an actor left alive would keep it).
+
+    python -m tests.ray_interrupts ADDRESS MODEL CACHE_DIR"""
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+COMPILING = "compiling"  # the stage line after which jobs go to the farm
+JOBS_OUT_S = 8  # then the actors start their fork servers and take the jobs
+
+
+def interrupted(address: str, model: str, cache: Path, number: int) -> tuple[int, float]:
+    log = cache.with_suffix(f".{number}.log")
+    with log.open("w") as err:
+        build = subprocess.Popen(
+            [sys.executable, "-m", "pypto_offline", model, "--target", "kirin9050",
+             "--input-shape", "x=1,3,64,64", "--cache-dir", str(cache / str(number)),
+             "--no-report", "--executor", "ray", "--ray-address", address],
+            stdout=subprocess.DEVNULL, stderr=err)
+    deadline = time.monotonic() + 300
+    while COMPILING not in log.read_text() and build.poll() is None \
+            and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(JOBS_OUT_S)
+    sent = time.monotonic()
+    build.send_signal(number)
+    try:
+        code = build.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        build.kill()
+        code = build.wait()
+    return code, time.monotonic() - sent
+
+
+def cpus_back(address: str) -> str:
+    import ray
+
+    ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        free = ray.available_resources().get("CPU", 0)
+        if free == ray.cluster_resources().get("CPU", 0):
+            break
+        time.sleep(0.5)
+    return f"cpus free {free:g} of {ray.cluster_resources().get('CPU', 0):g}"
+
+
+def main(address: str, model: str, cache: str) -> None:
+    for number in (signal.SIGINT, signal.SIGTERM):
+        code, seconds = interrupted(address, model, Path(cache), number)
+        print(f"interrupt {number.name} exit {code} after {seconds:.1f} s", flush=True)
+    print(cpus_back(address), flush=True)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
