@@ -3,6 +3,7 @@
     compiled = pypto_offline.compile("model.onnx", target="kirin9050",
                                      input_shapes={"x": [1, 3, 224, 224]})
     compiled.verify()               # onnxruntime: the compiled graph against the imported one
+                                    # (a loaded blob's kernel sources derived again, too)
     compiled.save("model.kirin9050.ptom", report="model.kirin9050.report.html")  # as a pair
     compiled.summary()              # the figures `pypto-offline --json` prints
     again = pypto_offline.load("model.kirin9050.ptom")
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import math
 from contextlib import nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -22,9 +24,11 @@ import onnx
 from pypto_offline.errors import UsageError
 from pypto_offline.importer.input_shapes import check_given_inputs
 from pypto_offline.offline_compiler import BuildOptions, blob, build, ptom_pb2
+from pypto_offline.offline_compiler.source_check import SourceCheck, recheck_sources
 from pypto_offline.offline_compiler.summary import summarise
 from pypto_offline.progress import SILENT, Progress, Timings
 from pypto_offline.targets import Target, known_names, resolve_target
+from pypto_offline.verify import Verification, check_memory_limits, compare, generate_inputs
 
 
 def get_target(name: str) -> Target:
@@ -40,9 +44,15 @@ class CompiledModel:
     """A compiled model: the blob's content, with the operations a user runs on it."""
 
     def __init__(self, message: ptom_pb2.CompiledModel, kernel_cache: dict | None = None,
-                 timings: Timings | None = None):
+                 timings: Timings | None = None, loaded_from: Path | None = None):
         self.message = message
         self._reference: onnx.ModelProto | None = None
+        # The blob's path for a loaded blob (None for a build): its sources are then no build's
+        # of this process, and ``verify`` derives them again.
+        self.loaded_from = loaded_from
+        # The last ``verify``'s kernel sources derived again (None: not derived); not in the
+        # blob, whose record is the build's.
+        self.source_check: SourceCheck | None = None
         # How this build got its kernels ({"hits": n, "compiled": m}, where compiled counts
         # PyPTO compiles: a region the generator refused is in neither); not in the blob,
         # which must not depend on the state of a cache.
@@ -91,30 +101,48 @@ class CompiledModel:
     def to_bytes(self) -> bytes:
         return blob.to_bytes(self.message)
 
-    def verify(self, inputs: Mapping[str, np.ndarray] | None = None, seed: int = 0):
-        """Run the compiled graph and the imported graph in onnxruntime on the same inputs
-        (``inputs`` by name, the rest generated within each input's range); the verdict is
-        recorded in the model."""
-        from pypto_offline.verify import compare, generate_inputs
-
+    def verify(self, inputs: Mapping[str, np.ndarray] | None = None, seed: int = 0,
+               sources: bool | None = None) -> Checked:
+        """Check the model now (docs/outputs.md, "What verify re-checks"). First the build's
+        memory limits on both graphs, before any input is made. Then the compiled graph and the
+        imported graph run in onnxruntime on the same inputs (``inputs`` by name, the rest
+        generated within each input's range; that verdict is recorded in the model). With
+        ``sources`` (by default for a loaded blob: a build's sources are the ones it has just
+        generated), every compiled kernel's source derived again from the blob's graph and tile
+        and compared (``offline_compiler.source_check``)."""
         imported = onnx.load_from_string(self.message.source_onnx_model)
         reference = self._reference or imported
         compiled = onnx.load_from_string(self.message.onnx_model)
+        for graph, which in ((imported, "its imported graph"), (compiled, "its compiled graph")):
+            check_memory_limits(graph, f"{self.label}, {which}", fix=REBUILD_SMALLER)
         given = dict(inputs or {})
-        check_given_inputs(imported, given, self.message.provenance.model_name or "the blob")
+        check_given_inputs(imported, given, self.label)
         with self._timed("verify_s"):
             result = compare(reference, compiled, generate_inputs(imported, seed, given))
+        self._record(result, seed, bool(given))
+        if self.loaded_from is not None if sources is None else sources:
+            self.source_check = recheck_sources(self.message)
+        return Checked(result, self.source_check)
+
+    def _record(self, result, seed: int, inputs_given: bool) -> None:
+        """The onnxruntime verdict, in the blob's message."""
         record = self.message.verification
         record.Clear()
-        record.status, record.seed, record.inputs_given = result.status, seed, bool(given)
+        record.status, record.seed, record.inputs_given = result.status, seed, inputs_given
         record.outputs.extend(ptom_pb2.OutputCheck(
             name=o.name, dtype=o.dtype, max_abs_diff=_finite(o.max_abs_diff),
             max_rel_diff=_finite(o.max_rel_diff), tolerance=o.tolerance, passed=o.passed)
             for o in result.outputs)
-        return result
+
+    @property
+    def label(self) -> str:
+        """The model in messages: the blob's path, or the name of the model built."""
+        if self.loaded_from is not None:
+            return str(self.loaded_from)
+        return self.message.provenance.model_name or "the model"
 
     def summary(self) -> dict:
-        return summarise(self.message)
+        return summarise(self.message, self.source_check)
 
     def write_report(self, path) -> Path:
         """The HTML fusion report, made from the blob's content alone (``pypto-offline report``
@@ -122,6 +150,24 @@ class CompiledModel:
         from pypto_offline.report import write_report
 
         return write_report(Path(path), self.message)
+
+
+# A blob's shapes are its build's: a graph beyond the memory limits is made smaller there.
+REBUILD_SMALLER = "rebuild the model with smaller --input-shape"
+
+
+@dataclass(frozen=True)
+class Checked:
+    """What ``CompiledModel.verify`` checked now: the onnxruntime run and, when they were
+    derived again, the kernel sources; ``status`` is failed if either failed."""
+
+    onnxruntime: Verification
+    sources: SourceCheck | None
+
+    @property
+    def status(self) -> str:
+        sources_differ = self.sources is not None and not self.sources.passed
+        return "failed" if sources_differ or self.onnxruntime.status == "failed" else "passed"
 
 
 def _finite(value: float) -> float:
@@ -238,4 +284,4 @@ def check_limits(jobs: int, kernel_timeout: float | None) -> None:
 
 def load(path, expected_target: str | None = None) -> CompiledModel:
     expected = get_target(expected_target).name if expected_target else None
-    return CompiledModel(blob.read(Path(path), expected))
+    return CompiledModel(blob.read(Path(path), expected), loaded_from=Path(path))

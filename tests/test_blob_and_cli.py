@@ -80,8 +80,9 @@ def test_summary_has_the_promised_fields(builds):
     assert summary["pypto"]["compiled"] == summary["fused_kernels"] == 1
     assert summary["pypto"]["cost_us_fused"] < summary["pypto"]["cost_us_unfused"]
     assert summary["pypto"]["cost_us_unfused_basis"] == "estimated"  # docs/baseline.md
-    assert summary["verification"] == {"status": "passed", "max_abs_diff": 0.0,
-                                       "kernels_checked": 1, "kernels_passed": 1}
+    assert summary["verification"] == {"status": "passed", "onnxruntime": "passed",
+                                       "max_abs_diff": 0.0, "kernel_sources": None}
+    assert summary["build_record"] == {"kernels_checked": 1, "kernels_passed": 1}
     assert (summary["kernels_before"], summary["kernels_after"]) == (6, 2)
 
 
@@ -93,9 +94,13 @@ def test_cli_inspect_and_verify_agree(builds):
     assert verified.returncode == 0, verified.stderr
     verified = json.loads(verified.stdout)
     shared = set(compiled) - {"blob", "report", "kernel_cache", "compile_seconds", "timings",
-                              "model"}
+                              "model", "verification"}
     for key in shared:
         assert inspected[key] == compiled[key] == verified[key], key
+    # verify derived the kernel sources again; the build and inspect show no such check
+    assert verified["verification"]["kernel_sources"]["matching"] == 1
+    assert inspected["verification"] == compiled["verification"] == {
+        **verified["verification"], "kernel_sources": None}
     assert [k["id"] for k in inspected["kernels"]] == ["region_0"]
     assert inspected["provenance"]["pypto"] == "0.2.0"
     assert "/" not in json.dumps(inspected["provenance"]["options"])  # no paths
@@ -103,7 +108,7 @@ def test_cli_inspect_and_verify_agree(builds):
 
 @pytest.mark.pypto
 def test_every_json_output_follows_the_schema(builds, tmp_path):
-    """compile, inspect, verify, report, targets and cache: schema_version 1, the keys the
+    """compile, inspect, verify, report, targets and cache: schema_version 2, the keys the
     schema file promises, and nothing outside them where it says so."""
     path, compiled = builds[0]
     outputs = {"build": compiled,
@@ -120,7 +125,7 @@ def test_every_json_output_follows_the_schema(builds, tmp_path):
     for kind, output in outputs.items():
         errors = [e.message for e in schema_validator(kind).iter_errors(output)]
         assert not errors, (kind, errors[:3])
-        assert output["schema_version"] == 1
+        assert output["schema_version"] == 2
     (kernel,) = compiled["kernels"]
     assert kernel["status"] == "compiled" and kernel["fallback_category"] is None
     broken = {**compiled, "kernels": [{**kernel, "status": "maybe"}]}
@@ -204,7 +209,7 @@ def test_real_inputs_from_npz_and_their_errors(builds, tmp_path, capfd):
 def test_targets_lists_every_chip_with_sources(capfd):
     assert cli.main(["targets", "--json"]) == 0
     printed = json.loads(capfd.readouterr().out)
-    assert printed["schema_version"] == 1
+    assert printed["schema_version"] == 2
     listing = printed["targets"]
     assert set(listing) == set(TARGETS)
     for name, figures in listing.items():

@@ -316,6 +316,56 @@ def test_verify_with_a_wrong_shape_npz_is_refused_not_passed(plain_blob, tmp_pat
     assert "gives shape [1, 3], the model expects [2, 3]" in capfd.readouterr().err
 
 
+def _blob_with_graphs(plain_blob: Path, folder: Path, edit) -> Path:
+    """The plain blob with ``edit(model, which)`` applied to its imported and compiled graphs,
+    re-signed by the blob writer so that the reader's own checks pass (a blob is hostile)."""
+    message = api.load(plain_blob).message
+    for which in ("source_onnx_model", "onnx_model"):
+        model = onnx.load_from_string(getattr(message, which))
+        edit(model, which)
+        setattr(message, which, model.SerializeToString())
+    return blob.write(folder / "edited.ptom", message)
+
+
+def test_verify_refuses_a_blob_declaring_a_huge_input_with_the_memory_it_needs(plain_blob,
+                                                                               tmp_path):
+    """Issue 34, row 8: it was a MemoryError making the inputs (exit 3)."""
+    def huge_x(model, _):
+        (x,) = [value for value in model.graph.input if value.name == "x"]
+        del x.type.tensor_type.shape.dim[:]
+        for size in (2, 4, 2_000_000_000):
+            x.type.tensor_type.shape.dim.add().dim_value = size
+
+    done = _limited([sys.executable, "-m", "pypto_offline", "verify",
+                     str(_blob_with_graphs(plain_blob, tmp_path, huge_x))])
+    assert done.returncode == 2, done.stderr
+    assert "[2, 4, 2000000000] (float32) needs 59.60 GiB" in done.stderr
+    assert "edited.ptom, its imported graph, input 'x'" in done.stderr
+    assert "--input-shape" in done.stderr and len(done.stderr.splitlines()) == 1
+
+
+def test_verify_refuses_a_blob_whose_compiled_graph_grows_past_the_limits(plain_blob, tmp_path):
+    """Its inputs are small, but the compiled graph makes a 2.2 GiB tensor on the way (such a
+    blob reached 4.2 GB of RSS before): refused before anything runs."""
+    def expanded(model, which):
+        if which != "onnx_model":
+            return
+        model.graph.initializer.append(
+            numpy_helper.from_array(np.array([100_000_000, 2, 3], np.int64), "big_shape"))
+        matmul = model.graph.node[-1]
+        inputs = list(matmul.input)
+        nodes = [helper.make_node("Expand", [inputs[0], "big_shape"], ["big"]),
+                 helper.make_node("ReduceMax", ["big"], ["x_again"], axes=[0], keepdims=0),
+                 helper.make_node("MatMul", ["x_again", inputs[1]], list(matmul.output))]
+        del model.graph.node[:]
+        model.graph.node.extend(nodes)
+
+    done = _limited([sys.executable, "-m", "pypto_offline", "verify",
+                     str(_blob_with_graphs(plain_blob, tmp_path, expanded))])
+    assert done.returncode == 2, done.stderr
+    assert "its compiled graph" in done.stderr and "needs 2.24 GiB" in done.stderr
+
+
 # --- models that need their real inputs, or that onnxruntime cannot run -----------------------
 
 @pytest.mark.parametrize("name", NEEDS_REAL_VALUES)

@@ -4,7 +4,8 @@
                                                       MODEL.T.report.html
     pypto-offline targets [--json]                    the chips and their figures
     pypto-offline inspect BLOB [--json]               what a blob holds
-    pypto-offline verify BLOB [--onnx MODEL] [--json] re-run the onnxruntime check from the blob
+    pypto-offline verify BLOB [--onnx MODEL] [--json] check a blob again: its kernel sources derived
+                                                      again, the onnxruntime check re-run
     pypto-offline report BLOB [-o PATH]               the HTML fusion report, from the blob alone
     pypto-offline cache info|clean [options]          the kernel cache: its size; removing entries
 
@@ -462,8 +463,11 @@ def run_inspect(argv: list[str]) -> int:
 
 
 def run_verify(argv: list[str]) -> int:
-    parser = _blob_parser("pypto-offline verify",
-                          "Re-run the onnxruntime check of a blob's compiled graph.")
+    parser = _blob_parser("pypto-offline verify", (
+        "Check a blob again: each compiled kernel's source derived again from the blob's graph "
+        "and tile and compared with the one it holds, and its compiled graph run against its "
+        "imported graph in onnxruntime, under the build's memory limits. Exit 1 if either "
+        "differs (docs/outputs.md, 'What verify re-checks')."))
     parser.add_argument("--onnx", help="check against this original model instead of the "
                                        "imported graph stored in the blob")
     parser.add_argument("--inputs", help=".npz of real inputs, by input name")

@@ -122,7 +122,6 @@ def human_summary(s: dict) -> str:
     from pypto_offline.offline_compiler.summary import shown
 
     mb = lambda n: f"{n / 1e6:.2f} MB"  # noqa: E731
-    check = s["verification"]
     lines = [
         f"{s['model']} → {s.get('blob', '')} ({s['target']})",
         f"  nodes {s['nodes_before']} → {s['nodes_after']}; kernels {s['kernels_before']} → "
@@ -133,16 +132,36 @@ def human_summary(s: dict) -> str:
         f"(target bandwidth and launch cost are estimates)",
         f"  PyPTO: {s['pypto']['compiled']} kernels compiled, {s['pypto']['fell_back']} fell "
         f"back; {cost_model_text(s['pypto'])}",
-        f"  verification: {check['status']}"
-        + (f" (max abs diff {shown(check['max_abs_diff'], '.2e')}; kernels checked "
-           f"{check['kernels_passed']}/{check['kernels_checked']})"
-           if check["status"] != "skipped" else ""),
+        *verification_text(s),
     ]
     if "compile_seconds" in s:
         lines.append(f"  compiled in {s['compile_seconds']:.1f} s" + timings_text(s))
     if s.get("report"):
         lines.append(f"  report: {s['report']}")
     return "\n".join(lines)
+
+
+def verification_text(s: dict) -> list[str]:
+    """What was checked now (onnxruntime; with ``verify``, the kernel sources derived again),
+    apart from what the blob records of its build (PyPTO's pass-verify of each kernel)."""
+    from pypto_offline.offline_compiler.summary import shown
+
+    check, record = s["verification"], s["build_record"]
+    onnxruntime = ("onnxruntime not run" if check["onnxruntime"] == "skipped" else
+                   f"onnxruntime {check['onnxruntime']}, max abs diff "
+                   f"{shown(check['max_abs_diff'], '.2e')}")
+    recorded = (f"the build's record, not re-run: PyPTO pass-verify passed "
+                f"{record['kernels_passed']}/{record['kernels_checked']} kernels")
+    sources = check["kernel_sources"]
+    if sources is None:
+        return [f"  verification: {check['status']} ({onnxruntime}); {recorded}"]
+    fell_back = (f"; {len(sources['fell_back'])} fell back (their ops run unfused: no source to "
+                 f"check)" if sources["fell_back"] else "")
+    return [f"  verification: {check['status']}",
+            f"    checked now: {onnxruntime}; kernel sources derived again: "
+            f"{sources['matching']}/{sources['compiled']} match{fell_back}",
+            *(f"    {d['id']}: {d['reason']}" for d in sources["differing"]),
+            f"    {recorded}"]
 
 
 def timings_text(s: dict) -> str:

@@ -256,7 +256,8 @@ def _provenance(tool_version: str, raw: bytes, name: str, options: BuildOptions)
         model_sha256=hashlib.sha256(raw).hexdigest(), options=options.provenance())
 
 
-def _op_message(op: RegionOp) -> ptom_pb2.Op:
+def op_message(op: RegionOp) -> ptom_pb2.Op:
+    """A program op as the blob records it: canonical parameters as JSON, keys sorted."""
     params = {k: (np.asarray(v).tolist() if isinstance(v, np.ndarray) else v)
               for k, v in op.params.items()}
     return ptom_pb2.Op(op_type=op.op_type, inputs=list(op.inputs), outputs=list(op.outputs),
@@ -264,7 +265,7 @@ def _op_message(op: RegionOp) -> ptom_pb2.Op:
 
 
 def region_signature(region: Region) -> str:
-    text = json.dumps({"ops": [_op_message(op).SerializeToString(deterministic=True).hex()
+    text = json.dumps({"ops": [op_message(op).SerializeToString(deterministic=True).hex()
                                for op in region.simplified],
                        "types": sorted((k, list(v[0]), v[1]) for k, v in
                                        region.tensor_types.items())})
@@ -291,8 +292,8 @@ def _kernel_message(region: Region, kernel: Kernel, baseline: Baseline) -> ptom_
     message = ptom_pb2.Kernel(
         id=region.id, region_signature=region_signature(region), nodes=list(region.nodes),
         inputs=list(region.inputs), outputs=list(region.outputs),
-        original=[_op_message(op) for op in region.original],
-        simplified=[_op_message(op) for op in region.simplified],
+        original=[op_message(op) for op in region.original],
+        simplified=[op_message(op) for op in region.simplified],
         rules_applied=list(region.rules_applied), compiled=kernel.compiled,
         fallback_reason=kernel.fallback_reason or "", source=kernel.source,
         fallback_category=kernel.fallback_kind.value if kernel.fallback_kind else "",

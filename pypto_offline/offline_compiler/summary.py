@@ -1,6 +1,7 @@
 """The figures of a compiled model, as ``--json``, ``inspect``, ``verify`` and the report show them.
 
-One function over the blob's message, so every place that shows a figure shows the same one.
+One function over the blob's message, so every place that shows a figure shows the same one;
+``verify`` adds what it derived again of the kernel sources, which no blob holds.
 """
 from __future__ import annotations
 
@@ -8,12 +9,13 @@ import math
 import sys
 
 from pypto_offline.offline_compiler import ptom_pb2
+from pypto_offline.offline_compiler.source_check import SourceCheck
 from pypto_offline.pypto_kernels.records import legacy_fallback_kind
 
 NOT_MEASURED = "not measured"
 # The version of every JSON output's keys (``summary.schema.json``, in this folder): a change of
 # a key or of its meaning bumps it (docs/outputs.md, "JSON output").
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: verification's checks run now apart from the build's record
 
 
 def measured(message, field: str):
@@ -47,8 +49,9 @@ def kernels_below_lower_bound(message: ptom_pb2.CompiledModel) -> list[str]:
             and k.gm_bytes_read + k.gm_bytes_written < k.gm_bytes_lower_bound]
 
 
-def summarise(message: ptom_pb2.CompiledModel) -> dict:
-    m, t, v = message, message.totals, message.verification
+def summarise(message: ptom_pb2.CompiledModel, sources: SourceCheck | None = None) -> dict:
+    """``sources``: the kernel sources as ``verify`` derived them again (None: not derived)."""
+    m, t = message, message.totals
     checked = [k for k in m.kernels if k.verdicts]
     return {
         "schema_version": SCHEMA_VERSION,
@@ -66,13 +69,29 @@ def summarise(message: ptom_pb2.CompiledModel) -> dict:
                   "cost_us_unfused": measured(t, "cost_us_unfused"),
                   "cost_us_unfused_basis": t.cost_us_unfused_basis or None,
                   "kernels_cost_compared": t.kernels_cost_compared},
-        "verification": {
-            "status": v.status or "skipped",
-            "max_abs_diff": max((o.max_abs_diff for o in v.outputs), default=None),
-            "kernels_checked": len(checked),
-            "kernels_passed": sum(k.functional_ok for k in checked)},
+        "verification": verification(m.verification, sources),
+        # what the blob says its build checked of each kernel (PyPTO's pass-verify against
+        # onnxruntime): its record, not run again by anything that reads the blob
+        "build_record": {"kernels_checked": len(checked),
+                         "kernels_passed": sum(k.functional_ok for k in checked)},
         "kernels": [kernel_summary(k) for k in m.kernels],
     }
+
+
+def verification(record: ptom_pb2.Verification, sources: SourceCheck | None) -> dict:
+    """The checks of the compiled model: onnxruntime's (as recorded in the message: by the
+    build, or by the ``verify`` that ran it now) and the kernel sources derived again, when they
+    were (``kernel_sources``, None otherwise); ``status`` is failed if either failed."""
+    onnxruntime = record.status or "skipped"
+    differ = sources is not None and not sources.passed
+    return {
+        "status": "failed" if differ else onnxruntime,
+        "onnxruntime": onnxruntime,
+        "max_abs_diff": max((o.max_abs_diff for o in record.outputs), default=None),
+        "kernel_sources": None if sources is None else {
+            "compiled": sources.compiled, "matching": sources.matching,
+            "differing": [{"id": m.kernel, "reason": m.reason} for m in sources.mismatches],
+            "fell_back": list(sources.fell_back)}}
 
 
 def fallback_category(kernel: ptom_pb2.Kernel) -> str:

@@ -4,9 +4,10 @@
     result = compare(original, compiled, feeds)
 
 Inputs are seeded and respect each input's dtype and valid range (``runtime.generate_inputs``,
-which the importer's own checks use too). Tolerances are per dtype; integers and booleans must match exactly. Knows nothing of
-kernels or blobs. ``load_inputs`` reads real inputs from an .npz, sizes checked before any byte is
-decompressed.
+which the importer's own checks use too). Tolerances are per dtype; integers and booleans must
+match exactly. Knows nothing of kernels or blobs. ``check_memory_limits`` applies the build's
+memory limits to a graph before any input of it is made; ``load_inputs`` reads real inputs from
+an .npz, sizes checked before any byte is decompressed.
 """
 from __future__ import annotations
 
@@ -20,8 +21,9 @@ import numpy as np
 import onnx
 
 from pypto_offline.errors import ModelError, UsageError
-from pypto_offline.importer.input_shapes import human_bytes
-from pypto_offline.importer.shape_probe import MAX_PROBE_BYTES
+from pypto_offline.importer.input_shapes import (check_dims, check_tensor_bytes, graph_inputs,
+                                                 human_bytes)
+from pypto_offline.importer.shape_probe import MAX_PROBE_BYTES, check_memory
 from pypto_offline.runtime import TOLERANCE, CannotRun, abs_diff, generate_inputs, run_model
 
 @dataclass(frozen=True)
@@ -43,6 +45,31 @@ class Verification:
     @property
     def max_abs_diff(self) -> float:
         return max((o.max_abs_diff for o in self.outputs), default=0.0)
+
+
+def check_memory_limits(model: onnx.ModelProto, where: str, fix: str) -> None:
+    """The build's memory limits (docs/outputs.md, "Resource limits") on a graph about to run,
+    before any input is allocated: each graph input static, within the bytes and elements a
+    tensor may take (its bytes first, so the message gives the memory it would need), then every
+    tensor onnx's shape inference sees, together (``shape_probe.check_memory``; initializers are
+    in memory already and not counted). ``fix``: what the caller can do about a graph refused."""
+    try:
+        for value in graph_inputs(model):
+            _check_input_memory(value, f"{where}, input {value.name!r}")
+        check_memory(model, where, known={t.name for t in model.graph.initializer})
+    except ModelError as error:
+        raise ModelError(error.what, where=error.where, fix=fix) from None
+
+
+def _check_input_memory(value: onnx.ValueInfoProto, where: str) -> None:
+    tensor_type = value.type.tensor_type
+    dims = tensor_type.shape.dim
+    if not value.type.HasField("tensor_type") or not tensor_type.HasField("shape") \
+            or not all(d.HasField("dim_value") for d in dims):
+        raise ModelError("the input has no static shape", where=where)
+    shape = [d.dim_value for d in dims]
+    check_tensor_bytes(shape, tensor_type.elem_type, where)
+    check_dims(shape, where)
 
 
 def compare(reference: onnx.ModelProto, candidate: onnx.ModelProto,
