@@ -18,10 +18,10 @@ from pathlib import Path
 
 import onnx
 import pytest
-from onnx import TensorProto
 
 import pypto_offline
 from pypto_offline import api, cli, import_model
+from pypto_offline.cli import builds
 from pypto_offline.errors import UsageError
 from pypto_offline.importer.input_shapes import parse_atc_shapes, parse_dim_option
 from pypto_offline.pypto_kernels import cache as kernel_cache
@@ -136,7 +136,7 @@ def test_atc_input_shape_builds_the_same_graph_as_dim(example_build, tmp_path):
     ("model.v1", "model.v1.ptom"), ("m.PTOM", "m.PTOM"),
 ])
 def test_output_without_ptom_is_a_stem(given, expected):
-    assert cli.blob_path(given) == Path(expected)
+    assert builds.blob_path(given) == Path(expected)
 
 
 def test_a_stem_naming_a_folder_or_the_model_is_refused(tmp_path, capfd):

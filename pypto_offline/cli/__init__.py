@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import signal
 import sys
 import threading
@@ -28,6 +27,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from pypto_offline import __version__
+from pypto_offline.cli.builds import Build, builds_of, dims, make_output_dir, report_path
 from pypto_offline.cli.text import (human_cache_clean, human_cache_info, human_summary,
                                     op_types_text, print_fallbacks, print_summary, printable,
                                     progress_on_stderr)
@@ -141,157 +141,12 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--version", action="version", version=f"pypto-offline {__version__}")
 
 
-def _input_shapes(args) -> dict[str, list[int]]:
-    """--input-shape NAME=DIMS and ATC's --input_shape "NAME:DIMS;...", together."""
-    from pypto_offline.importer.input_shapes import parse_atc_shapes, parse_shape_option
-
-    given = [parse_shape_option(text) for text in args.input_shape]
-    given += [shape for text in args.atc_input_shape for shape in parse_atc_shapes(text)]
-    return _once(given, "--input-shape/--input_shape", "give each input once")
-
-
-def _dims(args) -> dict[str, int]:
-    from pypto_offline.importer.input_shapes import parse_dim_option
-
-    return _once([parse_dim_option(text) for text in args.dim], "--dim",
-                 "give each dimension once")
-
-
-def _once(pairs: list[tuple], option: str, fix: str) -> dict:
-    named: dict = {}
-    for name, value in pairs:
-        if name in named:
-            raise UsageError(f"{option} names {name!r} twice", fix=fix)
-        named[name] = value
-    return named
-
-
-def blob_path(output: str) -> Path:
-    """``-o`` as the blob's path: as given when it ends in .ptom, else ATC's --output form, a
-    stem (``out/model`` → ``out/model.ptom``)."""
-    if output.endswith(("/", os.sep)):
-        raise UsageError(f"-o {output!r} names a folder",
-                         fix="give the blob's path or its stem, e.g. -o out/model")
-    path = Path(output)
-    return path if path.name.lower().endswith(".ptom") else path.with_name(f"{path.name}.ptom")
-
-
 def _load_inputs(path: str | None) -> dict:
     if path is None:
         return {}
     from pypto_offline.verify import load_inputs
 
     return load_inputs(path)
-
-
-class _Build:
-    """One model for one target, where its blob and report go, and its inputs' shapes."""
-
-    def __init__(self, model: str, target: str, output: Path, report: Path | None,
-                 shapes: dict[str, list[int]]):
-        self.model, self.target, self.output, self.report = model, target, output, report
-        self.shapes = shapes
-
-
-def _shapes_per_model(args) -> dict[str, dict[str, list[int]]]:
-    """The ``--input-shape`` options of each model: in a batch, a shape is for the models with
-    an input of its name (a model that cannot be read gets them all, and its build says why);
-    a name no model has is an error."""
-    from pypto_offline import api
-
-    shapes = _input_shapes(args)
-    if len(args.models) == 1:
-        return {args.models[0]: shapes}
-    per_model, used = {}, set()
-    for model in args.models:
-        try:
-            names = set(api.input_names(model))
-        except PyptoOfflineError:
-            names = set(shapes)
-        per_model[model] = {name: dims for name, dims in shapes.items() if name in names}
-        used |= names
-    unknown = sorted(set(shapes) - used)
-    if unknown:
-        raise UsageError(f"--input-shape names {unknown[0]!r}, an input of none of the models",
-                         fix="check the input's name (pypto-offline inspect shows a blob's)")
-    return per_model
-
-
-def _builds(args) -> list[_Build]:
-    """Every model for every target, in the order given, with its outputs: ``-o``/``--report``
-    for one build, else ``--output-dir`` or beside each model. Every output is checked before
-    any work: a compile must not end by failing to write, nor overwrite a model it reads, the
-    blob with the report or another build's outputs."""
-    from pypto_offline import api
-    from pypto_offline.offline_compiler.blob import check_outputs
-
-    targets = [api.get_target(name).name for name in _once_each(
-        [name.strip() for name in args.target.split(",")],
-        lambda name: api.get_target(name).name, "--target")]
-    args.models = _once_each(args.models, os.path.realpath, "the models")
-    pairs = [(model, target) for model in args.models for target in targets]
-    if len(pairs) > 1 and (args.output or args.report):
-        raise UsageError(f"-o and --report name one build's files, and this is {len(pairs)} "
-                         "builds", fix="use --output-dir DIR")
-    shapes, builds = _shapes_per_model(args), []
-    for model, target in pairs:
-        name = f"{Path(model).stem}.{target}.ptom"
-        output = blob_path(args.output) if args.output else \
-            Path(args.output_dir) / name if args.output_dir else Path(model).with_name(name)
-        report = None if args.no_report else Path(args.report) if args.report \
-            else report_path(output)
-        builds.append(_Build(model, target, output, report, shapes[model]))
-    _refuse_shared_outputs(builds)
-    # labelled as the user named them: the options of one build, each build's files in a batch
-    labels = (lambda b: ("-o", "--report")) if len(builds) == 1 else \
-        (lambda b: (f"{b.model} for {b.target}: the blob", f"{b.model} for {b.target}: the report"))
-    outputs = {label: path for b in builds
-               for label, path in zip(labels(b), (b.output, b.report)) if path}
-    if args.output and Path(args.output) != builds[0].output:
-        # a stem is checked as given too: one naming a folder, a device or the model itself is
-        # a slip, refused, not written beside
-        outputs = {"-o": Path(args.output), "the blob": builds[0].output,
-                   **{k: v for k, v in outputs.items() if k != "-o"}}
-    models = {"input model": Path(args.models[0])} if len(args.models) == 1 else \
-        {f"input model {m}": Path(m) for m in args.models}
-    check_outputs(outputs, {**models,
-                            **({"--inputs file": Path(args.inputs)} if args.inputs else {})})
-    if any(b.report for b in builds):
-        from pypto_offline.report.dot import require_dot
-
-        require_dot()  # before the work, as the outputs: a build must not end without its report
-    return builds
-
-
-def _once_each(given: list[str], identity, what: str) -> list:
-    """Each of ``given`` once by its identity (a chip's target, a model's real path), in the
-    order given, with a note for each repeat: a batch builds a model for a target once (two
-    builds would write the same files)."""
-    kept: dict = {}
-    for value in given:
-        same = identity(value)
-        if same in kept:
-            print(f"pypto-offline: note: {what} name {printable(kept[same])!r} twice (as "
-                  f"{printable(value)!r} too): built once", file=sys.stderr)
-        else:
-            kept[same] = value
-    return list(kept.values())
-
-
-def _refuse_shared_outputs(builds: list[_Build]) -> None:
-    """Two builds of a batch writing one file (models of one name from two folders, under one
-    --output-dir or beside each other through links): refused, with advice a batch can follow."""
-    seen: dict[str, _Build] = {}
-    for build in builds:
-        for path in (build.output, build.report):
-            if path is None:
-                continue
-            other = seen.setdefault(os.path.realpath(path), build)
-            if other is not build:
-                raise UsageError(f"{other.model} and {build.model} for {build.target} would both "
-                                 f"write {str(path)!r}", where=str(path),
-                                 fix="give the models different file names, or build them in "
-                                     "separate runs, each with its own --output-dir")
 
 
 def run_compile(argv: list[str]) -> int:
@@ -303,8 +158,8 @@ def run_compile(argv: list[str]) -> int:
     if args.ray_address and args.executor != "ray":
         raise UsageError("--ray-address is for --executor ray", fix="add --executor ray")
     if args.output_dir:
-        _make_output_dir(Path(args.output_dir))
-    builds = _builds(args)
+        make_output_dir(Path(args.output_dir))
+    builds = builds_of(args)
     inputs = _load_inputs(args.inputs)
     codes, summaries = [], []
     with progress_on_stderr(args.quiet) as progress, \
@@ -320,19 +175,6 @@ def run_compile(argv: list[str]) -> int:
     return max(codes)
 
 
-def _make_output_dir(folder: Path) -> None:
-    """--output-dir, created if missing; a file there (or a link to one, or a path through one,
-    or /dev/null) is the user's slip, refused before any work."""
-    if folder.exists() and not folder.is_dir():
-        raise UsageError(f"--output-dir {str(folder)!r} is not a folder",
-                         fix="give a folder (created if missing), not a file")
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise UsageError(f"--output-dir {str(folder)!r} cannot be created: {error.strerror}",
-                         fix="give a folder you can write to") from None
-
-
 @contextmanager
 def _batch(api, jobs: int, builds: int):
     """One worker pool for every build of a batch (a single build makes its own)."""
@@ -343,14 +185,14 @@ def _batch(api, jobs: int, builds: int):
         yield
 
 
-def _run_build(build: _Build, args, inputs: dict, progress, executor) -> tuple[int, dict]:
+def _run_build(build: Build, args, inputs: dict, progress, executor) -> tuple[int, dict]:
     """Compile, save and print one build; its exit code and summary. Bad input of one model
     (exit 2) does not stop the others: the batch's exit code is the worst."""
     from pypto_offline import api
 
     started = time.perf_counter()
     try:
-        compiled = api.compile(build.model, build.target, build.shapes, dims=_dims(args),
+        compiled = api.compile(build.model, build.target, build.shapes, dims=dims(args),
                                cache_dir=args.cache_dir,
                                cache_trust_group=args.cache_trust_group, jobs=args.jobs,
                                tile_search=not args.no_tile_search,
@@ -382,7 +224,7 @@ def _run_build(build: _Build, args, inputs: dict, progress, executor) -> tuple[i
             summary)
 
 
-def _failure(build: _Build, err: PyptoOfflineError) -> dict:
+def _failure(build: Build, err: PyptoOfflineError) -> dict:
     """A build that stopped on bad input, as its JSON line says it (schema: build_failure)."""
     from pypto_offline.offline_compiler.summary import SCHEMA_VERSION
 
@@ -401,11 +243,6 @@ def _batch_table(summaries: list[dict]) -> str:
     widths = [max(len(printable(row[i])) for row in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(printable(cell).ljust(width) for cell, width in zip(row, widths))
                      .rstrip() for row in rows)
-
-
-def report_path(blob: Path) -> Path:
-    """MODEL.T.ptom → MODEL.T.report.html, beside it."""
-    return blob.with_name(f"{blob.stem}.report.html")
 
 
 def run_targets(argv: list[str]) -> int:

@@ -119,8 +119,6 @@ def print_fallbacks(build, fell_back: list[dict], planned: int) -> None:
 
 
 def human_summary(s: dict) -> str:
-    from pypto_offline.offline_compiler.summary import shown
-
     mb = lambda n: f"{n / 1e6:.2f} MB"  # noqa: E731
     lines = [
         f"{s['model']} → {s.get('blob', '')} ({s['target']})",
