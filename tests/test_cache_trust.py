@@ -23,6 +23,8 @@ from pypto_offline.pypto_kernels import cache_trust
 from pypto_offline.pypto_kernels.cache import KernelCache, entry_folders, nested_cache
 from pypto_offline.pypto_kernels.cache_trust import Trust, trust_for
 from pypto_offline.pypto_kernels.jobs.protocol import Job
+from tests import cache_entries
+from tests.cache_entries import as_json
 from tests.onnx_builders import GraphBuilder
 
 REPO = Path(__file__).resolve().parents[1]
@@ -51,16 +53,7 @@ def stranger(monkeypatch):
 
 
 def stored(cache: KernelCache, key: str = KEY, files: dict[str, str] = FILES) -> Path:
-    staged = cache.staging()
-    for name, text in files.items():
-        (staged / name).parent.mkdir(parents=True, exist_ok=True)
-        (staged / name).write_text(text)
-    cache.put(key, staged)
-    return cache.entry(key)
-
-
-def as_json(files: dict[str, bytes]) -> dict:
-    return json.loads(files["kernel.json"])
+    return cache_entries.stored(cache, key, files)
 
 
 def tiny_model(path: Path) -> Path:

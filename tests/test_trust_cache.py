@@ -23,6 +23,7 @@ from pypto_offline.errors import UsageError
 from pypto_offline.pypto_kernels import cache as kernel_cache
 from pypto_offline.pypto_kernels.cache import KernelCache, entry_folders
 from pypto_offline.pypto_kernels.tiling import TilePolicy
+from tests.cache_entries import as_json, stored
 from tests.onnx_builders import GraphBuilder
 
 REPO = Path(__file__).resolve().parents[1]
@@ -291,19 +292,6 @@ def test_a_kernel_entry_another_user_planted_is_never_shipped(clean, tmp_path):
 
 
 # Cheap checks of the cache's parts, no PyPTO needed.
-
-def stored(cache: KernelCache, key: str, files: dict[str, str]) -> Path:
-    staged = cache.staging()
-    for name, text in files.items():
-        (staged / name).parent.mkdir(parents=True, exist_ok=True)
-        (staged / name).write_text(text)
-    cache.put(key, staged)
-    return cache.entry(key)
-
-
-def as_json(files: dict[str, bytes]) -> dict:
-    return json.loads(files["kernel.json"])
-
 
 def test_an_entry_reads_back_whole_and_a_stranger_under_its_key_is_a_miss(tmp_path, capfd):
     cache = KernelCache(tmp_path)
