@@ -100,3 +100,23 @@ def test_damaged_payload_with_a_valid_digest(valid_blob, data):
         payload[position] ^= data.draw(st.integers(1, 255))
     cut = data.draw(st.integers(0, len(payload)))
     read_or_refuse(signed(bytes(payload[:cut] if data.draw(st.booleans()) else payload)))
+
+
+@pytest.mark.pypto
+@pytest.mark.parametrize("field", ["onnx_model", "source_onnx_model"])
+def test_a_graph_name_that_is_not_utf8_is_refused(valid_blob, field):
+    """Found by test_damaged_payload_with_a_valid_digest: protobuf does not check ONNX's proto2
+    strings, so a flipped byte in a tensor name read back as bytes and the report failed on
+    it (TypeError, exit 3)."""
+    message = blob.from_bytes(valid_blob)
+    model = getattr(message, field)
+    name = message_graph_input(model)
+    setattr(message, field, model.replace(name.encode(), b"\xff" * len(name.encode())))
+    with pytest.raises(ModelError, match=f"blob's {field} holds a name that is not UTF-8 text"):
+        blob.from_bytes(signed(message.SerializeToString(deterministic=True)))
+
+
+def message_graph_input(serialized: bytes) -> str:
+    import onnx
+
+    return onnx.load_from_string(serialized).graph.input[0].name

@@ -78,9 +78,22 @@ def _check_content(message: ptom_pb2.CompiledModel, where: str, fix: str) -> Non
                              fix=fix) from None
         if not model.graph.node:
             raise ModelError(f"blob's {field} has no graph", where=where, fix=fix)
+        if not all(isinstance(name, str) for name in _graph_names(model.graph)):
+            raise ModelError(f"blob's {field} holds a name that is not UTF-8 text", where=where,
+                             fix=fix)
     ids = [k.id for k in message.kernels]
     if len(set(ids)) != len(ids) or not all(ids):
         raise ModelError("blob's kernel ids are empty or repeated", where=where, fix=fix)
+
+
+def _graph_names(graph: onnx.GraphProto):
+    """Every name and op type of a graph's nodes and values. ONNX's strings are proto2's, which
+    protobuf does not check: one of invalid UTF-8 reads back as bytes, and every reader of the
+    graph (report, verify) takes names for text."""
+    for node in graph.node:
+        yield from (node.op_type, node.name, node.domain, *node.input, *node.output)
+    for value in (*graph.input, *graph.output, *graph.value_info, *graph.initializer):
+        yield value.name
 
 
 def write(path: Path, message: ptom_pb2.CompiledModel) -> Path:
