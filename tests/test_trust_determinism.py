@@ -64,14 +64,20 @@ def parent_output(model: str, input_shapes: dict | None = None) -> dict:
         } for r in plan.regions]}
 
 
-def parent_output_with_seed(seed: str, model: str, input_shapes: dict | None) -> dict:
-    """``parent_output`` in a fresh interpreter started with PYTHONHASHSEED=``seed``."""
+def parent_outputs_with_seeds(seeds, model: str, input_shapes: dict | None) -> list[dict]:
+    """``parent_output`` in a fresh interpreter per seed, started with PYTHONHASHSEED=seed, all
+    at once (each is one process of its own: running them side by side halves the wait)."""
     code = ("import json, sys; from tests.test_trust_determinism import parent_output; "
             "print(json.dumps(parent_output(sys.argv[1], json.loads(sys.argv[2])), default=list))")
-    done = subprocess.run([sys.executable, "-c", code, model, json.dumps(input_shapes)],
-                          capture_output=True, text=True, cwd=REPO, env=_env(seed), timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout)
+    running = [subprocess.Popen([sys.executable, "-c", code, model, json.dumps(input_shapes)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                cwd=REPO, env=_env(seed)) for seed in seeds]
+    outputs = []
+    for process in running:
+        out, err = process.communicate(timeout=900)
+        assert process.returncode == 0, err[-3000:]
+        outputs.append(json.loads(out))
+    return outputs
 
 
 def _env(seed: str) -> dict:
@@ -80,7 +86,7 @@ def _env(seed: str) -> dict:
 
 
 def assert_same_across_seeds(model: str, input_shapes: dict | None = None) -> dict:
-    first, *others = [parent_output_with_seed(seed, model, input_shapes) for seed in HASH_SEEDS]
+    first, *others = parent_outputs_with_seeds(HASH_SEEDS, model, input_shapes)
     assert first["regions"], "the model must fuse something for the check to mean anything"
     for seed, other in zip(HASH_SEEDS[1:], others):
         for mine, theirs in zip(first["regions"], other["regions"]):
