@@ -65,12 +65,13 @@ def test_nothing_reaches_a_private_name_of_another_module(folder):
 
 
 def test_the_check_finds_a_private_name(tmp_path):
-    """The rule's own check, on a file that breaks it three ways."""
+    """The rule's own check, on a file that breaks it three ways (the names are made up: the
+    check reads names, it does not import them)."""
     sample = tmp_path / "sample.py"
-    sample.write_text("from pypto_offline.pypto_kernels import compiler\n"
-                      "from pypto_offline.pypto_kernels.search import _tile\n"
-                      "compiler._run_job\n"
-                      "patch('pypto_offline.pypto_kernels.search._crashed')\n")
+    sample.write_text("from pypto_offline.somewhere import module\n"
+                      "from pypto_offline.somewhere.module import _hidden\n"
+                      "module._hidden\n"
+                      "patch('pypto_offline.somewhere.module._hidden')\n")
     assert len(private_uses(sample)) == 3
 
 

@@ -87,10 +87,9 @@ def builds_of(args) -> list[Build]:
     from pypto_offline import api
     from pypto_offline.offline_compiler.blob import check_outputs
 
-    targets = [api.get_target(name).name for name in once_each(
-        [name.strip() for name in args.target.split(",")],
-        lambda name: api.get_target(name).name, "--target")]
-    args.models = once_each(args.models, os.path.realpath, "the models")
+    targets = list(once_each([name.strip() for name in args.target.split(",")],
+                             lambda name: api.get_target(name).name, "--target"))
+    args.models = list(once_each(args.models, os.path.realpath, "the models").values())
     pairs = [(model, target) for model in args.models for target in targets]
     if len(pairs) > 1 and (args.output or args.report):
         raise UsageError(f"-o and --report name one build's files, and this is {len(pairs)} "
@@ -125,10 +124,10 @@ def builds_of(args) -> list[Build]:
     return builds
 
 
-def once_each(given: list[str], identity, what: str) -> list:
+def once_each(given: list[str], identity, what: str) -> dict:
     """Each of ``given`` once by its identity (a chip's target, a model's real path), in the
     order given, with a note for each repeat: a batch builds a model for a target once (two
-    builds would write the same files)."""
+    builds would write the same files). Identity → the first spelling given."""
     kept: dict = {}
     for value in given:
         same = identity(value)
@@ -137,7 +136,7 @@ def once_each(given: list[str], identity, what: str) -> list:
                   f"{printable(value)!r} too): built once", file=sys.stderr)
         else:
             kept[same] = value
-    return list(kept.values())
+    return kept
 
 
 def refuse_shared_outputs(builds: list[Build]) -> None:
