@@ -28,7 +28,7 @@ from pypto_offline.offline_compiler.blob import write_atomically
 from pypto_offline.pypto_kernels import baseline
 from pypto_offline.pypto_kernels.compiler import setup_for
 from pypto_offline.pypto_kernels.measured_baseline import single_op_costs, unfused_costs
-from pypto_offline.pypto_kernels.versions import COST_MODEL
+from pypto_offline.pypto_kernels.platform import platform_of
 from pypto_offline.targets import TARGETS
 
 EXAMPLE = ("example", Path(__file__).resolve().parents[1] / "examples" / "example.onnx",
@@ -64,9 +64,11 @@ def fit(rows: list[dict]) -> tuple[dict, dict]:
     """The fit per family, and its error statistics."""
     by_family: dict[str, dict[tuple, float]] = {}
     for row in rows:
-        family = baseline.cost_model_family(COST_MODEL.get(row["target"]))
+        family = baseline.cost_model_family(platform_of(TARGETS[row["target"]]))
         for op in row["ops"]:
-            if op["us"]:  # one entry per distinct op (class, size): recurring ops count once
+            # one entry per distinct op (class, size): recurring ops count once; a matmul has
+            # no line (baseline.UNFITTED), its region no estimate
+            if op["us"] and op["sample"][0] in baseline.OP_CLASSES:
                 by_family.setdefault(family, {})[(op["op"], *op["sample"])] = op["us"]
     families, errors = {}, {}
     for family, measured in sorted(by_family.items()):
@@ -80,13 +82,34 @@ def fit(rows: list[dict]) -> tuple[dict, dict]:
     return families, errors
 
 
+def _family(row: dict) -> str:
+    return baseline.cost_model_family(platform_of(TARGETS[row["target"]]))
+
+
+def merged(shipped: dict, run: dict) -> dict:
+    """The shipped fit with this run's families in: a family this run did not measure stays
+    with its own run's provenance (``earlier``), if some target's platform still times on it."""
+    used = {baseline.cost_model_family(platform_of(t)) for t in TARGETS.values()}
+    kept = [f for f in shipped["families"] if f in used and f not in run["families"]]
+    earlier = [p for p in shipped["provenance"].get("earlier", [])
+               if set(p["families"]) & set(kept)]
+    previous = {k: v for k, v in shipped["provenance"].items() if k != "earlier"}
+    if set(kept) - {f for p in earlier for f in p["families"]}:
+        earlier.append({**previous, "families": sorted(
+            set(kept) - {f for p in earlier for f in p["families"]})})
+    return {"families": {**{f: shipped["families"][f] for f in kept}, **run["families"]},
+            "errors": {**{f: shipped["errors"][f] for f in kept}, **run["errors"]},
+            "provenance": {**run["provenance"], "earlier": earlier}}
+
+
 def _region_errors(rows: list[dict], family: str, family_fit: dict) -> dict:
     errors = []
     for row in rows:
-        if baseline.cost_model_family(COST_MODEL.get(row["target"])) != family:
+        if baseline.cost_model_family(platform_of(TARGETS[row["target"]])) != family:
             continue
         times = [op["us"] for op in row["ops"]]
-        if not times or None in times:
+        if not times or None in times or any(op["sample"][0] not in baseline.OP_CLASSES
+                                             for op in row["ops"]):
             continue
         samples = [tuple(op["sample"]) for op in row["ops"]]
         estimate = sum(baseline.estimate_op_us(s, family_fit) for s in samples)
@@ -112,6 +135,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cache-dir", type=Path, default=None)
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--write", action="store_true")
+    parser.add_argument("--merge", action="store_true",
+                        help="keep the shipped fit's families this run does not measure (those "
+                             "some target still times on), each with the provenance of its run")
     args = parser.parse_args(argv)
     rows = []
     for name, path, shapes in model_sources(args.models.split(",")):
@@ -125,11 +151,18 @@ def main(argv: list[str] | None = None) -> int:
                   "command": "python -m bench.baseline_fit " + " ".join(argv or sys.argv[1:]),
                   "machine_cores": os.cpu_count()}
     result = {"families": families, "errors": errors, "provenance": provenance}
+    if args.merge:
+        result = merged(baseline.shipped_fit(), result)
     print(json.dumps(result, indent=1))
     if args.write:
         write_atomically(baseline.FIT_FILE, (json.dumps(result, indent=1, sort_keys=True)
                                              + "\n").encode())
         RESULTS.mkdir(parents=True, exist_ok=True)
+        if args.merge:  # the rows of the families kept, then this run's
+            rows = [row for row in json.loads((RESULTS / "measured_ops.json").read_text())
+                    if baseline.cost_model_family(platform_of(TARGETS[row["target"]]))
+                    in result["families"] and row["target"] not in args.targets.split(",")
+                    and _family(row) not in families] + rows
         write_atomically(RESULTS / "measured_ops.json",
                          (json.dumps(rows, indent=1, sort_keys=True) + "\n").encode())
     return 0

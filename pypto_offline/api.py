@@ -181,7 +181,8 @@ def compile(model, target: str = "kirin9050",  # noqa: A001 - the API's verb
             kernel_timeout: float | None = None, progress: Progress = SILENT,
             inputs: Mapping[str, np.ndarray] | None = None, verify: bool = False,
             measure_baseline: bool = False,
-            dims: Mapping[str, int] | None = None, executor=None) -> CompiledModel:
+            dims: Mapping[str, int] | None = None, executor=None,
+            compare_platform: bool = False) -> CompiledModel:
     """Compile ``model`` for ``target``. ``inputs``: real values of some inputs, checked against
     the model and used to find the shapes that depend on them. ``verify``: also run the
     onnxruntime check (with ``inputs``), and refuse up front a model it could not run.
@@ -193,7 +194,9 @@ def compile(model, target: str = "kirin9050",  # noqa: A001 - the API's verb
     one; by default the fork servers of this machine). ``cache_dir``: the kernel cache
     (default: ``$PYPTO_OFFLINE_CACHE``, else the user's); ``cache_trust_group``: the team's
     group whose entries a shared cache trusts (default: ``$PYPTO_OFFLINE_CACHE_GROUP``, else
-    none: docs/kernel-cache.md, "The trust rule")."""
+    none: docs/kernel-cache.md, "The trust rule"). ``compare_platform``: also search each
+    kernel's tiles under PyPTO's 910B platform, recorded beside the shipped ones
+    (docs/platform.md)."""
     check_limits(jobs, kernel_timeout)
     get_target(target)
     trust = check_cache(cache_dir, cache_trust_group)
@@ -202,6 +205,7 @@ def compile(model, target: str = "kirin9050",  # noqa: A001 - the API's verb
                            cache_trust=trust, jobs=jobs,
                            tile_search=tile_search, inputs=dict(inputs or {}), verify=verify,
                            measure_baseline=measure_baseline, executor=executor,
+                           compare_platform=compare_platform,
                            **({"kernel_timeout_s": kernel_timeout} if kernel_timeout else {}))
     timings = Timings()
     result = build(model, get_target(target), options, progress, timings)

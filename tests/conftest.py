@@ -4,8 +4,12 @@ fixed sequence, so that a submission's CI result does not depend on the draw.
 The fast tier (``make test-fast``: ``-m "not pypto"``) runs with PyPTO hidden, in this process
 and in every worker it starts: a test that needs PyPTO but lacks the ``pypto`` marker fails
 there instead of quietly making the tier slow."""
+import atexit
+import importlib.util
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 from hypothesis import settings
@@ -25,8 +29,18 @@ def pytest_configure(config):
 
 def _hide_pypto() -> None:
     """The stand-in ``pypto`` (tests/data/no_pypto) first on the path of this process and of
-    every process it starts (workers inherit the environment)."""
-    sys.path.insert(0, str(HIDDEN_PYPTO))
+    every process it starts (workers inherit the environment). Its ``lib/configs`` is the
+    installed PyPTO's: a build reads the platform files there (pypto_kernels/platform.py)
+    without importing PyPTO, which is what the stand-in refuses."""
+    stand_in = Path(tempfile.mkdtemp(prefix="no_pypto-"))
+    atexit.register(shutil.rmtree, stand_in, True)
+    installed = importlib.util.find_spec("pypto")
+    shutil.copytree(HIDDEN_PYPTO / "pypto", stand_in / "pypto")
+    if installed is not None and installed.submodule_search_locations:
+        (stand_in / "pypto" / "lib").mkdir()
+        os.symlink(Path(list(installed.submodule_search_locations)[0]) / "lib" / "configs",
+                   stand_in / "pypto" / "lib" / "configs")
+    sys.path.insert(0, str(stand_in))
     sys.modules.pop("pypto", None)
     os.environ["PYTHONPATH"] = os.pathsep.join(
-        [str(HIDDEN_PYPTO)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+        [str(stand_in)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])

@@ -10,7 +10,7 @@ import pytest
 
 from pypto_offline import api
 from pypto_offline.pypto_kernels import baseline
-from pypto_offline.pypto_kernels.versions import COST_MODEL
+from pypto_offline.pypto_kernels.platform import platform_of
 from pypto_offline.report.content import summary_figures
 from pypto_offline.targets import TARGETS
 from tests.onnx_builders import GraphBuilder
@@ -95,7 +95,7 @@ def test_the_report_marks_an_estimated_baseline_as_an_estimate(both):
 def test_the_shipped_fit_covers_every_target_and_op_class():
     fit = baseline.shipped_fit()
     for target in TARGETS:
-        family = baseline.cost_model_family(COST_MODEL.get(target))
+        family = baseline.cost_model_family(platform_of(TARGETS[target]))
         for name in baseline.OP_CLASSES:
             intercept, per_kib = fit["families"][family][name]
             assert intercept >= 0 and per_kib >= 0 and intercept + per_kib > 0

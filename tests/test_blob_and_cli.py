@@ -15,6 +15,7 @@ import pypto_offline
 from pypto_offline import cli
 from pypto_offline.errors import ModelError
 from pypto_offline.offline_compiler import blob
+from pypto_offline.pypto_kernels.platform import platform_of
 from pypto_offline.targets import TARGETS
 from tests.json_schema import schema_validator
 from tests.malformed import EXAMPLE
@@ -125,7 +126,7 @@ def test_every_json_output_follows_the_schema(builds, tmp_path):
     for kind, output in outputs.items():
         errors = [e.message for e in schema_validator(kind).iter_errors(output)]
         assert not errors, (kind, errors[:3])
-        assert output["schema_version"] == 2
+        assert output["schema_version"] == 3
     (kernel,) = compiled["kernels"]
     assert kernel["status"] == "compiled" and kernel["fallback_category"] is None
     broken = {**compiled, "kernels": [{**kernel, "status": "maybe"}]}
@@ -209,7 +210,7 @@ def test_real_inputs_from_npz_and_their_errors(builds, tmp_path, capfd):
 def test_targets_lists_every_chip_with_sources(capfd):
     assert cli.main(["targets", "--json"]) == 0
     printed = json.loads(capfd.readouterr().out)
-    assert printed["schema_version"] == 2
+    assert printed["schema_version"] == 3
     listing = printed["targets"]
     assert set(listing) == set(TARGETS)
     for name, figures in listing.items():
@@ -246,6 +247,26 @@ def test_an_output_into_a_missing_folder_is_refused_before_any_work(option, tmp_
     assert sorted(p.name for p in tmp_path.iterdir()) == ["example.onnx"]
 
 
+@pytest.mark.pypto
+@pytest.mark.parametrize("target", ["kirin9030", "ascend950"])
+def test_cold_builds_under_a_platform_overlay_are_byte_identical(target, tmp_path):
+    """The platform's overlay sits in each fork server's own folder (docs/platform.md): two
+    cold builds at once, in caches whose paths differ in length, as two hosts' would, give
+    the same blob (kirin9050's, the builds above and the Ray farm's tests cover another
+    overlay; ascend910b's platform is PyPTO's own)."""
+    env = {**os.environ, "PYTHONHASHSEED": "0"}
+    runs = [subprocess.Popen([sys.executable, "-m", "pypto_offline", str(EXAMPLE), "--target",
+                              target, *SHAPE, "-o", str(tmp_path / f"b{i}.ptom"), "--no-report",
+                              "--no-verify", "--cache-dir", str(tmp_path / cache), "--quiet"],
+                             env=env, stderr=subprocess.PIPE, text=True)
+            for i, cache in enumerate(("c", "a-much-longer-cache-folder-name/of/another/host"))]
+    assert [run.wait() for run in runs] == [0, 0], [run.stderr.read() for run in runs]
+    first, second = (tmp_path / "b0.ptom").read_bytes(), (tmp_path / "b1.ptom").read_bytes()
+    assert first == second
+    assert pypto_offline.load(tmp_path / "b0.ptom").summary()["platform"]["digest"] == \
+        platform_of(TARGETS[target]).digest
+
+
 @pytest.fixture(scope="module")
 def targets_cache(tmp_path_factory):
     """One kernel cache for the example on every target, as a build farm keeps one: targets of
@@ -266,3 +287,5 @@ def test_the_example_compiles_for_every_target(target, tmp_path, targets_cache):
     compiled = pypto_offline.load(out, expected_target=target)
     assert compiled.summary()["verification"]["status"] == "passed"
     assert compiled.summary()["pypto"]["compiled"] == 1
+    # compiled under the target's own platform (docs/platform.md), as the blob records it
+    assert compiled.summary()["platform"]["digest"] == platform_of(TARGETS[target]).digest

@@ -59,7 +59,6 @@ def test_anchor_kernels_compile_and_pass_their_functional_check(anchor_kernels, 
     assert any(name.endswith("_aiv.cpp") for name in kernel.artifacts)  # AICore source
     assert "control_flow_host.cpp" in kernel.artifacts
     assert "@pypto.frontend.jit" in kernel.source and "def kernel(" in kernel.source
-    assert "Ascend910B" in kernel.platform
 
 
 @pytest.mark.pypto

@@ -130,6 +130,11 @@ def compile_parser() -> argparse.ArgumentParser:
     parser.add_argument("--measure-baseline", action="store_true",
                         help="compile every fused op alone with PyPTO for the unfused cost "
                              "figure (cached per op), instead of estimating it")
+    parser.add_argument("--compare-platform", action="store_true",
+                        help="also run each kernel's tile search under PyPTO's 910B platform, "
+                             "which every target compiled under before it had its own: the "
+                             "report and --json say how the tiles and PyPTO times changed "
+                             "(docs/platform.md)")
     _common(parser)
     return parser
 
@@ -198,7 +203,8 @@ def _run_build(build: Build, args, inputs: dict, progress, executor) -> tuple[in
                                tile_search=not args.no_tile_search,
                                kernel_timeout=args.kernel_timeout, progress=progress,
                                inputs=inputs, verify=not args.no_verify,
-                               measure_baseline=args.measure_baseline, executor=executor)
+                               measure_baseline=args.measure_baseline, executor=executor,
+                               compare_platform=args.compare_platform)
         progress.stage("writing the blob" + (" and the report" if build.report else ""))
         compiled.save(build.output, report=build.report)
     except PyptoOfflineError as err:

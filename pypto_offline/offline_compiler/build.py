@@ -31,6 +31,9 @@ from pypto_offline.pypto_kernels.cache_trust import Trust
 from pypto_offline.pypto_kernels.jobs.executor import Executor
 from pypto_offline.pypto_kernels.jobs.protocol import FailureKind
 from pypto_offline.pypto_kernels.measured_baseline import unfused_costs
+from pypto_offline.pypto_kernels.records import TileResult
+from pypto_offline.pypto_kernels.platform import (STOCK_PLATFORM, Platform, platform_figures,
+                                                  platform_of)
 from pypto_offline.pypto_kernels.versions import DEFAULT_TIMEOUT_S, PYPTO_VERSION
 from pypto_offline.targets import Target
 
@@ -56,12 +59,17 @@ class BuildOptions:
     measure_baseline: bool = False
     # Where the PyPTO jobs run (``pypto_kernels/jobs``): None, this machine's fork servers.
     executor: Executor | None = None
+    # Search each kernel's tiles again under PyPTO's 910B platform, which every target compiled
+    # under before it had its own, and record that tile beside the shipped one (docs/platform.md).
+    compare_platform: bool = False
 
     def provenance(self) -> dict[str, str]:
         """The options that change the output (not jobs, cache folder or time limit)."""
         shapes = ";".join(f"{k}={','.join(map(str, v))}" for k, v in sorted(self.input_shapes.items()))
         options = {"input_shapes": shapes, "tile_search": str(self.tile_search).lower(),
                    "baseline": MEASURED if self.measure_baseline else ESTIMATED}
+        if self.compare_platform:  # only when given, as dims
+            options["compare_platform"] = "910b"
         if self.dims:  # only when given: a blob built without them stays byte-identical
             options["dims"] = ";".join(f"{k}={v}" for k, v in sorted(self.dims.items()))
         if self.inputs:  # their values may fix shapes the model leaves to them
@@ -113,6 +121,7 @@ def build(source, target: Target, options: BuildOptions, progress: Progress = SI
     from pypto_offline import __version__
 
     timings = timings or Timings()
+    platform_figures(target)  # a target whose platform lacks a figure stops here, at once
     raw, name = model_bytes(source)
     progress.stage("importing")
     with timings.stage("import_s"):
@@ -146,19 +155,36 @@ def build(source, target: Target, options: BuildOptions, progress: Progress = SI
         failed.update({region_id: (DOES_NOT_PAY, why) for region_id, why in slower.items()})
         with timings.stage("plan_s"):
             shipped = without_regions(plan, graph, target, failed)
+    on_910b = _on_910b_platform(graph, plan, target, options, progress, timings)
     message = ptom_pb2.CompiledModel(
         target=_target_descriptor(target),
         provenance=_provenance(__version__, raw, name, options),
         onnx_model=shipped.compiled_model.SerializeToString(),
         source_onnx_model=graph.model.SerializeToString(),
-        input_names=list(graph.inputs))
+        input_names=list(graph.inputs), platform=platform_message(platform_of(target)))
     regions = {r.id: r for r in plan.regions}
-    message.kernels.extend(_kernel_message(regions[k.region_id], k, baseline) for k in kernels)
+    message.kernels.extend(_kernel_message(regions[k.region_id], k, baseline,
+                                           platform_of(target), on_910b.get(k.region_id))
+                           for k in kernels)
     message.unfused.extend(ptom_pb2.Unfused(node=u.node, op_type=u.op_type, category=u.category,
                                             reason=u.reason) for u in shipped.unfused)
     message.totals.CopyFrom(_totals(shipped, kernels, baseline, target))
     message.verification.status = "skipped"
     return BuildResult(message, graph, shipped, kernels, replaced)
+
+
+def _on_910b_platform(graph, plan: FusionPlan, target: Target, options: BuildOptions, progress,
+                      timings: Timings) -> dict[str, TileResult]:
+    """With ``compare_platform``: the tile each shipped region's search picks under PyPTO's
+    910B platform (as every target compiled before it had its own), by region id; the same
+    candidates and UB plan, another platform (docs/platform.md). Empty without the option."""
+    if not options.compare_platform or platform_of(target).native:
+        return {}
+    progress.stage("searching the same tiles under PyPTO's 910B platform (--compare-platform)")
+    with timings.stage("kernels_s"):
+        kernels = _compiled(graph, plan, replace(target, pypto_platform=STOCK_PLATFORM),
+                            options, progress)
+    return {k.region_id: k.tuned_tile for k in kernels if k.compiled and k.tuned_tile}
 
 
 def _compiled(graph, plan, target: Target, options: BuildOptions, progress) -> tuple:
@@ -278,7 +304,8 @@ def _tile(tile) -> ptom_pb2.TileChoice | None:
         return None
     return ptom_pb2.TileChoice(budget_bytes=tile.budget_bytes, tasks=tile.tasks,
                                swapped_transposes=tile.swapped_transposes,
-                               flat_rows=tile.flat_rows, vec_merge=tile.vec_merge, **_present(
+                               flat_rows=tile.flat_rows, vec_merge=tile.vec_merge,
+                               error=tile.error or "", **_present(
                                    aicore_us=tile.aicore_us, total_us=tile.total_us,
                                    ub_bytes=tile.ub_bytes))
 
@@ -288,7 +315,19 @@ def _present(**figures) -> dict:
     return {name: value for name, value in figures.items() if value is not None}
 
 
-def _kernel_message(region: Region, kernel: Kernel, baseline: Baseline) -> ptom_pb2.Kernel:
+def platform_message(platform: Platform) -> ptom_pb2.Platform:
+    """The platform the kernels compiled under, as the blob records it (docs/platform.md)."""
+    record = platform.record()
+    figures = [ptom_pb2.Figure(name=key, value=str(f["value"]), source=f["source"],
+                               estimate=f["estimate"]) for key, f in record["figures"].items()]
+    return ptom_pb2.Platform(chip=record["chip"], native=record["native"], isa=record["isa"],
+                             file=record["file"], digest=record["digest"],
+                             description=record["description"], figures=figures,
+                             simulator=record["simulator"])
+
+
+def _kernel_message(region: Region, kernel: Kernel, baseline: Baseline, platform: Platform,
+                    on_910b: TileResult | None) -> ptom_pb2.Kernel:
     message = ptom_pb2.Kernel(
         id=region.id, region_signature=region_signature(region), nodes=list(region.nodes),
         inputs=list(region.inputs), outputs=list(region.outputs),
@@ -303,14 +342,15 @@ def _kernel_message(region: Region, kernel: Kernel, baseline: Baseline) -> ptom_
         gm_bytes_cube_rereads=cube_reread_bytes(region.simplified, region.tensor_types),
         kernels_unfused=region.unfused.kernels, est_time_us_unfused=region.unfused.time_us,
         est_time_us_fused=region.fused.time_us, functional_ok=kernel.functional_ok,
-        platform=kernel.platform, **_present(max_abs_diff=kernel.max_abs_diff),
+        platform=platform.description(), **_present(max_abs_diff=kernel.max_abs_diff),
         **_unfused_figure(baseline.of(region.id) if kernel.compiled else None, baseline.basis),
         verdicts=[ptom_pb2.PassVerdict(pass_name=p, result=r) for p, r in kernel.verdicts],
         artifacts=[ptom_pb2.Artifact(name=n, data=d, sha256=hashlib.sha256(d).hexdigest())
                    for n, d in sorted(kernel.artifacts.items())],
         candidates=[_tile(tile) for tile in kernel.candidates])
     for field_name, tile in (("default_tile", kernel.default_tile),
-                             ("tuned_tile", kernel.tuned_tile)):
+                             ("tuned_tile", kernel.tuned_tile),
+                             ("platform_910b_tile", on_910b if kernel.compiled else None)):
         if tile is not None:
             getattr(message, field_name).CopyFrom(_tile(tile))
     message.sha256 = hashlib.sha256(message.SerializeToString(deterministic=True)).hexdigest()

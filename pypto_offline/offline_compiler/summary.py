@@ -15,7 +15,8 @@ from pypto_offline.pypto_kernels.records import legacy_fallback_kind
 NOT_MEASURED = "not measured"
 # The version of every JSON output's keys (``summary.schema.json``, in this folder): a change of
 # a key or of its meaning bumps it (docs/outputs.md, "JSON output").
-SCHEMA_VERSION = 2  # 2: verification's checks run now apart from the build's record
+SCHEMA_VERSION = 3  # 3: the platform the kernels compiled under; 2: verification's checks run
+# now apart from the build's record
 
 
 def measured(message, field: str):
@@ -56,7 +57,8 @@ def summarise(message: ptom_pb2.CompiledModel, sources: SourceCheck | None = Non
     return {
         "schema_version": SCHEMA_VERSION,
         "model": m.provenance.model_name, "model_sha256": m.provenance.model_sha256,
-        "target": m.target.name,
+        "target": m.target.name, "platform": platform_summary(m),
+        "platform_comparison": platform_comparison(m),
         "nodes_before": t.nodes_before, "nodes_after": t.nodes_after,
         "kernels_before": t.kernels_before, "kernels_after": t.kernels_after,
         "fused_kernels": t.fused_kernels, "ops_fused": t.ops_fused,
@@ -76,6 +78,38 @@ def summarise(message: ptom_pb2.CompiledModel, sources: SourceCheck | None = Non
                          "kernels_passed": sum(k.functional_ok for k in checked)},
         "kernels": [kernel_summary(k) for k in m.kernels],
     }
+
+
+def platform_summary(message: ptom_pb2.CompiledModel) -> dict | None:
+    """What the kernels compiled under (docs/platform.md); None for a blob written before
+    blobs recorded it (all compiled under PyPTO 0.2.0's 910B platform)."""
+    if not message.HasField("platform"):
+        return None
+    p = message.platform
+    return {"chip": p.chip, "native": p.native, "isa": p.isa, "file": p.file, "digest": p.digest,
+            "description": p.description,
+            "figures": {f.name: {"value": int(f.value), "source": f.source,
+                                 "estimate": f.estimate} for f in p.figures},
+            "simulator": list(p.simulator)}
+
+
+def _tile_shape(tile: ptom_pb2.TileChoice) -> dict:
+    return {"budget_bytes": tile.budget_bytes, "swapped_transposes": tile.swapped_transposes,
+            "flat_rows": tile.flat_rows}
+
+
+def platform_comparison(message: ptom_pb2.CompiledModel) -> dict | None:
+    """With --compare-platform: of the shipped kernels searched again under PyPTO's 910B
+    platform, how many shipped another tile here, and PyPTO's summed times here and there."""
+    pairs = [(k.tuned_tile, k.platform_910b_tile) for k in message.kernels
+             if k.compiled and k.HasField("platform_910b_tile")]
+    if not pairs:
+        return None
+    return {"kernels_compared": len(pairs),
+            "tiles_changed": sum(_tile_shape(own) != _tile_shape(stock) or
+                                 own.vec_merge != stock.vec_merge for own, stock in pairs),
+            "pypto_us": round(sum(measured(own, "aicore_us") or 0 for own, _ in pairs), 3),
+            "pypto_us_910b": round(sum(measured(s, "aicore_us") or 0 for _, s in pairs), 3)}
 
 
 def verification(record: ptom_pb2.Verification, sources: SourceCheck | None) -> dict:
@@ -106,14 +140,15 @@ def fallback_category(kernel: ptom_pb2.Kernel) -> str:
 def kernel_summary(kernel: ptom_pb2.Kernel) -> dict:
     """One planned region's kernel: compiled, or fallen back with its category and reason."""
     tile = kernel.tuned_tile if kernel.HasField("tuned_tile") else None
+    on_910b = kernel.platform_910b_tile if kernel.HasField("platform_910b_tile") else None
     return {"id": kernel.id, "ops": [op.op_type for op in kernel.original],
             "status": "compiled" if kernel.compiled else "fell_back",
             "fallback_category": None if kernel.compiled else fallback_category(kernel),
             "fallback_reason": None if kernel.compiled else kernel.fallback_reason,
-            "tile": None if tile is None else {
-                "budget_bytes": tile.budget_bytes, "swapped_transposes": tile.swapped_transposes,
-                "flat_rows": tile.flat_rows},
+            "tile": None if tile is None else _tile_shape(tile),
             "tuned_us": tile_us(kernel, "tuned_tile"),
+            "tile_910b": None if on_910b is None else {
+                **_tile_shape(on_910b), "aicore_us": measured(on_910b, "aicore_us")},
             "default_us": tile_us(kernel, "default_tile"),
             "gm_bytes": kernel.gm_bytes_read + kernel.gm_bytes_written,
             "gm_bytes_lower_bound": kernel.gm_bytes_lower_bound,

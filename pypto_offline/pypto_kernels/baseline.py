@@ -7,7 +7,7 @@ estimated per op from a linear fit of PyPTO cost-model times measured on the cor
 
     time_us(op) = intercept[family][class] + per_kib[family][class] × KiB moved
 
-``family`` is the cost model the target compiles for (910B tables, or A5 for ascend950), ``class``
+``family`` is the cost model the target's platform times on (``cost_model_family``), ``class``
 the kind of op (elementwise, data movement, transpose), "KiB moved" the op's own kernel reading
 its inputs whole (one-element constants are immediates) and writing its outputs. The fit ships
 with the code, not from the user's cache, so the same model and options give the same blob
@@ -30,7 +30,7 @@ from pypto_offline.importer import ImportedGraph
 from pypto_offline.importer.ops import MATMUL, OPS, POINTWISE_OPS
 from pypto_offline.pypto_kernels.codegen import is_scalar_constant
 from pypto_offline.pypto_kernels.jobs.protocol import HEADLINES, FailureKind
-from pypto_offline.pypto_kernels.versions import COST_MODEL
+from pypto_offline.pypto_kernels.platform import Platform, platform_of
 from pypto_offline.targets import Target
 
 FIT_FILE = Path(__file__).with_name("baseline_fit.json")
@@ -65,9 +65,16 @@ def slower_fused(fused_us: float, unfused_us: float, unfused_kernels: int,
             f"us for its ops unfused and {launches:.1f} us of launches saved")
 
 
-def cost_model_family(cost_model: tuple[str, str] | None) -> str:
-    """The cost tables a target compiles against (versions.COST_MODEL): A5, or the 910B default."""
-    return cost_model[0] if cost_model else "910B"
+def cost_model_family(platform: Platform) -> str:
+    """Which fit a platform's times follow: its cost tables (A5, or the 910B default), on the
+    simulator's default machine (the 910B's 24 cube and 48 vector cores, 192 KiB of UB) or
+    on the platform's cores and UB (a Kirin's one core): what a vector op's time depends on.
+    A family without a fit gives no estimate (docs/baseline.md)."""
+    tables = platform.cost_tables[0] if platform.cost_tables else "910B"
+    if not platform.simulator:
+        return tables
+    return (f"{tables} on {platform.figure('cube_core_cnt')}+"
+            f"{platform.figure('vector_core_cnt')} cores, UB {platform.figure('ub_size')}")
 
 
 def kib_moved(single: Region, graph: ImportedGraph, constants: dict) -> float:
@@ -95,8 +102,11 @@ def estimate_op_us(sample: tuple[str, float], lines: dict) -> float:
 
 
 def estimate_region_us(samples: Iterable[tuple[str, float]], family: str) -> float | None:
-    """None when an op is of a class the fit has no line for (a matmul)."""
-    lines = shipped_fit()["families"][family]
+    """None when an op is of a class the fit has no line for (a matmul), or the family has no
+    fit (``cost_model_family``)."""
+    lines = shipped_fit()["families"].get(family)
+    if lines is None:
+        return None
     samples = list(samples)
     if any(s[0] not in lines for s in samples):
         return None
@@ -138,7 +148,7 @@ def relative_errors(samples: Sequence[tuple[str, float]], times: Sequence[float]
 def estimated_unfused_costs(graph: ImportedGraph, regions: Sequence[Region], target: Target
                             ) -> dict[str, float | None]:
     """The estimated baseline of each region, by region id: no compile, no cache."""
-    family = cost_model_family(COST_MODEL.get(target.name))
+    family = cost_model_family(platform_of(target))
     constants = graph.constant_values()
     return {region.id: estimate_region_us(
         (op_sample(single, graph, constants) for single in single_op_regions(region, graph)),

@@ -4,7 +4,7 @@
 - a region's **kernel** (``kernel.json`` and the shipped compile's artifacts): what a build
   ships for a region, keyed by every candidate's source, the interface and the search rules;
 - one **compile** of one candidate (``result.json``, and a checked compile's artifacts): what
-  PyPTO made of a source, shared by every region, model and target of the same cost tables;
+  PyPTO made of a source, shared by every region, model and target of the same platform;
 - one op's **op cost** (``op_cost.json``): its best time alone, the measured baseline.
 
 An entry is read back only when it is the one this build would store: the manifest shows its
@@ -21,7 +21,8 @@ from pypto_offline.pypto_kernels.cache import DamagedEntry, KernelCache, cache_k
 from pypto_offline.pypto_kernels.jobs.protocol import WORK, CandidateResult, FailureKind
 from pypto_offline.pypto_kernels.records import Kernel, TileResult, legacy_fallback_kind
 from pypto_offline.pypto_kernels.tiling import SEARCH_RULES, TilePolicy
-from pypto_offline.pypto_kernels.versions import COST_MODEL, KERNEL_FORMAT, PYPTO_VERSION
+from pypto_offline.pypto_kernels.platform import platform_of
+from pypto_offline.pypto_kernels.versions import KERNEL_FORMAT, PYPTO_VERSION
 
 KERNEL_FILE, COMPILE_FILE, OP_COST_FILE = "kernel.json", "result.json", "op_cost.json"
 # An entry's kind by the file that only it has (``cache info``'s count by kind).
@@ -42,14 +43,14 @@ def kernel_key(sources: dict[TilePolicy, str], interface: list, target, default_
                ) -> str:
     return cache_key(sources={p.name: text for p, text in sources.items()}, interface=interface,
                      target=target.name, pypto=PYPTO_VERSION, format=KERNEL_FORMAT,
-                     default=default_budget, cost_model=COST_MODEL.get(target.name),
+                     default=default_budget, platform=platform_of(target).digest,
                      search=SEARCH_RULES)
 
 
 def compile_key(source: str, interface: list, verify: bool, target) -> str:
     return cache_key(compile_source=source, interface=interface, verify=verify,
                      pypto=PYPTO_VERSION, format=KERNEL_FORMAT,
-                     cost_model=COST_MODEL.get(target.name))
+                     platform=platform_of(target).digest)
 
 
 def op_cost_key(sources: dict[TilePolicy, str], interface: list, target) -> str:
@@ -57,7 +58,7 @@ def op_cost_key(sources: dict[TilePolicy, str], interface: list, target) -> str:
     # the key names the job's modules, whose sources must stay as they were)
     return cache_key(unfused_op=sorted(f"{p.name}:{t}" for p, t in sources.items()),
                      interface=interface, target=target.name, pypto=PYPTO_VERSION,
-                     format=KERNEL_FORMAT, cost_model=COST_MODEL.get(target.name))
+                     format=KERNEL_FORMAT, platform=platform_of(target).digest)
 
 
 # -- kernels ------------------------------------------------------------------------------------

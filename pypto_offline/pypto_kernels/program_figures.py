@@ -1,14 +1,17 @@
 """What a compile's output says, read in the worker: the cost model's times, the GM traffic and
-UB peak counted from ``program.json``, the pass-verify verdicts, and the artifacts kept in a
-form that is the same bytes on every machine (docs/figures.md)."""
+UB peak counted from ``program.json``, the pass-verify verdicts, the buffer a pass refused (in
+PyPTO's log), and the artifacts kept in a form that is the same bytes on every machine
+(docs/figures.md)."""
 from __future__ import annotations
 
+import contextlib
 import csv
 import ctypes
 import gc
 import glob
 import gzip
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -155,3 +158,35 @@ def topology_once(text: str) -> str:
     if half and len(tasks) == 2 * half and tasks[:half] == tasks[half:]:
         return header + "".join(tasks[:half])
     return text
+
+
+# PyPTO raises a bare "Errcode: FFFFFF!" when a pass finds a tile too large for a buffer of its
+# platform; which buffer, and by how much, is only in its log (docs/platform.md).
+BUFFER_REFUSAL = "exceeds MEM_"
+
+
+def log_sizes() -> dict[Path, int]:
+    """The size of each of PyPTO's log files now: what a compile adds is read after it. A
+    process logs to the file it opened first, which a job child inherits from its server (in
+    the server's import log): the files this process holds open, and any in the job's log."""
+    root = Path(os.environ.get("ASCEND_PROCESS_LOG_PATH", "."))
+    held = set()
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            held.add(Path(os.readlink(f"/proc/self/fd/{fd}")))
+    paths = {p for p in held if p.suffix == ".log" and p.parent.name == "plog"}
+    paths |= set(root.rglob("*.log"))
+    return {path: path.stat().st_size for path in paths if path.is_file()}
+
+
+def buffer_refusal(before: dict[Path, int]) -> str | None:
+    """The first buffer PyPTO's passes refused in the log lines written since ``before``:
+    "Alloc tensor [51] size [32768] exceeds MEM_L0A size [0]!", or None."""
+    ctypes.CDLL(None).fflush(None)  # PyPTO's log is a C stream: out of its buffer first
+    for path, size in sorted(log_sizes().items()):
+        with open(path, "rb") as log:
+            log.seek(before.get(path, 0))
+            for line in log.read().decode(errors="replace").splitlines():
+                if BUFFER_REFUSAL in line:
+                    return line.split("]:")[-1].strip()[:300]
+    return None

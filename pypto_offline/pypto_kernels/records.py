@@ -29,6 +29,8 @@ class TileResult:
     swapped_transposes: bool = False  # transpose tiles in the other orientation (tiling.py)
     flat_rows: bool = False  # an elementwise region run on rows of its elements (tiling.py)
     vec_merge: int = 0  # PyPTO's leaf merging capped (tiling.TilePolicy.vec_merge; 0: its own)
+    # why it did not compile, in PyPTO's words (a buffer of the platform it overflows, worker.py)
+    error: str | None = None
 
 
 @dataclass(frozen=True)
@@ -47,8 +49,6 @@ class Kernel:
     functional_ok: bool = False
     max_abs_diff: float | None = None
     verdicts: tuple[tuple[str, str], ...] = ()
-    platform: str = ("Ascend910B (DAV_2201): the only platform PyPTO 0.2.0 ships; tiling "
-                     "constrained by the target")
     artifacts: dict = field(default_factory=dict, compare=False)  # name → bytes
     compile_seconds: float = 0.0
     from_cache: bool = False

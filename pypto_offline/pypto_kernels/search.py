@@ -5,7 +5,7 @@ the other transpose orientation follow only when the round's figures say they ma
 budgets only when no large tile fits; PyPTO's leaf merging is capped when no tile fits under
 its own. The fastest candidate that fits the target's UB ships, compiled once more with
 pass-verify and compared with onnxruntime, unless its round was checked already. Every compile
-goes through the compile cache (``entries``): the same source on the same cost tables compiles
+goes through the compile cache (``entries``): the same source under the same platform compiles
 once, whichever region, model or target asks (docs/compile-time.md).
 """
 from __future__ import annotations
@@ -96,8 +96,8 @@ def search_tiles(region: Region, graph, setup: Setup, constants: dict, interface
            parallel: Callable[[], int]) -> tuple[Kernel, bool, int]:
     """The region's kernel (or why not), whether that outcome is transient (a worker that died
     or ran out of time: not cached), and the PyPTO compiles run for it."""
-    # onnxruntime's reference, made only when a compile misses the cache (another target of
-    # the same cost tables finds every compile there)
+    # onnxruntime's reference, made only when a compile misses the cache (another build under
+    # the same platform finds every compile there)
     data = lru_cache(maxsize=1)(lambda: region_data(region, graph, constants))
     state = Search(region, setup, interface, key, staged, data, parallel)
     kernel, transient = _searched(state, constants, sources, untuned)
@@ -210,9 +210,9 @@ def _measured(candidate: CandidateResult) -> tuple[int, int | None, float | None
 def _compiled(state: Search, folder: Path, sources: dict[TilePolicy, str], *,
               verify: bool) -> JobResult:
     """The worker's answer for each candidate, from the compile cache where it can: the same
-    source with the same interface on the same cost model compiles to the same program
-    whichever region, model or target asks (kirin90, kirin9030, kirin9050 and ascend910b all
-    compile for the 910B tables). Misses go to one job; their outcomes are stored unless the
+    source with the same interface under the same platform compiles to the same program
+    whichever region, model or target asks (targets of one platform share their compiles).
+    Misses go to one job; their outcomes are stored unless the
     worker died or ran out of time. With ``verify``, the entry also holds the artifacts, put
     back into the kernel's folder from memory on a hit (docs/kernel-cache.md)."""
     setup = state.setup
@@ -304,7 +304,7 @@ def _tile(candidate: CandidateResult | None) -> TileResult | None:
     return TileResult(policy.budget_bytes, candidate.aicore_us if compiled else None,
                       candidate.total_us if compiled else None, candidate.tasks or 0,
                       candidate.ub_bytes, policy.swap_transpose_tiles, policy.flat_rows,
-                      policy.vec_merge)
+                      policy.vec_merge, None if compiled else candidate.error)
 
 
 def _failure(result: JobResult) -> Failure:

@@ -1,5 +1,5 @@
-"""What the kernels are compiled with: the PyPTO release, the cost tables each target is timed
-on, the format of a cached kernel, and a job's default time limit. Part of every cache key."""
+"""What the kernels are compiled with: the PyPTO release, the format of a cached kernel, and a
+job's default time limit. Part of every cache key, with the target's platform (``platform.py``)."""
 
 PYPTO_VERSION = "0.2.0"
 KERNEL_FORMAT = 22  # bump when the generator changes what a cached entry means (22: an entry
@@ -9,11 +9,3 @@ KERNEL_FORMAT = 22  # bump when the generator changes what a cached entry means 
 # docs/determinism.md; 18: a matmul's L0C and L1 tensors were counted as UB; 17: compiles after
 # a failed one in the same process were cached as failed, docs/workers.md)
 DEFAULT_TIMEOUT_S = 300
-# ascend950: the cost model can use its A5 tables (docs/pypto-recipes.md); everything else is
-# 910B.
-COST_MODEL = {"ascend950": ("A5", "ASCEND_950PR_9579")}
-
-
-def server_config(target_name: str) -> tuple[str | None, str | None]:
-    """The (cost-model arch, device platform) a fork server imports PyPTO with for a target."""
-    return COST_MODEL.get(target_name, (None, None))

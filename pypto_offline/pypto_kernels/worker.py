@@ -18,7 +18,8 @@ Recipes (docs/pypto-recipes.md):
 - a quiet simulator config through ``TILEFWK_CONFIG_PATH``;
 - the pass-verify input hand-over fix, with the calculator built once into a shared cache;
 - the AICore end-to-end time from ``_simulate.swim.json``;
-- the A5 cost tables for ascend950.
+- the target's platform: an overlay first on the path, its machine in the simulator
+  (platform.py); the A5 cost tables for ascend950.
 """
 from __future__ import annotations
 
@@ -46,7 +47,8 @@ from pypto_offline.pypto_kernels import host_compiler_cache
 from pypto_offline.pypto_kernels.jobs.protocol import (ARGUMENT_SHAPES, PAD, PR_SET_PDEATHSIG,
                                                        SERVER_READY, STARTED_MARKER, WORK,
                                                        crashed, workspace)
-from pypto_offline.pypto_kernels.program_figures import (cost_of, copy_traffic, keep_artifacts,
+from pypto_offline.pypto_kernels.program_figures import (buffer_refusal, cost_of, copy_traffic,
+                                                         keep_artifacts, log_sizes,
                                                          read_program, ub_peak, verdicts)
 
 
@@ -56,18 +58,20 @@ def _pypto_lib() -> Path:
     return Path(list(spec.submodule_search_locations)[0]) / "lib"
 
 
-def prepare_environment(folder: Path, cost_model_arch: str | None, device_platform: str | None
-                        ) -> None:
-    """Before ``import pypto``: quiet config, output and log folders inside ``folder``."""
+def prepare_environment(folder: Path, platform: dict) -> None:
+    """Before ``import pypto``: quiet config, the platform's cost tables and simulated machine
+    (platform.py), output and log folders inside ``folder``."""
     config = json.loads((_pypto_lib() / "configs" / "tile_fwk_config.json").read_text())
+    machine = [a.split("=")[0] + "=" for a in platform["simulator"]]
     args = [a for a in config["global"]["simulation"]["args"]
-            if not a.startswith(("Model.drawPngThresholdCycle", "Model.deviceArch="))]
+            if not a.startswith(("Model.drawPngThresholdCycle", "Model.deviceArch=", *machine))]
     args.append("Model.drawPngThresholdCycle=0")  # no matplotlib scripts, no tracebacks
-    if cost_model_arch:
-        args.append(f"Model.deviceArch={cost_model_arch}")
+    if platform["cost_model_arch"]:
+        args.append(f"Model.deviceArch={platform['cost_model_arch']}")
+    args += platform["simulator"]
     config["global"]["simulation"]["args"] = args
-    if device_platform:
-        config["global"]["platform"]["device_platform"] = device_platform
+    if platform["device_platform"]:
+        config["global"]["platform"]["device_platform"] = platform["device_platform"]
     # Codegen and passes in parallel threads number symbols and aliases in a racy order: one
     # thread keeps program.json and the AICore sources byte-identical from build to build.
     for section in (config, config["global"]):
@@ -77,6 +81,18 @@ def prepare_environment(folder: Path, cost_model_arch: str | None, device_platfo
     os.environ["TILEFWK_CONFIG_PATH"] = str(folder / "tile_fwk_config.json")
     os.environ["PYPTO_HOME"] = str(folder / "pypto_home")
     os.environ["ASCEND_PROCESS_LOG_PATH"] = str(folder / "ascend_log")
+
+
+def _overlay_first(folder: Path, file_text: str) -> Path:
+    """The platform's overlay of the installed package, made in the server's folder (whose real
+    path has a fixed length: PyPTO handles the paths of its library folder, docs/determinism.md)
+    and put first on the path, before anything imports pypto (platform.py)."""
+    from pypto_offline.pypto_kernels.platform import OVERLAY_FOLDER, make_overlay
+
+    overlay = make_overlay(file_text, _pypto_lib().parent, folder / OVERLAY_FOLDER)
+    sys.path.insert(0, str(overlay))
+    importlib.invalidate_caches()
+    return overlay
 
 
 def load_calculator(cache: Path) -> None:
@@ -256,6 +272,7 @@ def _compile_once(job: dict, candidate: dict, folder: Path, arrays: list, torch)
     run_root = Path(os.environ["TILE_FWK_OUTPUT_DIR"])
     run_root.mkdir(parents=True, exist_ok=True)
     before = set(run_root.glob("output_*"))
+    logged = log_sizes()
     started = time.perf_counter()
     try:
         _in_fresh_thread(partial(_run_kernel, job, candidate, folder, inputs, outputs, torch))
@@ -263,7 +280,9 @@ def _compile_once(job: dict, candidate: dict, folder: Path, arrays: list, torch)
         raise  # the machine's state, not the kernel's: the worker dies, nothing is cached
     except Exception as error:  # noqa: BLE001 - any failure is this candidate's verdict
         # (not BaseException: a Ctrl-C or exit must kill the worker, not pass as a verdict)
-        return {"compiled": False, "error": _first_line(error),
+        refusal = buffer_refusal(logged)
+        return {"compiled": False,
+                "error": _first_line(error) + (f" ({refusal})" if refusal else ""),
                 "seconds": round(time.perf_counter() - started, 3)}
     seconds = time.perf_counter() - started
     run_dirs = sorted(set(run_root.glob("output_*")) - before)
@@ -304,14 +323,18 @@ def _first_line(error: BaseException) -> str:
 KERNEL_FIELDS = ("source", "module", "function", "inputs", "outputs")
 
 
-def start_pypto(folder: Path, cost_model_arch: str | None, device_platform: str | None,
-                calculator_cache: Path):
-    """Environment, ``import torch`` and ``import pypto``, the functional-check fix and its
-    calculator: what every job needs, done once by the fork server. Returns the torch module."""
-    prepare_environment(folder, cost_model_arch, device_platform)
+def start_pypto(folder: Path, platform: dict, calculator_cache: Path):
+    """The platform's overlay first on the path, environment, ``import torch`` and ``import
+    pypto``, the functional-check fix and its calculator: what every job needs, done once by
+    the fork server. Returns the torch module."""
+    overlay = None if platform["native"] else _overlay_first(folder, platform["file_text"])
+    prepare_environment(folder, platform)
     import torch
 
-    importlib.import_module("pypto")  # loads the framework with the environment above
+    pypto = importlib.import_module("pypto")  # loads the framework with the environment above
+    if overlay is not None and Path(pypto.__file__).parent != overlay / "pypto":
+        raise RuntimeError(f"pypto was imported from {pypto.__file__}, not from the platform "
+                           f"overlay {overlay}: its figures would be the 910B's")
 
     enable_functional_check(calculator_cache)
     load_calculator(calculator_cache)  # once, here: a forked job then only uses it
@@ -532,8 +555,7 @@ def serve(folder: Path) -> int:
     os.dup2(2, 1)
     os.makedirs(folder / "import_log", exist_ok=True)
     os.symlink(folder / "import_log", folder / "ascend_log")
-    torch = start_pypto(folder, settings["cost_model_arch"], settings["device_platform"],
-                        Path(settings["calculator_cache"]))
+    torch = start_pypto(folder, settings["platform"], Path(settings["calculator_cache"]))
     libc = ctypes.CDLL(None, use_errno=True)  # loaded here: no dlopen in a forked child
     server_pid = os.getpid()
     # torch's and pypto's objects (~200k) out of every later collection: a child's collections

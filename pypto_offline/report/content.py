@@ -22,11 +22,25 @@ from pypto_offline.report.plots import Series, bar_chart
 COMPILE_TIME_NOTE = ("not in the report: a wall-clock figure would make two identical builds "
                      "differ; the build prints it and --json gives compile_seconds and timings")
 
-# Said at the top of every page: what the kernels in a blob are compiled for (docs/report.md).
-PLATFORM_NOTICE = ("Kernels are compiled by PyPTO 0.2.0 for its only platform, the Ascend 910B "
-                   "(DAV_2201), within this target's Unified Buffer size; no device loader reads "
-                   "a .ptom yet. Figures marked estimate rest on target figures that are "
-                   "estimates (see the target's sources below).")
+# Said at the top of every page, after what the kernels are (the blob's platform, docs/report.md).
+NOTICE_TAIL = ("No device loader reads a .ptom yet. Figures marked estimate rest on target "
+               "figures that are estimates (see the target's sources below).")
+# A blob written before blobs recorded their platform: every such build compiled for the 910B.
+LEGACY_PLATFORM = ("Kernels compiled by PyPTO 0.2.0 for its only platform, the Ascend 910B "
+                   "(DAV_2201), within this target's Unified Buffer size.")
+
+
+def platform_notice(message: ptom_pb2.CompiledModel) -> str:
+    """What the kernels in the blob are: the platform they compiled under, and its figures that
+    are estimates (docs/platform.md)."""
+    if not message.HasField("platform"):
+        return f"{LEGACY_PLATFORM} {NOTICE_TAIL}"
+    p = message.platform
+    estimates = [f"{f.name} {f.value} ({f.source})" for f in p.figures if f.estimate]
+    guessed = f" Platform figures that are estimates: {'; '.join(estimates)}." if estimates \
+        else ""
+    return (f"Kernels are {p.description}; platform digest {p.digest[:16]}.{guessed} "
+            f"{NOTICE_TAIL}")
 
 
 @dataclass(frozen=True)
@@ -35,6 +49,27 @@ class Headline:
     text: str
     estimate: bool = False
     kind: str = ""      # a CSS class: passed / failed / skipped for the verdict
+
+
+def platform_line(platform: dict | None) -> str:
+    """The platform in a few words: whose figures PyPTO compiled and timed the kernels with."""
+    if platform is None:
+        return "PyPTO 0.2.0's Ascend 910B platform (a blob from before platforms were recorded)"
+    figures = {key: f["value"] for key, f in platform["figures"].items()}
+    kind = "PyPTO's own platform" if platform["native"] else \
+        f"{platform['isa']} code under the chip's figures"
+    return (f"{platform['chip']}: {kind}; {figures['ai_core_cnt']} AI core(s), UB "
+            f"{figures['ub_size']:,} B")
+
+
+def platform_change(summary: dict) -> str:
+    """What compiling under the chip's own platform changed (--compare-platform): why a blob for
+    this chip differs from one compiled under the 910B's figures."""
+    c = summary["platform_comparison"]
+    return (f"tiles changed on {c['tiles_changed']} of "
+            f"{c['kernels_compared']} kernels; PyPTO {shown(c['pypto_us'], ',.1f')} µs under "
+            f"this platform against {shown(c['pypto_us_910b'], ',.1f')} µs under the 910B's "
+            "(24 AI cores, UB 196,608 B): each kernel's tile table shows both")
 
 
 def headline(summary: dict) -> list[Headline]:
@@ -48,11 +83,14 @@ def headline(summary: dict) -> list[Headline]:
             f"unfused)")
     return [
         Headline("Model → target", f"{summary['model']} → {summary['target']}"),
+        Headline("Compiled under", platform_line(summary["platform"])),
         Headline("Kernels", f"{summary['kernels_before']} → {summary['kernels_after']} "
                             f"({pypto['compiled']} fused kernels, {pypto['fell_back']} fell "
                             f"back)"),
         Headline("Estimated time on the target", f"{shown(before, ',.1f')} µs → "
                  f"{shown(after, ',.1f')} µs", estimate=True),
+        *([Headline("Against PyPTO's 910B platform", platform_change(summary))]
+          if summary["platform_comparison"] else []),
         Headline("PyPTO cost model", cost,
                  estimate=pypto["cost_us_unfused_basis"] == ESTIMATED),
         Headline("Verification against onnxruntime", check["status"], kind=check["status"]),
@@ -131,7 +169,8 @@ def kernel_cards(grouped: list[list[ptom_pb2.Kernel]], types: dict[str, TensorTy
         "verdict": kernel_table.verdict(k),
         "source": k.source, "tile_shapes": tile_shapes(k.source),
         "tiles": [(name, _tile(getattr(k, field))) for name, field in
-                  (("default", "default_tile"), ("tuned", "tuned_tile"))
+                  (("default", "default_tile"), ("tuned", "tuned_tile"),
+                   ("910B platform", "platform_910b_tile"))
                   if k.compiled and k.HasField(field)],
         "candidates": [(_tile(c), k.HasField("tuned_tile") and c == k.tuned_tile)
                        for c in k.candidates],
@@ -153,7 +192,8 @@ def _tile(tile: ptom_pb2.TileChoice) -> dict:
     return {"budget_bytes": tile.budget_bytes, "tasks": tile.tasks,
             "swapped_transposes": tile.swapped_transposes, "flat_rows": tile.flat_rows,
             "vec_merge": tile.vec_merge, "ub_bytes": measured(tile, "ub_bytes"),
-            "aicore_us": measured(tile, "aicore_us"), "total_us": measured(tile, "total_us")}
+            "aicore_us": measured(tile, "aicore_us"), "total_us": measured(tile, "total_us"),
+            "error": tile.error}
 
 
 def tile_shapes(source: str) -> list[tuple[str, str]]:
@@ -219,7 +259,7 @@ def context(message: ptom_pb2.CompiledModel) -> dict:
     inputs, outputs = graph_io(model, types)
     grouped = kernel_table.groups(message, types)
     return {"summary": summary, "headline": headline(summary),
-            "figures": summary_figures(summary), "platform_notice": PLATFORM_NOTICE,
+            "figures": summary_figures(summary), "platform_notice": platform_notice(message),
             "compile_time_note": COMPILE_TIME_NOTE, "provenance": provenance(message),
             "graphviz": graphviz_version(), "model_inputs": inputs, "model_outputs": outputs,
             "target": message.target.name, "target_notes": message.target.notes,

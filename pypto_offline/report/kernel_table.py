@@ -2,7 +2,7 @@
 verdict a reader can act on: what fusing it gains, or why it fell back.
 
 The gain is the PyPTO cost model's (the region's ops as one kernel each against the fused
-kernel, both on PyPTO 0.2.0's 910B platform) where the blob holds both figures; else the
+kernel, both under the blob's platform) where the blob holds both figures; else the
 target's estimate (docs/report.md, "Verdicts").
 """
 from __future__ import annotations

@@ -53,6 +53,7 @@ class Target:
     # The rest of each chip's description: described, not yet used by a cost figure.
     cce_arch: Figure | None = None
     aiv_cores: Figure | None = None
+    ai_cpus: Figure | None = None  # the AI CPUs that schedule its tasks (0: none on the chip)
     coupled: Figure | None = None
     clock_mhz: Figure | None = None
     l1_bytes: Figure | None = None
@@ -68,6 +69,10 @@ class Target:
     gm_atomics: Figure | None = None
     hw_cross_core_sync: Figure | None = None
     packaging: Figure | None = None
+    # Which platform PyPTO compiles this target's kernels under (docs/platform.md): the chip's
+    # own ("chip"), or PyPTO 0.2.0's 910B platform ("910b"), which every target compiled under
+    # before; the second is a build's comparison (--compare-platform), not a chip's figure.
+    pypto_platform: str = "chip"
 
     def figures(self) -> dict[str, Figure]:
         """Every figure the descriptor carries (those not known for this chip are absent)."""

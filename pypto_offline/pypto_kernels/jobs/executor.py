@@ -18,7 +18,8 @@ from pypto_offline.pypto_kernels.jobs import pool
 from pypto_offline.pypto_kernels.jobs.processes import Cancelled, ServerGone
 from pypto_offline.pypto_kernels.jobs.protocol import (DATA_FILES, JOB_FILE, RESULT_FILE, Job,
                                                        JobResult, crashed, timed_out)
-from pypto_offline.pypto_kernels.versions import DEFAULT_TIMEOUT_S, server_config
+from pypto_offline.pypto_kernels.platform import platform_of
+from pypto_offline.pypto_kernels.versions import DEFAULT_TIMEOUT_S
 from pypto_offline.targets import Target
 
 
@@ -27,7 +28,7 @@ class Executor(Protocol):
     slots: int | None
 
     def run(self, folder: Path, job: Job, target: Target, timeout: float) -> JobResult:
-        """Run ``job`` once, its data in ``folder`` (absolute), for ``target``'s cost tables,
+        """Run ``job`` once, its data in ``folder`` (absolute), under ``target``'s platform,
         within ``timeout`` seconds; its result, the files it made in ``folder``. A failure
         that says nothing about the kernel (time-out, crash, kill) is transient."""
 
@@ -55,7 +56,7 @@ class LocalExecutor:
     @staticmethod
     def _run_in(workers, folder: Path, target: Target, timeout: float) -> JobResult:
         # job folders are <cache>/tmp/<staging>/<job>: the server's goes next to the staging
-        server = workers.server(folder.parent.parent, server_config(target.name))
+        server = workers.server(folder.parent.parent, platform_of(target))
         startup = max(timeout, DEFAULT_TIMEOUT_S)
         try:
             if not server.ready and not server.wait_ready(startup, workers):

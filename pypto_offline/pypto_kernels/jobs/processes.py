@@ -26,6 +26,7 @@ from pypto_offline.pypto_kernels import no_host_address
 from pypto_offline.pypto_kernels.cache import new_staging, user_cache_base
 from pypto_offline.pypto_kernels.jobs.protocol import (PR_SET_PDEATHSIG, SERVER_READY,
                                                        workspace)
+from pypto_offline.pypto_kernels.platform import Platform
 from pypto_offline.pypto_kernels.versions import PYPTO_VERSION
 
 WORKER_MODULE = "pypto_offline.pypto_kernels.worker"
@@ -140,15 +141,15 @@ class Workers:
             for group in self._groups:
                 kill_group(group)
 
-    def server(self, staging_root: Path, config: tuple) -> Server:
-        """This thread's fork server for ``config`` (cost-model arch, device platform: PyPTO
-        reads them at import), started on first use. One per thread: a server runs one job at
-        a time, and the thread that forks it stays alive as long as it (PDEATHSIG)."""
-        key = (threading.get_ident(), config)
+    def server(self, staging_root: Path, platform: Platform) -> Server:
+        """This thread's fork server for ``platform`` (PyPTO reads it at import), started on
+        first use. One per thread: a server runs one job at a time, and the thread that forks
+        it stays alive as long as it (PDEATHSIG)."""
+        key = (threading.get_ident(), platform.digest)
         with self._lock:
             server = self._servers.get(key)
         if server is None:
-            server = Server(self, staging_root, config)  # starting takes the lock
+            server = Server(self, staging_root, platform)  # starting takes the lock
             with self._lock:
                 self._servers[key] = server
         return server
@@ -213,18 +214,18 @@ class ServerGone(Exception):
 
 
 class Server:
-    """A fork server (``worker.serve``): imports torch and pypto once, then forks one child per
-    job. Its folder, in the build's staging area, holds the PyPTO config it imported with, its
-    import-time side files and its log (docs/workers.md)."""
+    """A fork server (``worker.serve``): imports torch and pypto once, under one platform
+    (``platform.py``), then forks one child per job. Its folder, in the build's staging area,
+    holds the PyPTO config it imported with, the platform's overlay, its import-time side files
+    and its log (docs/workers.md)."""
 
-    def __init__(self, workers: Workers, staging_root: Path, config: tuple):
-        arch, platform = config
+    def __init__(self, workers: Workers, staging_root: Path, platform: Platform):
         self.staging = new_staging(staging_root, "server")
         # PyPTO reads its config and log folder's paths at import: of one length (``workspace``)
         self.folder = workspace(self.staging, "server")
         self.folder.mkdir(parents=True)
         (self.folder / "server.json").write_text(json.dumps(
-            {"cost_model_arch": arch, "device_platform": platform,
+            {"platform": platform.server_settings(),
              "calculator_cache": str(calculator_cache())}))
         with open(self.folder / "server.log", "wb") as log:
             self.process = workers.start(

@@ -23,6 +23,7 @@ import signal
 import socket
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Iterator
 
@@ -71,8 +72,8 @@ class _Node:
                 (folder / name).write_bytes(data)
             # the node's g++ cache is its own: not the driver's cache's team group to trust
             job = Job.from_dict({**bundle["job"], "cache_group": None})
-            answer = self.executor.run(folder, job,
-                                       TARGETS[bundle["target"]], bundle["timeout"])
+            target = replace(TARGETS[bundle["target"]], pypto_platform=bundle["pypto_platform"])
+            answer = self.executor.run(folder, job, target, bundle["timeout"])
             return {"answer": answer.to_dict(), "folder": str(folder),
                     "files": _files_made(folder, answer)}
         finally:
@@ -115,6 +116,7 @@ class RayExecutor:
         ray = self._ray
         actor = self._actor()
         bundle = {"job": job.to_dict(), "target": target.name, "timeout": timeout,
+                  "pypto_platform": target.pypto_platform,
                   "files": {name: (folder / name).read_bytes() for name in DATA_FILES
                             if (folder / name).exists()}}
         reply = actor.run.remote(bundle)

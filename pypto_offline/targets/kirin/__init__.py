@@ -16,6 +16,7 @@ _LAUNCH = Figure(20.0, "EST: 10-30 us per task, mid-range", estimate=True)
 
 _SHARED = dict(
     coupled=Figure(True, "RT kirin ini cube_vector_mix; HW-arch: 1 AI Core = 1 AIC + 1 AIV"),
+    ai_cpus=Figure(0, "RT kirin ini ai_cpu_cnt= (empty: no AI CPU)"),
     clock_mhz=Figure(1000, "EST: not published; 1.0 GHz assumed", estimate=True),
     l2_bytes=Figure(0, "RT kirin ini l2_size=0 (system cache not modelled)"),
     ub_block_bytes=Figure(32, "RT kirin ini; PTO buffer_limits.hpp"),
@@ -73,8 +74,12 @@ KIRIN9050 = _kirin(
     notes="Kirin 9050 is taken to be KirinDev0000 (arch 5101): an inference, not a fact.",
     cce_arch=Figure("dav-l510", "RT kirin-dev/KirinDev0000.ini; mapping inferred"),
     aiv_cores=Figure(4, "RT kirin-dev/KirinDev0000.ini"),
-    l1_bytes=Figure(1572864, "RT kirin-dev/KirinDev0000.ini"), l0a_bytes=Figure(0, "RT ini"),
-    l0b_bytes=Figure(131072, "RT ini"), l0c_bytes=Figure(0, "RT ini"),
+    l1_bytes=Figure(1572864, "RT kirin-dev/KirinDev0000.ini"),
+    # No L0A and no L0C on this chip: its cube reads the left operand from L1 and accumulates
+    # in L1 (matmul_to_cbuf; docs/platform.md, "Kirin 9050's L0").
+    l0a_bytes=Figure(0, "RT ini; PTO buffer_limits.hpp PTO_L0A_SIZE_BYTES 0u"),
+    l0b_bytes=Figure(131072, "RT ini"),
+    l0c_bytes=Figure(0, "RT ini; PTO buffer_limits.hpp PTO_L0C_SIZE_BYTES 0u"),
     vector_bytes_per_cycle=Figure(64, "EST: inferred from vec_calc_size=32",
                                   estimate=True),
     cube_mkn_fp16=Figure((16, 16, 8), "RT ini (default MKN 16,8,16)"),
