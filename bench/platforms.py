@@ -65,16 +65,18 @@ def record_build(name: str, target: str, cache_dir: Path) -> dict:
 
 
 def record(args) -> int:
-    rows = []
+    """Each build's row, written after each build (an interrupted run keeps what it built);
+    rows already in ``NAME.json`` for another model or target stay."""
+    path = args.out / f"{args.record}.json"
+    rows = json.loads(path.read_text()) if path.exists() else []
+    args.out.mkdir(parents=True, exist_ok=True)
     for name in args.models.split(","):
         for target in args.targets.split(","):
-            rows.append(record_build(name, target, args.cache_dir / target))
-            row = rows[-1]
+            row = record_build(name, target, args.cache_dir / target)
+            rows = [r for r in rows if (r["model"], r["target"]) != (name, target)] + [row]
+            path.write_text(json.dumps(rows, indent=1, sort_keys=True) + "\n")
             print(f"{name} {target}: {row['kernels_after']} kernels, {row['compiled']} compiled, "
                   f"{row['verification']}", file=sys.stderr, flush=True)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{args.record}.json").write_text(json.dumps(rows, indent=1, sort_keys=True)
-                                                  + "\n")
     return 0
 
 

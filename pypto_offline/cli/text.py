@@ -122,6 +122,7 @@ def human_summary(s: dict) -> str:
     mb = lambda n: f"{n / 1e6:.2f} MB"  # noqa: E731
     lines = [
         f"{s['model']} → {s.get('blob', '')} ({s['target']})",
+        *platform_text(s),
         f"  nodes {s['nodes_before']} → {s['nodes_after']}; kernels {s['kernels_before']} → "
         f"{s['kernels_after']} ({s['fused_kernels']} fused kernels of {s['ops_fused']} ops)",
         f"  global memory {mb(s['gm_bytes_before'])} → {mb(s['gm_bytes_after'])} measured "
@@ -137,6 +138,19 @@ def human_summary(s: dict) -> str:
     if s.get("report"):
         lines.append(f"  report: {s['report']}")
     return "\n".join(lines)
+
+
+def platform_text(s: dict) -> list[str]:
+    """What the kernels compiled under (docs/platform.md), and with --compare-platform what that
+    changed against PyPTO's 910B platform."""
+    platform, compared = s.get("platform"), s.get("platform_comparison")
+    lines = [f"  compiled under: {printable(platform['description'])}"] if platform else []
+    if compared:
+        lines.append(f"  against PyPTO's 910B platform: tiles changed on "
+                     f"{compared['tiles_changed']} of {compared['kernels_compared']} kernels; "
+                     f"PyPTO {compared['pypto_us']:.1f} µs here, {compared['pypto_us_910b']:.1f}"
+                     f" µs there")
+    return lines
 
 
 def verification_text(s: dict) -> list[str]:
