@@ -61,8 +61,10 @@ def test_a_batch_writes_every_build_and_one_json_line_each_in_order(batch):
         assert Path(build["blob"]) == folder / "out" / f"{Path(build['model']).stem}." \
                                                        f"{build['target']}.ptom"
         assert Path(build["blob"]).is_file() and Path(build["report"]).is_file()
-    # one cache: the second target of a model finds the compiles of the first (same 910B tables)
-    assert builds[1]["kernel_cache"]["pypto_compiles"] == 0
+    # one cache, two platforms (docs/platform.md): each target compiles under its own chip's
+    assert builds[1]["kernel_cache"]["pypto_compiles"] > 0
+    assert builds[0]["platform"]["digest"] != builds[1]["platform"]["digest"]
+    assert (builds[0]["platform"]["native"], builds[1]["platform"]["native"]) == (False, True)
 
 
 @pytest.mark.pypto

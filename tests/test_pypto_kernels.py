@@ -1,6 +1,7 @@
 """Kernels compiled with the real PyPTO 0.2.0 (SIM run mode), checked functionally, cached."""
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 
@@ -197,8 +198,10 @@ def test_every_region_of_a_corpus_model_compiles_or_falls_back_with_a_reason(mod
         assert kernel.compiled or kernel.fallback_reason
         if kernel.compiled:
             assert kernel.functional_ok and all(v.result == "PASS" for v in kernel.verdicts)
-    assert sum(k.compiled for k in kernels) >= 0.9 * len(kernels), \
-        [k.fallback_reason for k in kernels if not k.compiled]
+    # compiled: shipped, or compiled and checked but dropped by the cost model as slower than
+    # its ops (whisper's filterbank epilogue on kirin9050's four cores)
+    assert sum(k.compiled or k.fallback_category == "slower fused" for k in kernels) >= \
+        0.9 * len(kernels), [k.fallback_reason for k in kernels if not k.compiled]
     assert compiled.verify(spec.make_inputs(seed=0)).status == "passed"
 
 
@@ -293,24 +296,29 @@ def test_regions_checked_with_other_constant_values_do_not_share_a_kernel():
 
 
 @pytest.mark.pypto
-def test_targets_of_one_cost_model_share_their_compiles(tmp_path):
-    """kirin9050 and ascend910b compile for the same 910B tables: once the kernel is compiled for
-    one, the other finds every compile (search and checked final) in the cache and runs no
-    worker, and ships the same kernel with the same artifacts; ascend950 (A5) compiles anew."""
+def test_builds_under_one_platform_share_their_compiles_and_other_platforms_do_not(tmp_path):
+    """A compile is keyed by its platform (docs/platform.md): kirin9050 compiled as on the 910B
+    (``--compare-platform``'s search) finds every compile ascend910b made (search and checked
+    final) and ships the same kernel with the same artifacts, running no worker; kirin9050 under
+    its own platform compiles anew."""
     graph, plan = fuse(rotary())
     executor = RecordingExecutor()
     kernels = {}
-    for target in ("kirin9050", "ascend910b", "ascend950"):
+    as_910b = dataclasses.replace(TARGETS["kirin9050"], pypto_platform="910b")
+    for name, target in (("ascend910b", TARGETS["ascend910b"]), ("kirin9050@910b", as_910b),
+                         ("kirin9050", TARGETS["kirin9050"])):
         before = len(executor.runs)
-        (kernels[target],) = compile_kernels(graph, plan, TARGETS[target], cache_dir=tmp_path,
-                                             search=False, executor=executor)
-        kernels[target] = (kernels[target], [f.name for f, _, _ in executor.runs[before:]])
-    (kirin, kirin_jobs), (ascend, ascend_jobs), (a5, a5_jobs) = kernels.values()
+        (kernels[name],) = compile_kernels(graph, plan, target, cache_dir=tmp_path,
+                                           search=False, executor=executor)
+        kernels[name] = (kernels[name], [f.name for f, _, _ in executor.runs[before:]])
+    (ascend, ascend_jobs), (shared, shared_jobs), (own, own_jobs) = kernels.values()
     # one tile: its checked compile is its search too
-    assert kirin_jobs == ["search"] and ascend_jobs == [] and a5_jobs == kirin_jobs
-    assert kirin.compiled and ascend.compiled and not ascend.from_cache
-    assert ascend.artifacts == kirin.artifacts and ascend.tuned_tile == kirin.tuned_tile
-    assert ascend.max_abs_diff == kirin.max_abs_diff and ascend.verdicts == kirin.verdicts
+    assert ascend_jobs == ["search"] and shared_jobs == [] and own_jobs == ascend_jobs
+    assert ascend.compiled and shared.compiled and own.compiled and not shared.from_cache
+    assert shared.artifacts == ascend.artifacts and shared.tuned_tile == ascend.tuned_tile
+    assert shared.max_abs_diff == ascend.max_abs_diff and shared.verdicts == ascend.verdicts
+    # one AI core's worth of vector cores against 48: the same program timed on the chip
+    assert own.tuned_tile.aicore_us != ascend.tuned_tile.aicore_us
 
 
 @pytest.mark.pypto

@@ -112,7 +112,9 @@ def test_report_in_headless_chromium_matches_the_json_summary(corpus_build):
     assert page_facts["reasons"] == {u.node: u.reason for u in message.unfused}
     assert all(page_facts["reasons"].values()) and len(message.unfused) == 18
     # the headline says what the kernels were compiled for; the model's inputs with shapes
-    assert "Ascend 910B" in page_facts["notice"] and "Unified Buffer" in page_facts["notice"]
+    assert "code for the 910B's instruction set (DAV_2201), compiled under KirinDev0000's memory " \
+        "sizes and core count" in page_facts["notice"]
+    assert message.platform.digest[:16] in page_facts["notice"]
     assert page_facts["inputs"] == [[name, "×".join(map(str, shape))] for name, shape in
                                     corpus.MODELS[REPORT_MODEL].input_shapes.items()]
     # every tile candidate the search compiled is in the blob, the shipped one among them, and

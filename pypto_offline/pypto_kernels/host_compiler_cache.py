@@ -36,7 +36,8 @@ SUBFOLDER = "host-compiler"
 WRAPPER_FOLDER = "host_compiler"  # in a compile's folder: the g++ wrapper and its configuration
 LOG = "host_compiler_cache.log"  # in the job folder: one line per cached compile, hit or miss
 RECORD = "host_compiler.json"
-FORMAT = 1  # bump when the key or the entry changes: older entries are then never hits
+FORMAT = 2  # bump when the key or the entry changes: older entries are then never hits (2: the
+# pypto package's folder as a fixed name: a platform's overlay is in its fork server's folder)
 # Beside it, the precompiled headers (``precompiled_header``): entries of another kind, with a
 # format of their own (a compile's output is the same through one, so its key does not say).
 PCH_SUBFOLDER, PCH_FORMAT = "host-compiler-pch", 1
@@ -56,6 +57,9 @@ SOURCES = (".cpp", ".cc", ".cxx", ".c")
 # A source reading the clock compiles differently each time: never replayed.
 CLOCK_MACROS = (b"__DATE__", b"__TIME__", b"__TIMESTAMP__")
 SOURCE_DIR, JOB_DIR = "@PYPTO_OFFLINE_SOURCE_DIR@", "@PYPTO_OFFLINE_JOB_DIR@"
+# The pypto package the worker imported: the installed one, or a platform's overlay in the fork
+# server's own folder (docs/platform.md), whose headers are the installed ones (hashed anyway).
+PYPTO_DIR = "@PYPTO_OFFLINE_PYPTO_DIR@"
 
 
 # --- in the worker ---------------------------------------------------------------------------
@@ -88,7 +92,10 @@ def write_wrapper(folder: Path, cache_root: Path, path: str | None = None,
     real = str(Path(real).absolute())
     tools.mkdir(parents=True, exist_ok=True)
     config = tools / "config.json"
+    imported = sys.modules.get("pypto")
+    pypto_dir = str(Path(imported.__file__).parent) if imported and imported.__file__ else None
     config.write_text(json.dumps({"compiler": real, "identity": compiler_identity(real),
+                                  "pypto": pypto_dir,
                                   "cache": str(cache_root), "job": str(folder.absolute()),
                                   "log": str((log or folder).absolute() / LOG),
                                   "cache_group": cache_group},
@@ -120,7 +127,8 @@ def main(argv: list[str]) -> int:
     if request is None:
         os.execv(compiler, [compiler, *args])
     source, output = request
-    folders = {str(source.parent): SOURCE_DIR, config["job"]: JOB_DIR}  # innermost first
+    folders = {str(source.parent): SOURCE_DIR, config["job"]: JOB_DIR,  # innermost first
+               **({config["pypto"]: PYPTO_DIR} if config.get("pypto") else {})}
     # The cache only saves time: whatever goes wrong in it (a full disk, a cache folder that is
     # not one), the real compiler decides the outcome, never the cache. A failure here would
     # otherwise fail PyPTO's compile, and a compile error is stored in the kernel cache.
@@ -174,7 +182,10 @@ def _cache_and_key(config: dict, args: list[str], output: Path, folders: dict[st
         tool="host-compiler", format=FORMAT, compiler=config["identity"],
         args=[portable(a, folders) for a in args], cwd=portable(os.getcwd(), folders),
         environment={name: os.environ.get(name) for name in ENVIRONMENT},
-        inputs=[[portable(path, folders), sha256(data)] for path, data in inputs.items()])
+        # a source naming the pypto folder (an #include of its absolute path) is the same
+        # source in every fork server: the folder as its fixed name (its output too, _store)
+        inputs=[[portable(path, folders), sha256(portable_bytes(data, folders))]
+                for path, data in inputs.items()])
     return nested_cache(Path(config["cache"]), SUBFOLDER, Trust(config.get("cache_group"))), \
         key, inputs
 
