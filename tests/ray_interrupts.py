@@ -13,7 +13,9 @@ import time
 from pathlib import Path
 
 COMPILING = "compiling"  # the stage line after which jobs go to the farm
-JOBS_OUT_S = 8  # then the actors start their fork servers and take the jobs
+# Once an actor holds a CPU its job is out; its fork server imports torch and PyPTO meanwhile.
+# (A fixed wait after the stage line missed the jobs once the example compiled within it.)
+SERVER_STARTS_S = 2
 
 
 def interrupted(address: str, model: str, cache: Path, number: int) -> tuple[int, float]:
@@ -28,7 +30,8 @@ def interrupted(address: str, model: str, cache: Path, number: int) -> tuple[int
     while COMPILING not in log.read_text() and build.poll() is None \
             and time.monotonic() < deadline:
         time.sleep(0.2)
-    time.sleep(JOBS_OUT_S)
+    jobs_out(address, deadline)
+    time.sleep(SERVER_STARTS_S)
     sent = time.monotonic()
     build.send_signal(number)
     try:
@@ -39,10 +42,23 @@ def interrupted(address: str, model: str, cache: Path, number: int) -> tuple[int
     return code, time.monotonic() - sent
 
 
+def jobs_out(address: str, deadline: float) -> None:
+    """Until one of the build's job actors holds a CPU of the cluster (or the deadline)."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+    while time.monotonic() < deadline:
+        if ray.available_resources().get("CPU", 0) < ray.cluster_resources().get("CPU", 0):
+            return
+        time.sleep(0.1)
+
+
 def cpus_back(address: str) -> str:
     import ray
 
-    ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+    if not ray.is_initialized():
+        ray.init(address=address, logging_level="ERROR", log_to_driver=False)
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
         free = ray.available_resources().get("CPU", 0)
