@@ -64,7 +64,7 @@ def fit(rows: list[dict]) -> tuple[dict, dict]:
     """The fit per family, and its error statistics."""
     by_family: dict[str, dict[tuple, float]] = {}
     for row in rows:
-        family = baseline.cost_model_family(platform_of(TARGETS[row["target"]]))
+        family = _family(row)
         for op in row["ops"]:
             # one entry per distinct op (class, size): recurring ops count once; a matmul has
             # no line (baseline.UNFITTED), its region no estimate
@@ -105,7 +105,7 @@ def merged(shipped: dict, run: dict) -> dict:
 def _region_errors(rows: list[dict], family: str, family_fit: dict) -> dict:
     errors = []
     for row in rows:
-        if baseline.cost_model_family(platform_of(TARGETS[row["target"]])) != family:
+        if _family(row) != family:
             continue
         times = [op["us"] for op in row["ops"]]
         if not times or None in times or any(op["sample"][0] not in baseline.OP_CLASSES
@@ -160,9 +160,8 @@ def main(argv: list[str] | None = None) -> int:
         RESULTS.mkdir(parents=True, exist_ok=True)
         if args.merge:  # the rows of the families kept, then this run's
             rows = [row for row in json.loads((RESULTS / "measured_ops.json").read_text())
-                    if baseline.cost_model_family(platform_of(TARGETS[row["target"]]))
-                    in result["families"] and row["target"] not in args.targets.split(",")
-                    and _family(row) not in families] + rows
+                    if _family(row) in result["families"] and _family(row) not in families
+                    and row["target"] not in args.targets.split(",")] + rows
         write_atomically(RESULTS / "measured_ops.json",
                          (json.dumps(rows, indent=1, sort_keys=True) + "\n").encode())
     return 0

@@ -32,8 +32,8 @@ from pypto_offline.pypto_kernels.jobs.executor import Executor
 from pypto_offline.pypto_kernels.jobs.protocol import FailureKind
 from pypto_offline.pypto_kernels.measured_baseline import unfused_costs
 from pypto_offline.pypto_kernels.records import TileResult
-from pypto_offline.pypto_kernels.platform import (STOCK_PLATFORM, Platform, platform_figures,
-                                                  platform_of)
+from pypto_offline.pypto_kernels.platform import (ISA, STOCK_PLATFORM, Platform,
+                                                  platform_figures, platform_of)
 from pypto_offline.pypto_kernels.versions import DEFAULT_TIMEOUT_S, PYPTO_VERSION
 from pypto_offline.targets import Target
 
@@ -156,16 +156,16 @@ def build(source, target: Target, options: BuildOptions, progress: Progress = SI
         with timings.stage("plan_s"):
             shipped = without_regions(plan, graph, target, failed)
     on_910b = _on_910b_platform(graph, plan, target, options, progress, timings)
+    platform = platform_of(target)
     message = ptom_pb2.CompiledModel(
         target=_target_descriptor(target),
         provenance=_provenance(__version__, raw, name, options),
         onnx_model=shipped.compiled_model.SerializeToString(),
         source_onnx_model=graph.model.SerializeToString(),
-        input_names=list(graph.inputs), platform=platform_message(platform_of(target)))
+        input_names=list(graph.inputs), platform=platform_message(platform))
     regions = {r.id: r for r in plan.regions}
-    message.kernels.extend(_kernel_message(regions[k.region_id], k, baseline,
-                                           platform_of(target), on_910b.get(k.region_id))
-                           for k in kernels)
+    message.kernels.extend(_kernel_message(regions[k.region_id], k, baseline, platform,
+                                           on_910b.get(k.region_id)) for k in kernels)
     message.unfused.extend(ptom_pb2.Unfused(node=u.node, op_type=u.op_type, category=u.category,
                                             reason=u.reason) for u in shipped.unfused)
     message.totals.CopyFrom(_totals(shipped, kernels, baseline, target))
@@ -317,13 +317,12 @@ def _present(**figures) -> dict:
 
 def platform_message(platform: Platform) -> ptom_pb2.Platform:
     """The platform the kernels compiled under, as the blob records it (docs/platform.md)."""
-    record = platform.record()
-    figures = [ptom_pb2.Figure(name=key, value=str(f["value"]), source=f["source"],
-                               estimate=f["estimate"]) for key, f in record["figures"].items()]
-    return ptom_pb2.Platform(chip=record["chip"], native=record["native"], isa=record["isa"],
-                             file=record["file"], digest=record["digest"],
-                             description=record["description"], figures=figures,
-                             simulator=record["simulator"])
+    figures = [ptom_pb2.Figure(name=key, value=str(f.value), source=f.source,
+                               estimate=f.estimate) for key, f in platform.figures]
+    return ptom_pb2.Platform(chip=platform.chip, native=platform.native, isa=ISA,
+                             file=platform.file_name, digest=platform.digest,
+                             description=platform.description(), figures=figures,
+                             simulator=platform.simulator)
 
 
 def _kernel_message(region: Region, kernel: Kernel, baseline: Baseline, platform: Platform,

@@ -28,7 +28,7 @@ import json
 import os
 import re
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from math import gcd
 from pathlib import Path
 
@@ -84,9 +84,10 @@ class Platform:
     simulator: tuple[str, ...]              # the cost model's machine (simulator arguments)
     cost_tables: tuple[str, str] | None     # (deviceArch, device_platform), or the 910B's
 
-    @property
+    @cached_property
     def digest(self) -> str:
-        """The sha256 of everything a compile reads of the platform: in every cache key."""
+        """The sha256 of everything a compile reads of the platform: in every cache key (asked
+        for each compile's key: hashed once)."""
         return hashlib.sha256(json.dumps(
             [self.file_name, self.file_text, list(self.simulator), self.cost_tables,
              self.native]).encode()).hexdigest()
@@ -116,14 +117,6 @@ class Platform:
         return (f"code for the 910B's instruction set ({ISA}), compiled under {self.chip}'s "
                 f"memory sizes and core count ({sizes}{tables})")
 
-    def record(self) -> dict:
-        """The platform as the blob, ``inspect --json`` and the summary give it."""
-        return {"chip": self.chip, "native": self.native, "isa": ISA, "file": self.file_name,
-                "digest": self.digest, "description": self.description(),
-                "figures": {key: {"value": f.value, "source": f.source, "estimate": f.estimate}
-                            for key, f in self.figures},
-                "simulator": list(self.simulator)}
-
     def server_settings(self) -> dict:
         """What a fork server needs to compile under it (``worker.start_pypto``)."""
         return {"native": self.native, "file_text": self.file_text, "digest": self.digest,
@@ -149,26 +142,23 @@ def platform_of(target: Target) -> Platform:
 
 def platform_for(target: Target, configs: Path) -> Platform:
     """``target``'s platform with the PyPTO whose configs folder is ``configs``: its own file
-    for the chip when it has one (native), else an overlay of its 0.2.0 file; or the 910B
-    platform itself for a target compiled as on the 910B (``Target.pypto_platform``)."""
+    for the chip when it has one, or its default file when that is the chip's or the target
+    compiles as on the 910B (``Target.pypto_platform``), used as they are (native); else an
+    overlay of its 0.2.0 file."""
     chip = target.soc_version.value
     figures = platform_figures(target)
     cost_tables = COST_TABLES.get(target.name)
-    if target.pypto_platform == STOCK_PLATFORM:
-        return stock_platform(target, configs, cost_tables)
+    as_910b = target.pypto_platform == STOCK_PLATFORM
     own = configs / f"{chip}.ini"
-    if own.is_file():
-        text = own.read_text()
-        return Platform(target.name, chip, True, own.name, text,
-                        native_figures(text, own.name, figures), (), cost_tables)
+    if own.is_file() and not as_910b:
+        return _native(target, own, figures, cost_tables)
     stock = configs / STOCK_FILE
     if not stock.is_file():
         raise PlatformUnavailable(f"the installed PyPTO has no platform file {stock}",
                                   fix="reinstall pypto==0.2.0")
     text = stock.read_text()
-    if file_value(text, "SoC_version") == chip:  # PyPTO's default is this very chip
-        return Platform(target.name, chip, True, STOCK_FILE, text,
-                        native_figures(text, STOCK_FILE, figures), (), cost_tables)
+    if as_910b or file_value(text, "SoC_version") == chip:  # PyPTO's default platform
+        return _native(target, stock, figures, cost_tables)
     if hashlib.sha256(text.encode()).hexdigest() != STOCK_SHA256:
         raise PlatformUnavailable(
             f"{stock} is not the platform file of pypto 0.2.0, which {target.name}'s platform "
@@ -177,18 +167,14 @@ def platform_for(target: Target, configs: Path) -> Platform:
                     figures, machine(target, figures), cost_tables)
 
 
-def stock_platform(target: Target, configs: Path, cost_tables: tuple[str, str] | None
-                   ) -> Platform:
-    """PyPTO's own 910B platform, under which ``target``'s kernels compiled before each target
-    had its own: its stock file, the simulator's default machine, the target's cost tables."""
-    stock = configs / STOCK_FILE
-    text = stock.read_text() if stock.is_file() else ""
-    if file_value(text, "SoC_version") != STOCK_SOC:
-        raise PlatformUnavailable(f"{stock} is not PyPTO 0.2.0's {STOCK_SOC} platform file",
-                                  fix="reinstall pypto==0.2.0")
-    figures = tuple((key, Figure(int(file_value(text, key)), f"PyPTO {STOCK_FILE}"))
-                    for key, _ in (*FILE_FIGURES, ("ai_cpu_cnt", "ai_cpus")))
-    return Platform(target.name, STOCK_SOC, True, STOCK_FILE, text, figures, (), cost_tables)
+def _native(target: Target, file: Path, figures: tuple[tuple[str, Figure], ...],
+            cost_tables: tuple[str, str] | None) -> Platform:
+    """A platform file of PyPTO's own, used as it is: the chip it names, the figures it states
+    (else the descriptor's), the simulator's own machine."""
+    text = file.read_text()
+    return Platform(target.name, file_value(text, "SoC_version") or target.soc_version.value,
+                    True, file.name, text, native_figures(text, file.name, figures), (),
+                    cost_tables)
 
 
 def platform_figures(target: Target) -> tuple[tuple[str, Figure], ...]:
