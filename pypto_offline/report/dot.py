@@ -93,4 +93,7 @@ def clean(svg: str) -> str:
     # carries ~2,000 labels, and these attributes were 150 KB of it
     for attribute in FONT_ATTRIBUTES:
         svg = svg.replace(attribute, "")
+    # dot puts each element on a line of its own: those line breaks were ~13,000 text nodes in
+    # that page's document; a label is inside its <text>, never between two tags
+    svg = re.sub(r">\s+<", "><", svg)
     return re.sub(r'<svg width="[^"]*" height="[^"]*"', '<svg id="graph-svg"', svg, count=1)

@@ -4,10 +4,12 @@ Kernel sources are shown as plain text: highlighted, they tripled the bytes of a
 of 300 kernels went past its 5 MB bound (docs/report.md)."""
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 from pathlib import Path
 
 import jinja2
+from markupsafe import Markup
 
 from pypto_offline.offline_compiler import ptom_pb2
 from pypto_offline.offline_compiler.blob import write_atomically
@@ -25,7 +27,17 @@ def _environment() -> jinja2.Environment:
                              lstrip_blocks=True, keep_trailing_newline=True)
     env.filters["kib"] = lambda n: f"{n / 1024:,.1f} KiB"
     env.filters["figure"] = shown  # "not measured" for a missing figure, "inf" for an infinite one
+    env.filters["script_text"] = script_text
     return env
+
+
+def script_text(markup: str) -> Markup:
+    """Markup made the text of a <script type="text/html"> (a kernel card's body, docs/report.md):
+    taken as it is, so it must not hold what ends or escapes a script's text. Every name and
+    value in it is escaped (``<`` is ``&lt;``), so only the template itself could put one there."""
+    if re.search(r"</script|<!--", markup, flags=re.I):
+        raise ValueError("a report card's body holds '</script' or '<!--': the template must not")
+    return Markup(markup)
 
 
 def render_report(message: ptom_pb2.CompiledModel) -> str:

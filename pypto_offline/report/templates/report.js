@@ -181,12 +181,27 @@
     });
   });
 
-  // A kernel's source, from its card, as a data URL when its link is clicked.
-  document.querySelectorAll("a.source-download").forEach(function (link) {
-    link.addEventListener("click", function () {
-      var code = link.closest("details").querySelector("pre.source");
-      link.href = "data:text/x-python;charset=utf-8," + encodeURIComponent(code.textContent);
-      link.download = link.dataset.filename;
-    });
+  // A card's body comes as the text of a script element and becomes elements when the card first opens: parsing
+  // every card's elements up front was most of a large page's load time (docs/report.md).
+  function fill(card) {
+    var body = card.querySelector(":scope > script.card-body");
+    if (body) {
+      body.insertAdjacentHTML("afterend", body.textContent);
+      body.remove();
+    }
+  }
+  document.querySelectorAll("details.card").forEach(function (card) {
+    if (card.open) { fill(card); }
+    card.addEventListener("toggle", function () { if (card.open) { fill(card); } });
+  });
+
+  // A kernel's source, from its card, as a data URL when its link is clicked (the links come
+  // with their cards' bodies, so one listener serves them all).
+  document.addEventListener("click", function (event) {
+    var link = event.target.closest ? event.target.closest("a.source-download") : null;
+    if (!link) { return; }
+    var code = link.closest("details").querySelector("pre.source");
+    link.href = "data:text/x-python;charset=utf-8," + encodeURIComponent(code.textContent);
+    link.download = link.dataset.filename;
   });
 })();
