@@ -28,7 +28,9 @@ from pypto_offline.offline_compiler.source_check import SourceCheck, recheck_sou
 from pypto_offline.offline_compiler.summary import summarise
 from pypto_offline.progress import SILENT, Progress, Timings
 from pypto_offline.targets import Target, known_names, resolve_target
-from pypto_offline.verify import Verification, check_memory_limits, compare, generate_inputs
+from pypto_offline.importer.precision import MIN_COSINE, MUST_KEEP, check_mode, read_keep_dtype
+from pypto_offline.verify import (Thresholds, Verification, check_memory_limits, compare,
+                                  generate_inputs)
 
 
 def get_target(name: str) -> Target:
@@ -117,21 +119,38 @@ class CompiledModel:
             check_memory_limits(graph, f"{self.label}, {which}", fix=REBUILD_SMALLER)
         given = dict(inputs or {})
         check_given_inputs(imported, given, self.label)
+        thresholds = self._thresholds()
         with self._timed("verify_s"):
-            result = compare(reference, compiled, generate_inputs(imported, seed, given))
-        self._record(result, seed, bool(given))
+            result = compare(reference, compiled, generate_inputs(imported, seed, given),
+                             thresholds)
+        self._record(result, seed, bool(given), thresholds)
         if self.loaded_from is not None if sources is None else sources:
             self.source_check = recheck_sources(self.message)
         return Checked(result, self.source_check)
 
-    def _record(self, result, seed: int, inputs_given: bool) -> None:
+    def _thresholds(self) -> Thresholds | None:
+        """A converted model against the original (the build's own, or ``use_reference``'s) is
+        held to its mode's thresholds; against the blob's converted graph, or unconverted, to
+        the per-dtype tolerance (docs/precision.md)."""
+        if self._reference is None or not self.message.HasField("precision"):
+            return None
+        return Thresholds(MIN_COSINE[self.message.precision.mode])
+
+    def _record(self, result, seed: int, inputs_given: bool,
+                thresholds: Thresholds | None) -> None:
         """The onnxruntime verdict, in the blob's message."""
         record = self.message.verification
         record.Clear()
         record.status, record.seed, record.inputs_given = result.status, seed, inputs_given
+        if self.message.HasField("precision"):  # which graph the converted one was held to
+            record.reference = "original model" if self._reference is not None \
+                else "imported graph"
+        if thresholds is not None:
+            record.thresholds.min_cosine = thresholds.min_cosine
         record.outputs.extend(ptom_pb2.OutputCheck(
             name=o.name, dtype=o.dtype, max_abs_diff=_finite(o.max_abs_diff),
-            max_rel_diff=_finite(o.max_rel_diff), tolerance=o.tolerance, passed=o.passed)
+            max_rel_diff=_finite(o.max_rel_diff), tolerance=o.tolerance, passed=o.passed,
+            cosine=o.cosine, rms=_finite(o.rms))
             for o in result.outputs)
 
     @property
@@ -182,7 +201,8 @@ def compile(model, target: str = "kirin9050",  # noqa: A001 - the API's verb
             inputs: Mapping[str, np.ndarray] | None = None, verify: bool = False,
             measure_baseline: bool = False,
             dims: Mapping[str, int] | None = None, executor=None,
-            compare_platform: bool = False) -> CompiledModel:
+            compare_platform: bool = False, precision_mode: str = MUST_KEEP,
+            keep_dtype=None) -> CompiledModel:
     """Compile ``model`` for ``target``. ``inputs``: real values of some inputs, checked against
     the model and used to find the shapes that depend on them. ``verify``: also run the
     onnxruntime check (with ``inputs``), and refuse up front a model it could not run.
@@ -196,8 +216,12 @@ def compile(model, target: str = "kirin9050",  # noqa: A001 - the API's verb
     group whose entries a shared cache trusts (default: ``$PYPTO_OFFLINE_CACHE_GROUP``, else
     none: docs/kernel-cache.md, "The trust rule"). ``compare_platform``: also search each
     kernel's tiles under PyPTO's 910B platform, recorded beside the shipped ones
-    (docs/platform.md)."""
+    (docs/platform.md). ``precision_mode``: ATC's ``--precision_mode`` (``must_keep_origin_dtype``
+    compiles the graph in the types it came with); ``keep_dtype``: ATC's ``--keep_dtype`` file of
+    ops kept in their precision (docs/precision.md)."""
     check_limits(jobs, kernel_timeout)
+    check_mode(precision_mode)
+    keep = read_keep_dtype(keep_dtype) if keep_dtype else None
     get_target(target)
     trust = check_cache(cache_dir, cache_trust_group)
     options = BuildOptions(input_shapes=dict(input_shapes or {}), dims=dict(dims or {}),
@@ -205,11 +229,13 @@ def compile(model, target: str = "kirin9050",  # noqa: A001 - the API's verb
                            cache_trust=trust, jobs=jobs,
                            tile_search=tile_search, inputs=dict(inputs or {}), verify=verify,
                            measure_baseline=measure_baseline, executor=executor,
-                           compare_platform=compare_platform,
+                           compare_platform=compare_platform, precision_mode=precision_mode,
+                           **({"keep_dtype": keep} if keep else {}),
                            **({"kernel_timeout_s": kernel_timeout} if kernel_timeout else {}))
     timings = Timings()
     result = build(model, get_target(target), options, progress, timings)
     compiled_model = CompiledModel(result.message, result.kernel_cache(), timings)
+    compiled_model._reference = result.original  # a converted graph's own precision
     if verify:
         progress.stage("verifying against onnxruntime")
         compiled_model.verify(inputs)

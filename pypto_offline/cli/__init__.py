@@ -135,6 +135,15 @@ def compile_parser() -> argparse.ArgumentParser:
                              "which every target compiled under before it had its own: the "
                              "report and --json say how the tiles and PyPTO times changed "
                              "(docs/platform.md)")
+    parser.add_argument("--precision_mode", "--precision-mode", default="must_keep_origin_dtype",
+                        metavar="MODE",
+                        help="ATC's precision modes: force_fp16, allow_fp32_to_fp16, "
+                             "must_keep_origin_dtype (the graph's own types; the default) or "
+                             "allow_mix_precision (fp16, with reductions, norms, softmax, exp "
+                             "and log in fp32 inside their kernels); docs/precision.md")
+    parser.add_argument("--keep_dtype", "--keep-dtype", metavar="FILE",
+                        help="ATC's file of ops kept in their original precision: a node name "
+                             "per line, or OpType::NAME for every op of that type")
     _common(parser)
     return parser
 
@@ -204,7 +213,8 @@ def _run_build(build: Build, args, inputs: dict, progress, executor) -> tuple[in
                                kernel_timeout=args.kernel_timeout, progress=progress,
                                inputs=inputs, verify=not args.no_verify,
                                measure_baseline=args.measure_baseline, executor=executor,
-                               compare_platform=args.compare_platform)
+                               compare_platform=args.compare_platform,
+                               precision_mode=args.precision_mode, keep_dtype=args.keep_dtype)
         progress.stage("writing the blob" + (" and the report" if build.report else ""))
         compiled.save(build.output, report=build.report)
     except PyptoOfflineError as err:

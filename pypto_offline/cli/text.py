@@ -119,10 +119,13 @@ def print_fallbacks(build, fell_back: list[dict], planned: int) -> None:
 
 
 def human_summary(s: dict) -> str:
+    from pypto_offline.offline_compiler.summary import precision_line
+
     mb = lambda n: f"{n / 1e6:.2f} MB"  # noqa: E731
     lines = [
         f"{s['model']} → {s.get('blob', '')} ({s['target']})",
         *platform_text(s),
+        f"  precision: {printable(precision_line(s))}",
         f"  nodes {s['nodes_before']} → {s['nodes_after']}; kernels {s['kernels_before']} → "
         f"{s['kernels_after']} ({s['fused_kernels']} fused kernels of {s['ops_fused']} ops)",
         f"  global memory {mb(s['gm_bytes_before'])} → {mb(s['gm_bytes_after'])} measured "

@@ -78,6 +78,11 @@ class OpDef:
     # algebra composes and proves no-op chains with. Reshape-likes other than Reshape have none:
     # a region's program holds them as one Reshape (fusion/program.py).
     view: str | None = None
+    # Whether --precision_mode allow_mix_precision computes it in fp16 (ATC's ops-info key of
+    # the same name, docs/precision.md): True, in fp16 (the cube's operands); False, in fp32
+    # between casts inside its kernel (a sum, a mean, exp and log lose digits or overflow in
+    # fp16); None, as its data inputs are (fp32 when any of them is).
+    precision_reduce: bool | None = None
     # A reduction that gives a lone element back as it is (a sum, mean, max or min of one
     # element; not a sum of squares or an L2 norm): over axes of one element, a reshape.
     as_is_over_one: bool = False
@@ -117,7 +122,7 @@ _REDUCE = f"{_REDUCE_AS_IS} {_REDUCE_SQUARES}"
 _GLOBAL_POOLS = "GlobalAveragePool GlobalMaxPool"
 _POOLS = "MaxPool AveragePool"
 # Float math PyPTO has a call for, or that its builder composes in the input's precision
-_FLOAT_MATH = ("Relu Sigmoid Exp Log Sqrt Reciprocal IsNaN IsInf Floor Ceil Round Sign Sin Cos "
+_FLOAT_MATH = ("Relu Sigmoid Sqrt Reciprocal IsNaN IsInf Floor Ceil Round Sign Sin Cos "
                "LeakyRelu HardSigmoid HardSwish Softsign ThresholdedRelu Shrink Swish")
 # ... and the compositions that lose digits in half precision (pypto_kernels/activations.py)
 _FP32_MATH = ("Tanh Erf Tan Asin Acos Atan Sinh Cosh Asinh Acosh Atanh Elu Selu Celu Softplus "
@@ -144,12 +149,16 @@ OPS: MappingProxyType = MappingProxyType({
     **_defs(ELEMENTWISE, "Abs Neg Not", "Abs Neg Not"),
     # Float math: PyPTO calls, or compositions of them (pypto_kernels/activations.py)
     **_defs(ELEMENTWISE, _FLOAT_MATH, _FLOAT_MATH, floats_only=True),
+    # exp overflows fp16 past 11.1 and log's argument often comes from a sum: fp32 when mixed
+    **_defs(ELEMENTWISE, "Exp Log", "Exp Log", floats_only=True, precision_reduce=False),
     **_defs(ELEMENTWISE, _FP32_MATH, _FP32_MATH, floats_only=True, fp32_for_half=True),
     **_defs(BROADCAST, _COMMUTATIVE, _COMMUTATIVE, commutative=True),
     **_defs(BROADCAST, _ORDERED, _ORDERED),
     # PyPTO 0.2.0's div does not compile for integers (DIVOpError); Pow's exponent is a data
     # input like the base (a constant scalar one is written as multiplications where it can)
-    **_defs(BROADCAST, "Div PRelu Pow", "Div PRelu Pow", floats_only=True),
+    **_defs(BROADCAST, "Div PRelu", "Div PRelu", floats_only=True),
+    # x ** 2 of an activation past 256 overflows fp16 (a T5 RMSNorm's squares): fp32 when mixed
+    **_defs(BROADCAST, "Pow", "Pow", floats_only=True, precision_reduce=False),
     **_defs(BROADCAST, "Mod", why_not="PyPTO 0.2.0's fmod and remainder do not compile (F92001, "
                                       "nor its integer div: DIVOpError), and a - trunc(a / b) * b "
                                       "in floating point is not exact"),
@@ -161,18 +170,21 @@ OPS: MappingProxyType = MappingProxyType({
     **_defs(ELEMENTWISE, "BatchNormalization", data_inputs=1),
     # Reductions over trailing axes (their canonical form makes the axes explicit); Softmax,
     # LogSoftmax and the normalisations are reductions with elementwise work around them.
-    **_defs(REDUCTION, _REDUCE_SQUARES, _REDUCE_SQUARES, data_inputs=1),
-    **_defs(REDUCTION, _REDUCE_AS_IS, _REDUCE_AS_IS, data_inputs=1, as_is_over_one=True),
-    **_defs(REDUCTION, _NORMALISATIONS, _NORMALISATIONS),
+    # Every reduction sums (or compares) many elements: fp32 when mixed
+    **_defs(REDUCTION, _REDUCE_SQUARES, _REDUCE_SQUARES, data_inputs=1, precision_reduce=False),
+    **_defs(REDUCTION, _REDUCE_AS_IS, _REDUCE_AS_IS, data_inputs=1, as_is_over_one=True,
+            precision_reduce=False),
+    **_defs(REDUCTION, _NORMALISATIONS, _NORMALISATIONS, precision_reduce=False),
     # Pooling over small windows: a rewrite rule writes it as the window's shifted views and
     # their Max or Mean (fusion/rules.pool_as_window_views), so it goes where they go
     **_defs(WINDOW, _POOLS, _POOLS, reads=READS_WINDOW, decomposed=True),
     # Global pooling is a reduction over the spatial axes (a squeeze-and-excite's mean)
-    **_defs(REDUCTION, _GLOBAL_POOLS, _GLOBAL_POOLS),
+    **_defs(REDUCTION, _GLOBAL_POOLS, _GLOBAL_POOLS, precision_reduce=False),
     # Matrices (equal batch axes, or a 2-D right operand) and 1x1 convolutions (the weights
     # times the pixels; no other convolution is canonical): compute-bound, so a kernel of its
     # own unless its elementwise epilogue joins it (TVM's kOutEWiseFusable, IREE's root op).
-    **_defs(MATMUL, "MatMul Gemm Conv", "MatMul Gemm Conv"),
+    # The cube takes fp16 operands (and accumulates in L0C, fp32 on the 910B's DAV_2201).
+    **_defs(MATMUL, "MatMul Gemm Conv", "MatMul Gemm Conv", precision_reduce=True),
 })
 
 

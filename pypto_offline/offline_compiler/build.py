@@ -19,7 +19,7 @@ from pypto_offline.errors import UsageError
 from pypto_offline.fusion import FusionPlan, Region, plan_fusion, without_regions
 from pypto_offline.fusion.cost import cube_handoff_bytes, cube_reread_bytes
 from pypto_offline.fusion.records import DOES_NOT_PAY, FAILED_CHECK, RegionOp
-from pypto_offline.importer import ImportedGraph, import_model
+from pypto_offline.importer import ImportedGraph, import_model, precision
 from pypto_offline.importer.input_shapes import symbolic_input_error
 from pypto_offline.importer.ops import MATMUL, kind_of
 from pypto_offline.offline_compiler import ptom_pb2
@@ -62,12 +62,19 @@ class BuildOptions:
     # Search each kernel's tiles again under PyPTO's 910B platform, which every target compiled
     # under before it had its own, and record that tile beside the shipped one (docs/platform.md).
     compare_platform: bool = False
+    # ATC's --precision_mode and --keep_dtype (importer/precision.py, docs/precision.md)
+    precision_mode: str = precision.MUST_KEEP
+    keep_dtype: precision.KeepDtype = precision.KeepDtype()
 
     def provenance(self) -> dict[str, str]:
         """The options that change the output (not jobs, cache folder or time limit)."""
         shapes = ";".join(f"{k}={','.join(map(str, v))}" for k, v in sorted(self.input_shapes.items()))
         options = {"input_shapes": shapes, "tile_search": str(self.tile_search).lower(),
                    "baseline": MEASURED if self.measure_baseline else ESTIMATED}
+        if precision.converts(self.precision_mode):  # a graph kept as it came says nothing
+            options["precision_mode"] = self.precision_mode
+            if self.keep_dtype.lines:
+                options["keep_dtype"] = ";".join(self.keep_dtype.lines)
         if self.compare_platform:  # only when given, as dims
             options["compare_platform"] = "910b"
         if self.dims:  # only when given: a blob built without them stays byte-identical
@@ -88,6 +95,9 @@ class BuildResult:
     # the kernels of a first plan that a re-plan replaced (matmuls split from their epilogue):
     # their compiles are this build's work too, and the re-plan finds them in the cache
     replaced: tuple[Kernel, ...] = ()
+    # the imported graph in its own precision, when a precision mode converted it: what the
+    # build's verification compares with (the blob keeps the converted one only)
+    original: onnx.ModelProto | None = None
 
     def kernel_cache(self) -> dict[str, int]:
         """Kernels compiled by PyPTO in this build, kernels taken from a cache entry made before
@@ -128,6 +138,7 @@ def build(source, target: Target, options: BuildOptions, progress: Progress = SI
         graph = import_model(source, options.input_shapes, inputs=options.inputs,
                              must_run=options.verify, dims=options.dims)
         _require_static_inputs(graph, name)
+        original, graph, conversion = _in_precision(graph, target, options)
     progress.stage("planning fusion")
     with timings.stage("plan_s"):
         plan = plan_fusion(graph, target)
@@ -163,6 +174,8 @@ def build(source, target: Target, options: BuildOptions, progress: Progress = SI
         onnx_model=shipped.compiled_model.SerializeToString(),
         source_onnx_model=graph.model.SerializeToString(),
         input_names=list(graph.inputs), platform=platform_message(platform))
+    if conversion is not None:
+        message.precision.CopyFrom(precision_message(conversion))
     regions = {r.id: r for r in plan.regions}
     message.kernels.extend(_kernel_message(regions[k.region_id], k, baseline, platform,
                                            on_910b.get(k.region_id)) for k in kernels)
@@ -170,7 +183,30 @@ def build(source, target: Target, options: BuildOptions, progress: Progress = SI
                                             reason=u.reason) for u in shipped.unfused)
     message.totals.CopyFrom(_totals(shipped, kernels, baseline, target))
     message.verification.status = "skipped"
-    return BuildResult(message, graph, shipped, kernels, replaced)
+    return BuildResult(message, graph, shipped, kernels, replaced, original)
+
+
+def _in_precision(graph: ImportedGraph, target: Target, options: BuildOptions):
+    """(the graph in its own precision or None, the graph to compile, the conversion or None):
+    a converting mode's graph is imported again, its casts folded and its shapes checked by
+    running it (docs/precision.md)."""
+    options.keep_dtype.check_against(graph.model)
+    if not precision.converts(options.precision_mode):
+        return None, graph, None
+    cube_fp32 = bool(target.cube_fp32.value) if target.cube_fp32 else False
+    converted, conversion = precision.to_half(graph.model, options.precision_mode,
+                                              options.keep_dtype, cube_fp32)
+    half = import_model(converted, inputs=options.inputs, must_run=options.verify)
+    return graph.model, replace(half, stats=graph.stats), conversion
+
+
+def precision_message(conversion: precision.Conversion) -> ptom_pb2.Precision:
+    return ptom_pb2.Precision(
+        mode=conversion.mode,
+        kept=[ptom_pb2.Precision.Kept(node=k.node, op_type=k.op_type, reason=k.reason)
+              for k in conversion.kept],
+        clamped=[ptom_pb2.Precision.Clamped(tensor=c.tensor, node=c.node, values=c.values,
+                                            largest=c.largest) for c in conversion.clamped])
 
 
 def _on_910b_platform(graph, plan: FusionPlan, target: Target, options: BuildOptions, progress,

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import sys
 
+from pypto_offline.importer.precision import MUST_KEEP
 from pypto_offline.offline_compiler import ptom_pb2
 from pypto_offline.offline_compiler.source_check import SourceCheck
 from pypto_offline.pypto_kernels.records import legacy_fallback_kind
@@ -15,7 +16,7 @@ from pypto_offline.pypto_kernels.records import legacy_fallback_kind
 NOT_MEASURED = "not measured"
 # The version of every JSON output's keys (``summary.schema.json``, in this folder): a change of
 # a key or of its meaning bumps it (docs/outputs.md, "JSON output").
-SCHEMA_VERSION = 3  # 3: the platform the kernels compiled under; 2: verification's checks run
+SCHEMA_VERSION = 4  # 4: precision mode and verification metrics; 3: the platform the kernels compiled under; 2: verification's checks run
 # now apart from the build's record
 
 
@@ -58,6 +59,8 @@ def summarise(message: ptom_pb2.CompiledModel, sources: SourceCheck | None = Non
         "schema_version": SCHEMA_VERSION,
         "model": m.provenance.model_name, "model_sha256": m.provenance.model_sha256,
         "target": m.target.name, "platform": platform_summary(m),
+        "precision_mode": m.precision.mode if m.HasField("precision") else MUST_KEEP,
+        "precision": precision_summary(m),
         "platform_comparison": platform_comparison(m),
         "nodes_before": t.nodes_before, "nodes_after": t.nodes_after,
         "kernels_before": t.kernels_before, "kernels_after": t.kernels_after,
@@ -78,6 +81,28 @@ def summarise(message: ptom_pb2.CompiledModel, sources: SourceCheck | None = Non
                          "kernels_passed": sum(k.functional_ok for k in checked)},
         "kernels": [kernel_summary(k) for k in m.kernels],
     }
+
+
+def precision_summary(message: ptom_pb2.CompiledModel) -> dict | None:
+    """A converting mode's record (docs/precision.md): the ops kept in fp32 and why, the weights
+    saturated to fp16's range; None for a graph compiled in the types it came with."""
+    if not message.HasField("precision"):
+        return None
+    p = message.precision
+    return {"kept_fp32": [{"node": k.node, "op_type": k.op_type, "reason": k.reason}
+                          for k in p.kept],
+            "clamped": [{"tensor": c.tensor, "node": c.node, "values": c.values,
+                         "largest": c.largest} for c in p.clamped]}
+
+
+def precision_line(summary: dict) -> str:
+    """The precision mode in a few words, as the CLI and the report's headline say it."""
+    mode, record = summary["precision_mode"], summary["precision"]
+    if record is None:
+        return f"{mode} (the graph's own types)"
+    kept, clamped = len(record["kept_fp32"]), len(record["clamped"])
+    return (f"{mode}: float ops in fp16, {kept} kept in fp32"
+            + (f", {clamped} weights saturated to fp16's range" if clamped else ""))
 
 
 def platform_summary(message: ptom_pb2.CompiledModel) -> dict | None:
@@ -122,6 +147,12 @@ def verification(record: ptom_pb2.Verification, sources: SourceCheck | None) -> 
         "status": "failed" if differ else onnxruntime,
         "onnxruntime": onnxruntime,
         "max_abs_diff": max((o.max_abs_diff for o in record.outputs), default=None),
+        "reference": record.reference or None,
+        "metrics": {o.name: {"cosine": o.cosine, "max_abs": o.max_abs_diff,
+                             "max_rel": o.max_rel_diff, "rms": o.rms, "passed": o.passed}
+                    for o in record.outputs},
+        "thresholds": ({"min_cosine": record.thresholds.min_cosine}
+                       if record.HasField("thresholds") else None),
         "kernel_sources": None if sources is None else {
             "compiled": sources.compiled, "matching": sources.matching,
             "differing": [{"id": m.kernel, "reason": m.reason} for m in sources.mismatches],

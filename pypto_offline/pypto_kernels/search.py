@@ -276,11 +276,21 @@ def default_candidate(fitting: list[CandidateResult], default_budget: int
     return max(smaller, key=lambda c: c.budget, default=None)
 
 
+def region_tolerance(region) -> float:
+    """The functional check's bound: the per-dtype tolerance of the least precise type the
+    region computes in, not only of its outputs (an fp16 kernel cast to an fp32 output carries
+    fp16's error: docs/precision.md)."""
+    def tolerance(elem_type: int) -> float:
+        return TOLERANCE.get(str(np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type))), 0.0)
+
+    return max((tolerance(elem_type) for _, elem_type in region.tensor_types.values()),
+               default=0.0)
+
+
 def _kernel_record(region, source, key, best, default, result: CandidateResult,
                    candidates) -> Kernel:
     verdicts = tuple((v["pass"], v["result"]) for v in result.verdicts or ())
-    tolerance = max((TOLERANCE.get(str(np.dtype(onnx.helper.tensor_dtype_to_np_dtype(
-        region.tensor_types[o][1]))), 0.0) for o in region.outputs), default=0.0)
+    tolerance = region_tolerance(region)
     diff = result.max_abs_diff
     functional_ok = bool(verdicts) and all(v == "PASS" for _, v in verdicts) and \
         diff is not None and diff <= tolerance

@@ -9,8 +9,8 @@ import onnx
 
 from pypto_offline.offline_compiler import ptom_pb2
 from pypto_offline.pypto_kernels.baseline import ESTIMATED
-from pypto_offline.offline_compiler.summary import (NOT_MEASURED, measured, provenance, shown,
-                                                  summarise, tile_us)
+from pypto_offline.offline_compiler.summary import (NOT_MEASURED, measured, precision_line,
+                                                  provenance, shown, summarise, tile_us)
 from pypto_offline.report import kernel_table
 from pypto_offline.report.downloads import downloads, file_stem
 from pypto_offline.report.dot import graphviz_version
@@ -84,6 +84,7 @@ def headline(summary: dict) -> list[Headline]:
     return [
         Headline("Model → target", f"{summary['model']} → {summary['target']}"),
         Headline("Compiled under", platform_line(summary["platform"])),
+        Headline("Precision", precision_line(summary)),
         Headline("Kernels", f"{summary['kernels_before']} → {summary['kernels_after']} "
                             f"({pypto['compiled']} fused kernels, {pypto['fell_back']} fell "
                             f"back)"),

@@ -69,6 +69,11 @@ class Target:
     gm_atomics: Figure | None = None
     hw_cross_core_sync: Figure | None = None
     packaging: Figure | None = None
+    # The precision mode its own offline compiler uses when none is given (ATC's
+    # --precision_mode; docs/precision.md), and whether its cube takes fp32 operands (what
+    # allow_fp32_to_fp16 keeps in fp32 on it)
+    precision_mode: Figure | None = None
+    cube_fp32: Figure | None = None
     # Which platform PyPTO compiles this target's kernels under (docs/platform.md): the chip's
     # own ("chip"), or PyPTO 0.2.0's 910B platform ("910b"), which every target compiled under
     # before; the second is a build's comparison (--compare-platform), not a chip's figure.

@@ -34,6 +34,18 @@ class OutputCheck:
     max_rel_diff: float
     tolerance: float
     passed: bool
+    # msaccucmp's other two metrics (docs/precision.md); 1 and 0 for equal outputs
+    cosine: float = 1.0
+    rms: float = 0.0
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """What a converted model's outputs are held to against the original model (a cosine
+    similarity, as Ascend's msaccucmp reports it; docs/precision.md). None: the per-dtype
+    tolerance on the largest difference, as for two computations of one graph."""
+
+    min_cosine: float
 
 
 @dataclass(frozen=True)
@@ -73,7 +85,8 @@ def _check_input_memory(value: onnx.ValueInfoProto, where: str) -> None:
 
 
 def compare(reference: onnx.ModelProto, candidate: onnx.ModelProto,
-            feeds: Mapping[str, np.ndarray]) -> Verification:
+            feeds: Mapping[str, np.ndarray], thresholds: Thresholds | None = None
+            ) -> Verification:
     try:
         expected = run_model(reference, feeds)
     except CannotRun as why:  # a custom-domain op: not the compiler's fault, nothing to check
@@ -86,15 +99,17 @@ def compare(reference: onnx.ModelProto, candidate: onnx.ModelProto,
         actual = run_model(candidate, feeds)
     except CannotRun as why:
         return Verification("failed", (), f"the compiled graph does not run: {why}")
-    checks = tuple(_check(name, want, actual.get(name)) for name, want in expected.items())
+    checks = tuple(_check(name, want, actual.get(name), thresholds)
+                   for name, want in expected.items())
     return Verification("passed" if all(c.passed for c in checks) else "failed", checks)
 
 
-def _check(name: str, expected, actual) -> OutputCheck:
+def _check(name: str, expected, actual, thresholds: Thresholds | None) -> OutputCheck:
     dtype = str(np.asarray(expected).dtype)
     tolerance = TOLERANCE.get(dtype, 0.0)
     if actual is None or np.shape(actual) != np.shape(expected):
-        return OutputCheck(name, dtype, float("inf"), float("inf"), tolerance, False)
+        return OutputCheck(name, dtype, float("inf"), float("inf"), tolerance, False, 0.0,
+                           float("inf"))
     if dtype == "object":  # strings
         same = bool(np.array_equal(expected, actual))
         return OutputCheck(name, dtype, 0.0 if same else float("inf"), 0.0, 0.0, same)
@@ -102,7 +117,25 @@ def _check(name: str, expected, actual) -> OutputCheck:
     max_abs = float(diff.max()) if diff.size else 0.0
     scale = np.maximum(np.abs(np.asarray(expected, dtype=np.float64)), 1e-12)
     max_rel = float(np.nan_to_num(diff / scale, nan=np.inf).max()) if diff.size else 0.0
-    return OutputCheck(name, dtype, max_abs, max_rel, tolerance, max_abs <= tolerance)
+    rms = float(np.sqrt(np.mean(np.square(diff)))) if diff.size else 0.0
+    cosine = cosine_similarity(expected, actual)
+    passed = max_abs <= tolerance if thresholds is None or not np.issubdtype(
+        np.asarray(expected).dtype, np.floating) else \
+        cosine >= thresholds.min_cosine and np.isfinite(max_abs)
+    return OutputCheck(name, dtype, max_abs, max_rel, tolerance, bool(passed), cosine, rms)
+
+
+def cosine_similarity(expected, actual) -> float:
+    """msaccucmp's cosine: 1 for equal outputs (two zero vectors included), 0 where either
+    holds a NaN or an infinity the other does not (an fp16 overflow)."""
+    a = np.asarray(expected, dtype=np.float64).ravel()
+    b = np.asarray(actual, dtype=np.float64).ravel()
+    if a.size == 0 or np.array_equal(a, b, equal_nan=True):
+        return 1.0
+    if not (np.isfinite(a).all() and np.isfinite(b).all()):
+        return 0.0
+    norms = float(np.linalg.norm(a) * np.linalg.norm(b))
+    return float(a @ b / norms) if norms else 0.0
 
 
 NPZ_FIX = "give an .npz made with numpy.savez, one array per input name"

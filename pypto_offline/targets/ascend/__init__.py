@@ -2,6 +2,9 @@
 from pypto_offline.targets.descriptor import Figure, Target
 from pypto_offline.targets.pypto_support import PYPTO_0_2_0
 
+# What ATC builds an inference model in when --precision_mode is not given (docs/precision.md)
+_ATC_DEFAULT = Figure("force_fp16", "ATC --precision_mode: force_fp16 for inference")
+
 ASCEND910B = Target(
     name="ascend910b", soc_version=Figure("Ascend910B1", "WHEEL A2A3.ini"),
     npu_arch=Figure(2201, "WHEEL A2A3.ini"), ai_cores=Figure(24, "WHEEL A2A3.ini ai_core_cnt"),
@@ -29,7 +32,9 @@ ASCEND910B = Target(
     max_block_dim=Figure(48, "24 AIC / 48 AIV (WHEEL A2A3.ini)"),
     gm_atomics=Figure(True, "EST; A2A3.ini"), hw_cross_core_sync=Figure(True, "A2A3.ini"),
     packaging=Figure("standard OM (TBE_KERNELS / CUSTOM_OPS), dynamic shape possible",
-                     "GE framework_types_internal.h"))
+                     "GE framework_types_internal.h"),
+    precision_mode=_ATC_DEFAULT,
+    cube_fp32=Figure(True, "WHEEL A2A3.ini intrinsic map: mmad f32f32f32"))
 
 ASCEND950 = Target(
     name="ascend950", soc_version=Figure("Ascend950PR_9589", "PY 950PR_958x.ini"),
@@ -56,4 +61,7 @@ ASCEND950 = Target(
     gm_bytes_per_cycle_per_core=Figure(16, "RT ini [VectorCoreMemoryRates] (PR, AIV)"),
     max_block_dim=Figure(64, "32 AIC / 64 AIV (RT ini)"),
     gm_atomics=Figure(True, "EST; A2A3.ini"), hw_cross_core_sync=Figure(True, "EST; A2A3.ini"),
-    packaging=Figure("standard OM + fusion launch (rtFusionLaunch)", "RT fusion.md"))
+    packaging=Figure("standard OM + fusion launch (rtFusionLaunch)", "RT fusion.md"),
+    precision_mode=_ATC_DEFAULT,
+    cube_fp32=Figure(True, "EST: as the 910B (PTO arch_capability.hpp A5 lists AccFloat)",
+                     estimate=True))

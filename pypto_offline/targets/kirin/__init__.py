@@ -22,6 +22,9 @@ _SHARED = dict(
     ub_block_bytes=Figure(32, "RT kirin ini; PTO buffer_limits.hpp"),
     gm_atomics=Figure(False, "HW-atomic: SetAtomicAdd unsupported"),
     hw_cross_core_sync=Figure(False, "HW-sync: SyncAll emulated in software"),
+    precision_mode=Figure("force_fp16", "ATC --precision_mode: force_fp16 for inference; HR "
+                                        "atc_tools_guide.md: the phone's models are built by ATC"),
+    cube_fp32=Figure(False, "HW-dt; PTO arch_capability.hpp: Mmad takes no float, acc fp16/int32"),
 )
 
 

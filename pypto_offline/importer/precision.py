@@ -1,0 +1,261 @@
+"""Precision modes: a float32 graph converted to what the NPU computes in (docs/precision.md).
+
+    converted, conversion = to_half(graph.model, "allow_mix_precision", keep, cube_fp32=False)
+
+The four modes are ATC's ``--precision_mode``; ``--keep_dtype`` (ATC's file: one node name per
+line, or ``OpType::NAME`` for every op of that type) keeps ops in their original precision. The
+conversion itself is onnxruntime's float16 converter (``convert_float_to_float16``): model inputs
+and outputs keep their declared types, initializers saturate to fp16's range, and every op kept
+in fp32 sits between casts, which the kernels fuse. What this module decides is which ops stay in
+fp32, and why:
+
+- ``force_fp16``: none but those onnxruntime's CPU provider has no fp16 kernel for (the reference
+  run needs one) and those ``--keep_dtype`` names;
+- ``allow_fp32_to_fp16``: the matrix ops (the cube's) in fp16 where the chip's cube takes no
+  fp32 (``Target.cube_fp32``), every other op in fp32;
+- ``allow_mix_precision``: the op registry's ``precision_reduce`` (ATC's ops-info key): False
+  ops in fp32, True ops in fp16, the others as their data inputs are (fp32 when any is);
+- ``must_keep_origin_dtype``: no conversion.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from pypto_offline.errors import UsageError
+from pypto_offline.importer.ops import MATMUL, data_inputs, kind_of, op_def
+
+FORCE_FP16 = "force_fp16"
+ALLOW_FP32_TO_FP16 = "allow_fp32_to_fp16"
+MUST_KEEP = "must_keep_origin_dtype"
+ALLOW_MIX = "allow_mix_precision"
+MODES = (FORCE_FP16, ALLOW_FP32_TO_FP16, MUST_KEEP, ALLOW_MIX)  # ATC's order
+
+# The cosine similarity every float output must keep against the original model, per mode
+# (docs/precision.md): force_fp16's error is what it is, 0.99 marks a model it broke.
+MIN_COSINE = {FORCE_FP16: 0.99, ALLOW_FP32_TO_FP16: 0.999, ALLOW_MIX: 0.999}
+
+FP16_MAX = 65504.0
+_FLOAT = onnx.TensorProto.FLOAT
+KEEP_DTYPE_FIX = ("give one node name per line, or OpType::NAME for every op of that type "
+                  "(ATC's --keep_dtype format)")
+
+
+def check_mode(mode: str) -> str:
+    if mode not in MODES:
+        raise UsageError(f"unknown precision mode {mode!r}",
+                         fix=f"choose one of {', '.join(MODES)} (ATC's --precision_mode)")
+    return mode
+
+
+def converts(mode: str) -> bool:
+    return mode != MUST_KEEP
+
+
+@dataclass(frozen=True)
+class KeepDtype:
+    """``--keep_dtype``: node names and op types whose ops keep their original precision."""
+
+    nodes: frozenset[str] = frozenset()
+    op_types: frozenset[str] = frozenset()
+    source: str = ""  # the file it came from, for messages
+
+    @property
+    def lines(self) -> list[str]:
+        """Its content in a canonical order (what the blob's provenance records)."""
+        return sorted(self.nodes) + [f"OpType::{t}" for t in sorted(self.op_types)]
+
+    def keeps(self, node: onnx.NodeProto) -> bool:
+        return node.name in self.nodes or node.op_type in self.op_types
+
+    def check_against(self, model: onnx.ModelProto) -> None:
+        """Every line names a node or an op type of the model: a typo would keep nothing."""
+        names = {n.name for n in model.graph.node}
+        types = {n.op_type for n in model.graph.node}
+        for name in sorted(self.nodes - names):
+            raise UsageError(f"--keep_dtype names {name!r}, which is no node of the model",
+                             where=self.source, fix=KEEP_DTYPE_FIX)
+        for op_type in sorted(self.op_types - types):
+            raise UsageError(f"--keep_dtype names OpType::{op_type}, and the model has no "
+                             f"{op_type} op", where=self.source, fix=KEEP_DTYPE_FIX)
+
+
+def read_keep_dtype(path) -> KeepDtype:
+    """ATC's file: a node name per line, ``OpType::NAME`` for a type; blank lines ignored."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise UsageError(f"cannot read --keep_dtype: {error}", where=str(path),
+                         fix=KEEP_DTYPE_FIX) from None
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    types = {line.split("::", 1)[1].strip() for line in lines if line.startswith("OpType::")}
+    if "" in types:
+        raise UsageError("--keep_dtype has an OpType:: line without a type", where=str(path),
+                         fix=KEEP_DTYPE_FIX)
+    nodes = {line for line in lines if not line.startswith("OpType::")}
+    return KeepDtype(frozenset(nodes), frozenset(types), str(path))
+
+
+@dataclass(frozen=True)
+class Kept:
+    """An op left in fp32 by a converting mode, and why."""
+
+    node: str
+    op_type: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Clamped:
+    """A weight with values beyond fp16's range, saturated to +-65504 by the conversion."""
+
+    tensor: str
+    node: str  # its first reader
+    values: int
+    largest: float
+
+
+@dataclass(frozen=True)
+class Conversion:
+    mode: str
+    kept: tuple[Kept, ...] = ()
+    clamped: tuple[Clamped, ...] = ()
+
+
+def to_half(model: onnx.ModelProto, mode: str, keep: KeepDtype = KeepDtype(),
+            cube_fp32: bool = False) -> tuple[onnx.ModelProto, Conversion]:
+    """``model`` (the imported graph: names on every node, types on every tensor) converted by
+    ``mode``; the original is not changed."""
+    check_mode(mode)
+    if not converts(mode):
+        return model, Conversion(mode)
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    kept = _kept_in_fp32(model, mode, keep, cube_fp32)
+    converted = convert_float_to_float16(
+        onnx.ModelProto.FromString(model.SerializeToString()), keep_io_types=True,
+        max_finite_val=FP16_MAX, disable_shape_infer=True,
+        node_block_list=[k.node for k in kept])
+    converted = _sorted(_join_fp32_runs(converted))
+    floats = _float_tensors(model)
+    reported = tuple(k for k in kept if _computes_float(model, k.node, floats))
+    return converted, Conversion(mode, reported, _clamped(model, {k.node for k in kept}))
+
+
+def _join_fp32_runs(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The converter casts every kept op's output to fp16 and back to fp32 for the next kept op
+    (measured on magika's LayerNorm: its sums rounded to fp16 between two fp32 ops, a variance
+    off by 8 %): a kept op reads the fp32 value itself; a cast to fp16 no op reads is dropped."""
+    graph = model.graph
+    to_fp16 = {n.output[0]: n.input[0] for n in graph.node if _is_cast(n, onnx.TensorProto.FLOAT16)}
+    outputs = {o.name for o in graph.output}
+    round_trips = {n.output[0]: to_fp16[n.input[0]] for n in graph.node
+                   if _is_cast(n, _FLOAT) and n.input[0] in to_fp16}
+    # one that gives a graph output keeps its name: it casts the fp32 value (to fp32) instead
+    nodes = [n for n in graph.node if not (_is_cast(n, _FLOAT) and n.output[0] in round_trips
+                                           and n.output[0] not in outputs)]
+    for node in nodes:
+        if _is_cast(node, _FLOAT) and node.output[0] in outputs & round_trips.keys():
+            node.input[0] = round_trips[node.output[0]]
+        node.input[:] = [round_trips.get(name, name) for name in node.input]
+    read = {name for n in nodes for name in n.input} | outputs
+    nodes = [n for n in nodes if not (_is_cast(n, onnx.TensorProto.FLOAT16)
+                                      and n.output[0] in to_fp16 and n.output[0] not in read)]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return model
+
+
+def _is_cast(node: onnx.NodeProto, to: int) -> bool:
+    return node.op_type == "Cast" and any(a.name == "to" and a.i == to for a in node.attribute)
+
+
+def _sorted(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The converter appends its casts at the end: nodes in an order that runs (onnx's checker
+    asks for one), by onnx-ir's stable topological sort."""
+    import onnx_ir
+
+    graph = onnx_ir.from_proto(model)
+    graph.graph.sort()
+    return onnx_ir.to_proto(graph)
+
+
+def _kept_in_fp32(model: onnx.ModelProto, mode: str, keep: KeepDtype, cube_fp32: bool
+                  ) -> list[Kept]:
+    """The ops that stay fp32, in graph (topological) order: a grey op under
+    allow_mix_precision follows the ops before it."""
+    from onnxruntime.transformers.float16 import DEFAULT_OP_BLOCK_LIST
+
+    fp32: set[str] = set()
+    kept = []
+    for node in model.graph.node:
+        if not node.name:
+            raise ValueError(f"an imported {node.op_type} node has no name")  # importer's bug
+        follows = any(name in fp32 for name in data_inputs(node.op_type, node.input))
+        reason = (_by_keep(node, keep) or _by_runtime(node, DEFAULT_OP_BLOCK_LIST)
+                  or _by_mode(node, mode, cube_fp32, follows))
+        if reason:
+            kept.append(Kept(node.name, node.op_type, reason))
+            fp32.update(node.output)
+    return kept
+
+
+def _by_keep(node, keep: KeepDtype) -> str:
+    return "--keep_dtype names it" if keep.keeps(node) else ""
+
+
+def _by_runtime(node, block_list) -> str:
+    return ("onnxruntime's CPU provider has no fp16 kernel for it (the reference run needs one)"
+            if node.op_type in block_list else "")
+
+
+def _by_mode(node, mode: str, cube_fp32: bool, follows_fp32: bool) -> str:
+    if mode == ALLOW_FP32_TO_FP16:
+        if kind_of(node.op_type) == MATMUL and not cube_fp32:
+            return ""
+        return ("allow_fp32_to_fp16 keeps it in fp32 (the chip's cube takes fp32)"
+                if kind_of(node.op_type) == MATMUL else
+                "allow_fp32_to_fp16 keeps vector ops in fp32")
+    if mode == ALLOW_MIX:
+        definition = op_def(node.op_type, node.domain)
+        reduce = definition.precision_reduce if definition else None
+        if reduce is False:
+            return "allow_mix_precision computes it in fp32 (precision_reduce false)"
+        if reduce is None and follows_fp32:
+            return "allow_mix_precision: it follows its fp32 input"
+    return ""
+
+
+def _float_tensors(model: onnx.ModelProto) -> set[str]:
+    graph = model.graph
+    values = [*graph.input, *graph.output, *graph.value_info]
+    names = {v.name for v in values if v.type.tensor_type.elem_type == _FLOAT}
+    return names | {t.name for t in graph.initializer if t.data_type == _FLOAT}
+
+
+def _computes_float(model: onnx.ModelProto, node_name: str, floats: set[str]) -> bool:
+    node = next(n for n in model.graph.node if n.name == node_name)
+    return any(name in floats for name in [*node.input, *node.output])
+
+
+def _clamped(model: onnx.ModelProto, kept: set[str]) -> tuple[Clamped, ...]:
+    """Weights read by an op converted to fp16 that hold finite values beyond its range."""
+    readers: dict[str, str] = {}
+    for node in model.graph.node:
+        if node.name not in kept:
+            for name in node.input:
+                readers.setdefault(name, node.name)
+    found = []
+    for tensor in model.graph.initializer:
+        if tensor.data_type != _FLOAT or tensor.name not in readers:
+            continue
+        values = np.abs(numpy_helper.to_array(tensor))
+        beyond = values[np.isfinite(values) & (values > FP16_MAX)]
+        if beyond.size:
+            found.append(Clamped(tensor.name, readers[tensor.name], int(beyond.size),
+                                 float(beyond.max())))
+    return tuple(found)

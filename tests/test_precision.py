@@ -1,0 +1,198 @@
+"""Precision modes (issue 36, docs/precision.md): ATC's four --precision_mode values and
+--keep_dtype, the conversion by onnxruntime's float16 converter, and the verification of a
+converted model against the original one with msaccucmp's metrics."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+
+from tests.onnx_builders import GraphBuilder
+from pypto_offline import cli
+from pypto_offline.errors import UsageError
+from pypto_offline.importer import import_model
+from pypto_offline.importer.precision import (ALLOW_FP32_TO_FP16, ALLOW_MIX, FORCE_FP16,
+                                              MIN_COSINE, MODES, MUST_KEEP, KeepDtype,
+                                              check_mode, read_keep_dtype, to_half)
+from pypto_offline.runtime import generate_inputs
+from pypto_offline.verify import Thresholds, compare, cosine_similarity
+
+from tests.malformed import EXAMPLE
+
+EXAMPLE_SHAPE = ["--input-shape", "x=1,3,64,64"]
+
+
+def rms_norm(channels: int = 512) -> onnx.ModelProto:
+    """T5's RMSNorm: x / sqrt(mean(x^2) + eps) * w; x^2 of an activation past 256 overflows
+    fp16 unless the squares are summed in fp32."""
+    b = GraphBuilder()
+    x = b.input("x", [1, 8, channels])
+    squares = b.op("Pow", [x, b.const(2.0)])
+    mean = b.op("ReduceMean", [squares, b.const([-1])], keepdims=1)
+    root = b.op("Sqrt", [b.op("Add", [mean, b.const(1e-6)])])
+    normed = b.op("Div", [x, root])
+    return b.model(b.op("Mul", [normed, b.const(np.full(channels, 0.5, np.float32))]))
+
+
+def masked_softmax() -> onnx.ModelProto:
+    """An attention softmax whose masked positions add -1e9 (BERT's exporters write it so)."""
+    b = GraphBuilder()
+    scores = b.input("scores", [1, 4, 16, 16])
+    mask = np.zeros((1, 1, 1, 16), np.float32)
+    mask[..., 12:] = -1e9
+    return b.model(b.op("Softmax", [b.op("Add", [scores, b.const(mask)])], axis=-1))
+
+
+def imported(model: onnx.ModelProto):
+    return import_model(model).model
+
+
+def large_inputs(model: onnx.ModelProto, scale: float) -> dict[str, np.ndarray]:
+    return {name: value * scale for name, value in generate_inputs(model, 0).items()}
+
+
+def converted_check(model, mode: str, feeds) -> tuple:
+    original = imported(model)
+    half, conversion = to_half(original, mode)
+    return compare(original, import_model(half).model, feeds,
+                   Thresholds(MIN_COSINE[mode])), conversion
+
+
+# -- the modes -----------------------------------------------------------------------------
+
+def test_an_unknown_mode_is_refused_listing_the_four():
+    with pytest.raises(UsageError) as refused:
+        check_mode("fp16")
+    assert all(mode in str(refused.value) for mode in MODES) and len(MODES) == 4
+
+
+def test_the_cli_exits_2_on_an_unknown_mode_before_any_work(tmp_path, capsys):
+    out = tmp_path / "x.ptom"
+    assert cli.main([str(EXAMPLE), "--target", "kirin9050", *EXAMPLE_SHAPE, "-o", str(out),
+                     "--precision_mode", "half"]) == 2
+    assert "allow_mix_precision" in capsys.readouterr().err and not out.exists()
+
+
+def test_must_keep_origin_dtype_leaves_the_graph_as_it_came():
+    model = imported(rms_norm())
+    same, conversion = to_half(model, MUST_KEEP)
+    assert same is model and conversion.kept == () and conversion.clamped == ()
+
+
+def test_every_target_names_its_toolchain_s_default_mode_with_a_source(capsys):
+    assert cli.main(["targets", "--json"]) == 0
+    listing = json.loads(capsys.readouterr().out)["targets"]
+    for name, figures in listing.items():
+        assert figures["precision_mode"]["value"] == FORCE_FP16, name
+        assert "ATC" in figures["precision_mode"]["source"], name
+    assert listing["kirin9030"]["cube_fp32"]["value"] is False
+    assert listing["ascend910b"]["cube_fp32"]["value"] is True
+
+
+# -- numerics ------------------------------------------------------------------------------
+
+def test_an_rms_norm_verifies_mixed_with_its_squares_and_their_mean_in_fp32():
+    """Activations of about 300: their squares overflow fp16 (65,504) unless computed in fp32.
+    (Under force_fp16 onnxruntime's CPU provider still runs those fp16 ops in fp32, so the
+    whole-model check passes there: docs/precision.md, "What the check sees".)"""
+    model = rms_norm()
+    feeds = large_inputs(imported(model), 300.0)
+    mixed, conversion = converted_check(model, ALLOW_MIX, feeds)
+    assert mixed.status == "passed", mixed
+    assert min(o.cosine for o in mixed.outputs) >= MIN_COSINE[ALLOW_MIX]
+    assert {k.op_type for k in conversion.kept} >= {"Pow", "ReduceMean", "Sqrt", "Div"}
+
+
+def test_a_minus_1e9_mask_saturates_to_fp16_s_range_reported_and_the_softmax_stays_right():
+    model = masked_softmax()
+    feeds = generate_inputs(imported(model), 0)
+    check, conversion = converted_check(model, ALLOW_MIX, feeds)
+    assert check.status == "passed" and check.outputs[0].cosine >= 0.9999
+    (clamped,) = conversion.clamped
+    assert clamped.largest == 1e9 and clamped.values == 4 and clamped.node
+
+
+def test_ops_kept_in_fp32_read_each_other_s_fp32_values_not_an_fp16_round_trip():
+    """The converter casts a kept op's output to fp16 and back for the next kept op; the
+    conversion reads the fp32 value itself (docs/precision.md)."""
+    half, conversion = to_half(imported(rms_norm()), ALLOW_MIX)
+    to = {n.output[0]: a.i for n in half.graph.node if n.op_type == "Cast"
+          for a in n.attribute if a.name == "to"}
+    round_trips = [n for n in half.graph.node if n.op_type == "Cast" and n.input[0] in to
+                   and to[n.input[0]] == onnx.TensorProto.FLOAT16
+                   and to[n.output[0]] == onnx.TensorProto.FLOAT]
+    assert round_trips == [] and len(conversion.kept) >= 4
+    onnx.checker.check_model(half)  # in an order that runs
+
+
+def test_allow_fp32_to_fp16_puts_only_the_cube_s_ops_in_fp16_where_it_takes_no_fp32():
+    b = GraphBuilder()
+    x = b.input("x", [1, 16, 32])
+    product = b.op("MatMul", [x, b.const(np.ones((32, 8), np.float32))])
+    model = imported(b.model(b.op("Relu", [product])))
+    _, phone = to_half(model, ALLOW_FP32_TO_FP16, cube_fp32=False)
+    _, ascend = to_half(model, ALLOW_FP32_TO_FP16, cube_fp32=True)
+    assert {k.op_type for k in phone.kept} == {"Relu"}
+    assert {k.op_type for k in ascend.kept} == {"MatMul", "Relu"}
+
+
+def test_cosine_similarity_is_msaccucmp_s():
+    a = np.array([1.0, 2.0, 3.0])
+    assert cosine_similarity(a, a) == 1.0 and cosine_similarity(a, -a) == pytest.approx(-1.0)
+    assert cosine_similarity(a, np.array([1.0, np.inf, 3.0])) == 0.0
+
+
+# -- --keep_dtype --------------------------------------------------------------------------
+
+def test_keep_dtype_reads_atc_s_format(tmp_path):
+    path = tmp_path / "keep.cfg"
+    path.write_text("n3\n\nOpType::ReduceMean\n")
+    keep = read_keep_dtype(path)
+    assert keep.nodes == {"n3"} and keep.op_types == {"ReduceMean"}
+    assert keep.lines == ["n3", "OpType::ReduceMean"]
+
+
+@pytest.mark.parametrize("line, named", [("no_such_node", "'no_such_node'"),
+                                         ("OpType::Conv", "OpType::Conv")])
+def test_a_keep_dtype_line_naming_nothing_in_the_model_is_refused(tmp_path, line, named):
+    path = tmp_path / "keep.cfg"
+    path.write_text(line + "\n")
+    with pytest.raises(UsageError) as refused:
+        read_keep_dtype(path).check_against(imported(rms_norm()))
+    assert named in str(refused.value) and str(path) in str(refused.value)
+
+
+def test_keep_dtype_keeps_the_named_node_in_fp32_under_force_fp16():
+    model = imported(masked_softmax())
+    add = next(n.name for n in model.graph.node if n.op_type == "Add")
+    _, conversion = to_half(model, FORCE_FP16, KeepDtype(frozenset({add})))
+    assert [(k.node, k.reason) for k in conversion.kept] == [(add, "--keep_dtype names it")]
+
+
+# -- a build -------------------------------------------------------------------------------
+
+@pytest.mark.pypto
+def test_a_mixed_precision_build_moves_fewer_bytes_and_verifies_against_the_original(
+        tmp_path, capsys):
+    """The example model (fp32) under allow_mix_precision against an explicit
+    must_keep_origin_dtype build, which is byte for byte the build without the option."""
+    summaries = {}
+    for mode in (MUST_KEEP, ALLOW_MIX, None):
+        out = tmp_path / f"{mode}.ptom"
+        option = ["--precision_mode", mode] if mode else []
+        assert cli.main([str(EXAMPLE), "--target", "kirin9050", *EXAMPLE_SHAPE, "-o", str(out),
+                         "--json", "--no-report", "--cache-dir", str(tmp_path / "cache"),
+                         *option]) == 0
+        summaries[mode] = json.loads(capsys.readouterr().out)
+    kept, mixed = summaries[MUST_KEEP], summaries[ALLOW_MIX]
+    assert (tmp_path / f"{MUST_KEEP}.ptom").read_bytes() == (tmp_path / "None.ptom").read_bytes()
+    assert kept["precision_mode"] == MUST_KEEP and kept["precision"] is None
+    assert mixed["precision_mode"] == ALLOW_MIX and mixed["fused_kernels"] >= 1
+    assert mixed["gm_bytes_after"] < 0.7 * kept["gm_bytes_after"]
+    assert mixed["pypto"]["cost_us_fused"] < kept["pypto"]["cost_us_fused"]
+    check = mixed["verification"]
+    assert check["status"] == "passed" and check["reference"] == "original model"
+    assert check["thresholds"] == {"min_cosine": MIN_COSINE[ALLOW_MIX]}
+    assert all(m["cosine"] >= MIN_COSINE[ALLOW_MIX] for m in check["metrics"].values())
