@@ -27,6 +27,7 @@ from pypto_offline.offline_compiler import BuildOptions, blob, build, ptom_pb2
 from pypto_offline.offline_compiler.source_check import SourceCheck, recheck_sources
 from pypto_offline.offline_compiler.summary import summarise
 from pypto_offline.progress import SILENT, Progress, Timings
+from pypto_offline.runtime import finite
 from pypto_offline.targets import Target, known_names, resolve_target
 from pypto_offline.importer.precision import MIN_COSINE, MUST_KEEP, check_mode, read_keep_dtype
 from pypto_offline.verify import (Thresholds, Verification, check_memory_limits, compare,
@@ -126,7 +127,7 @@ class CompiledModel:
         self._record(result, seed, bool(given), thresholds)
         if self.loaded_from is not None if sources is None else sources:
             self.source_check = recheck_sources(self.message)
-        return Checked(result, self.source_check)
+        return Checked(result, self.source_check, tuple(self.message.verification.kernels_beyond))
 
     def _thresholds(self) -> Thresholds | None:
         """A converted model against the original (the build's own, or ``use_reference``'s) is
@@ -135,6 +136,14 @@ class CompiledModel:
         if self._reference is None or not self.message.HasField("precision"):
             return None
         return Thresholds(MIN_COSINE[self.message.precision.mode])
+
+    def _kernels_beyond(self, thresholds: Thresholds) -> list[str]:
+        """The kernels the build ran on the original model's values whose outputs are beyond
+        the thresholds (onnxruntime runs most fp16 ops in fp32 and cannot see them fail:
+        docs/precision.md)."""
+        return [k.id for k in self.message.kernels
+                if k.HasField("precision") and not k.precision.why_not and not thresholds.holds(
+                    {"cosine": k.precision.cosine, "max_abs": k.precision.max_abs})]
 
     def _record(self, result, seed: int, inputs_given: bool,
                 thresholds: Thresholds | None) -> None:
@@ -147,10 +156,11 @@ class CompiledModel:
                 else "imported graph"
         if thresholds is not None:
             record.thresholds.min_cosine = thresholds.min_cosine
+            record.kernels_beyond.extend(self._kernels_beyond(thresholds))
         record.outputs.extend(ptom_pb2.OutputCheck(
-            name=o.name, dtype=o.dtype, max_abs_diff=_finite(o.max_abs_diff),
-            max_rel_diff=_finite(o.max_rel_diff), tolerance=o.tolerance, passed=o.passed,
-            cosine=o.cosine, rms=_finite(o.rms))
+            name=o.name, dtype=o.dtype, max_abs_diff=finite(o.max_abs_diff),
+            max_rel_diff=finite(o.max_rel_diff), tolerance=o.tolerance, passed=o.passed,
+            cosine=o.cosine, rms=finite(o.rms))
             for o in result.outputs)
 
     @property
@@ -182,15 +192,14 @@ class Checked:
 
     onnxruntime: Verification
     sources: SourceCheck | None
+    # a converted build's kernels beyond its thresholds on the original model's values
+    kernels_beyond: tuple[str, ...] = ()
 
     @property
     def status(self) -> str:
         sources_differ = self.sources is not None and not self.sources.passed
-        return "failed" if sources_differ or self.onnxruntime.status == "failed" else "passed"
-
-
-def _finite(value: float) -> float:
-    return value if np.isfinite(value) else float(np.finfo(np.float64).max)
+        return "failed" if sources_differ or self.kernels_beyond or \
+            self.onnxruntime.status == "failed" else "passed"
 
 
 def compile(model, target: str = "kirin9050",  # noqa: A001 - the API's verb

@@ -86,6 +86,37 @@ def max_abs_diff(expected: np.ndarray, actual: np.ndarray) -> float:
     return float(abs_diff(expected, actual).max())
 
 
+def finite(value: float) -> float:
+    """An infinite figure (an fp16 overflow's difference) as the largest double: protobuf and
+    JSON keep that."""
+    return value if np.isfinite(value) else float(np.finfo(np.float64).max)
+
+
+def precision_metrics(expected: np.ndarray, actual: np.ndarray) -> dict[str, float]:
+    """Ascend's msaccucmp metrics of ``actual`` against ``expected`` (docs/precision.md):
+    cosine similarity (1 for equal tensors, two zero ones included; 0 where either holds a NaN
+    or an infinity the other does not: an fp16 overflow), the largest absolute and relative
+    differences and the root mean square difference, in float64."""
+    diff = abs_diff(expected, actual)
+    if diff.size == 0:
+        return {"cosine": 1.0, "max_abs": 0.0, "max_rel": 0.0, "rms": 0.0}
+    scale = np.maximum(np.abs(np.asarray(expected, dtype=np.float64)), 1e-12)
+    return {"cosine": _cosine(expected, actual), "max_abs": float(diff.max()),
+            "max_rel": float(np.nan_to_num(diff / scale, nan=np.inf).max()),
+            "rms": float(np.sqrt(np.mean(np.square(diff))))}
+
+
+def _cosine(expected, actual) -> float:
+    a = np.asarray(expected, dtype=np.float64).ravel()
+    b = np.asarray(actual, dtype=np.float64).ravel()
+    if np.array_equal(a, b, equal_nan=True):
+        return 1.0
+    if not (np.isfinite(a).all() and np.isfinite(b).all()):
+        return 0.0
+    norms = float(np.linalg.norm(a) * np.linalg.norm(b))
+    return float(a @ b / norms) if norms else 0.0
+
+
 def generate_inputs(model: onnx.ModelProto, seed: int = 0,
                     given: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
     """Seeded inputs for every graph input with a static shape; ``given`` ones are kept."""

@@ -16,19 +16,22 @@ from pypto_offline.importer import import_model
 from pypto_offline.importer.precision import (ALLOW_FP32_TO_FP16, ALLOW_MIX, FORCE_FP16,
                                               MIN_COSINE, MODES, MUST_KEEP, KeepDtype,
                                               check_mode, read_keep_dtype, to_half)
-from pypto_offline.runtime import generate_inputs
-from pypto_offline.verify import Thresholds, compare, cosine_similarity
+from pypto_offline.runtime import generate_inputs, precision_metrics
+from pypto_offline.verify import Thresholds, compare
 
 from tests.malformed import EXAMPLE
 
 EXAMPLE_SHAPE = ["--input-shape", "x=1,3,64,64"]
 
 
-def rms_norm(channels: int = 512) -> onnx.ModelProto:
+def rms_norm(channels: int = 512, scale: float | None = None) -> onnx.ModelProto:
     """T5's RMSNorm: x / sqrt(mean(x^2) + eps) * w; x^2 of an activation past 256 overflows
-    fp16 unless the squares are summed in fp32."""
+    fp16 unless the squares are summed in fp32. ``scale``: x multiplied by it first (the
+    activations of about 300 an RMSNorm sees in T5, from generated inputs within [-1, 1])."""
     b = GraphBuilder()
     x = b.input("x", [1, 8, channels])
+    if scale is not None:
+        x = b.op("Mul", [x, b.const(scale)])
     squares = b.op("Pow", [x, b.const(2.0)])
     mean = b.op("ReduceMean", [squares, b.const([-1])], keepdims=1)
     root = b.op("Sqrt", [b.op("Add", [mean, b.const(1e-6)])])
@@ -138,10 +141,14 @@ def test_allow_fp32_to_fp16_puts_only_the_cube_s_ops_in_fp16_where_it_takes_no_f
     assert {k.op_type for k in ascend.kept} == {"MatMul", "Relu"}
 
 
-def test_cosine_similarity_is_msaccucmp_s():
-    a = np.array([1.0, 2.0, 3.0])
-    assert cosine_similarity(a, a) == 1.0 and cosine_similarity(a, -a) == pytest.approx(-1.0)
-    assert cosine_similarity(a, np.array([1.0, np.inf, 3.0])) == 0.0
+def test_the_metrics_are_msaccucmp_s():
+    a = np.array([1.0, 2.0, 4.0])
+    assert precision_metrics(a, a) == {"cosine": 1.0, "max_abs": 0.0, "max_rel": 0.0, "rms": 0.0}
+    assert precision_metrics(a, -a)["cosine"] == pytest.approx(-1.0)
+    overflowed = precision_metrics(a, np.array([1.0, np.inf, 4.0]))
+    assert overflowed["cosine"] == 0.0 and overflowed["max_abs"] > 1e300
+    off = precision_metrics(a, np.array([1.0, 2.0, 5.0]))
+    assert off["max_rel"] == 0.25 and off["rms"] == pytest.approx(np.sqrt(1 / 3))
 
 
 # -- --keep_dtype --------------------------------------------------------------------------
@@ -196,3 +203,33 @@ def test_a_mixed_precision_build_moves_fewer_bytes_and_verifies_against_the_orig
     assert check["status"] == "passed" and check["reference"] == "original model"
     assert check["thresholds"] == {"min_cosine": MIN_COSINE[ALLOW_MIX]}
     assert all(m["cosine"] >= MIN_COSINE[ALLOW_MIX] for m in check["metrics"].values())
+
+
+@pytest.mark.pypto
+def test_an_rms_norm_kernel_passes_mixed_and_fails_named_under_force_fp16(tmp_path, capsys):
+    """onnxruntime runs the fp16 graph's Pow and ReduceMean in fp32 and sees no overflow; the
+    kernel, run on the original model's values, does (docs/precision.md)."""
+    model = tmp_path / "rms.onnx"
+    onnx.save(rms_norm(scale=300.0), model)
+    results = {}
+    for mode in (ALLOW_MIX, FORCE_FP16):
+        code = cli.main([str(model), "--target", "kirin9050", "-o", str(tmp_path / f"{mode}.ptom"),
+                         "--json", "--no-report", "--cache-dir", str(tmp_path / "cache"),
+                         "--precision_mode", mode])
+        results[mode] = code, json.loads(capsys.readouterr().out)
+    code, mixed = results[ALLOW_MIX]
+    (kernel,) = mixed["kernels"]
+    assert code == 0 and kernel["status"] == "compiled"
+    assert kernel["precision"]["cosine"] >= MIN_COSINE[ALLOW_MIX]
+    assert "DT_FP32" in blob_source(tmp_path / f"{ALLOW_MIX}.ptom")
+    code, forced = results[FORCE_FP16]
+    check = forced["verification"]
+    assert code == 1 and check["status"] == "failed" and check["onnxruntime"] == "passed"
+    assert check["kernels_beyond_thresholds"] == [check["worst_kernel"]] == ["region_0"]
+    assert forced["kernels"][0]["precision"]["cosine"] < MIN_COSINE[FORCE_FP16]
+
+
+def blob_source(path) -> str:
+    from pypto_offline.offline_compiler import blob
+
+    return "\n".join(k.source for k in blob.read(path).kernels)

@@ -168,15 +168,31 @@ def verification_text(s: dict) -> list[str]:
     recorded = (f"the build's record, not re-run: PyPTO pass-verify passed "
                 f"{record['kernels_passed']}/{record['kernels_checked']} kernels")
     sources = check["kernel_sources"]
+    precision = precision_text(check)
     if sources is None:
-        return [f"  verification: {check['status']} ({onnxruntime}); {recorded}"]
+        return [f"  verification: {check['status']} ({onnxruntime}); {recorded}", *precision]
     fell_back = (f"; {len(sources['fell_back'])} fell back (their ops run unfused: no source to "
                  f"check)" if sources["fell_back"] else "")
     return [f"  verification: {check['status']}",
             f"    checked now: {onnxruntime}; kernel sources derived again: "
             f"{sources['matching']}/{sources['compiled']} match{fell_back}",
             *(f"    {d['id']}: {d['reason']}" for d in sources["differing"]),
-            f"    {recorded}"]
+            f"    {recorded}", *precision]
+
+
+def precision_text(check: dict) -> list[str]:
+    """A converted build against the original model (docs/precision.md): its least similar
+    output and kernel, and the kernels beyond the thresholds."""
+    if check["thresholds"] is None:
+        return []
+    worst = check["worst_output"]
+    cosine = check["metrics"][worst]["cosine"] if worst else None
+    beyond = check["kernels_beyond_thresholds"]
+    return [f"    against the original model (cosine at least "
+            f"{check['thresholds']['min_cosine']}): least similar output {printable(worst)}"
+            + (f" (cosine {cosine:.6f})" if cosine is not None else "")
+            + f", least similar kernel {check['worst_kernel']}"
+            + (f"; kernels beyond: {', '.join(beyond)}" if beyond else "")]
 
 
 def timings_text(s: dict) -> str:

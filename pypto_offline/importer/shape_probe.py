@@ -105,6 +105,15 @@ def _np_dtype(value: onnx.ValueInfoProto) -> np.dtype:
     return onnx.helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type)
 
 
+def every_value(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]
+                ) -> dict[str, np.ndarray]:
+    """Every node output's value in one run on ``feeds`` (the graph inputs with them): what a
+    converted build's kernels are compared with (pypto_kernels/precision_check.py). The caller
+    checks the memory first (``check_memory``)."""
+    values = run_model(_expose_all_values(model), feeds)
+    return {**values, **{name: np.asarray(value) for name, value in feeds.items()}}
+
+
 def _expose_all_values(model: onnx.ModelProto) -> onnx.ModelProto:
     exposed = onnx.ModelProto()
     exposed.CopyFrom(model)

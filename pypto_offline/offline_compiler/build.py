@@ -20,10 +20,12 @@ from pypto_offline.fusion import FusionPlan, Region, plan_fusion, without_region
 from pypto_offline.fusion.cost import cube_handoff_bytes, cube_reread_bytes
 from pypto_offline.fusion.records import DOES_NOT_PAY, FAILED_CHECK, RegionOp
 from pypto_offline.importer import ImportedGraph, import_model, precision
-from pypto_offline.importer.input_shapes import symbolic_input_error
+from pypto_offline.importer.input_shapes import graph_inputs, symbolic_input_error
+from pypto_offline.importer.shape_probe import check_memory, every_value
 from pypto_offline.importer.ops import MATMUL, kind_of
 from pypto_offline.offline_compiler import ptom_pb2
 from pypto_offline.progress import SILENT, Progress, Timings
+from pypto_offline.runtime import finite, generate_inputs
 from pypto_offline.pypto_kernels import Kernel, compile_kernels, setup_for
 from pypto_offline.pypto_kernels.baseline import (ESTIMATED, MEASURED, slower_fused,
                                                   estimated_unfused_costs)
@@ -32,6 +34,7 @@ from pypto_offline.pypto_kernels.jobs.executor import Executor
 from pypto_offline.pypto_kernels.jobs.protocol import FailureKind
 from pypto_offline.pypto_kernels.measured_baseline import unfused_costs
 from pypto_offline.pypto_kernels.records import TileResult
+from pypto_offline.pypto_kernels.precision_check import KernelPrecision, check_kernels
 from pypto_offline.pypto_kernels.platform import (ISA, STOCK_PLATFORM, Platform,
                                                   platform_figures, platform_of)
 from pypto_offline.pypto_kernels.versions import DEFAULT_TIMEOUT_S, PYPTO_VERSION
@@ -167,6 +170,8 @@ def build(source, target: Target, options: BuildOptions, progress: Progress = SI
         with timings.stage("plan_s"):
             shipped = without_regions(plan, graph, target, failed)
     on_910b = _on_910b_platform(graph, plan, target, options, progress, timings)
+    precision_of = _kernel_precision(original, graph, plan, kernels, target, options, progress,
+                                     timings)
     platform = platform_of(target)
     message = ptom_pb2.CompiledModel(
         target=_target_descriptor(target),
@@ -178,7 +183,8 @@ def build(source, target: Target, options: BuildOptions, progress: Progress = SI
         message.precision.CopyFrom(precision_message(conversion))
     regions = {r.id: r for r in plan.regions}
     message.kernels.extend(_kernel_message(regions[k.region_id], k, baseline, platform,
-                                           on_910b.get(k.region_id)) for k in kernels)
+                                           on_910b.get(k.region_id),
+                                           precision_of.get(k.region_id)) for k in kernels)
     message.unfused.extend(ptom_pb2.Unfused(node=u.node, op_type=u.op_type, category=u.category,
                                             reason=u.reason) for u in shipped.unfused)
     message.totals.CopyFrom(_totals(shipped, kernels, baseline, target))
@@ -198,6 +204,25 @@ def _in_precision(graph: ImportedGraph, target: Target, options: BuildOptions):
                                               options.keep_dtype, cube_fp32)
     half = import_model(converted, inputs=options.inputs, must_run=options.verify)
     return graph.model, replace(half, stats=graph.stats), conversion
+
+
+def _kernel_precision(original: onnx.ModelProto | None, graph: ImportedGraph, plan: FusionPlan,
+                      kernels: Sequence[Kernel], target: Target, options: BuildOptions,
+                      progress, timings: Timings) -> dict[str, KernelPrecision]:
+    """A converted build's shipped kernels against the original model, on the verification's
+    inputs (seed 0, and ``--inputs``): ``pypto_kernels/precision_check.py``. Empty for a
+    graph compiled in its own types."""
+    if original is None or not kernels:
+        return {}
+    progress.stage("running the kernels on the original model's values (precision check)")
+    with timings.stage("kernels_s"):
+        check_memory(original, "the original model", {t.name for t in original.graph.initializer})
+        values = every_value(original, generate_inputs(original, 0, options.inputs))
+        names = ([v.name for v in graph_inputs(original)], [o.name for o in original.graph.output])
+        setup = setup_for(target, options.cache_dir, options.executor, options.kernel_timeout_s,
+                          options.cache_trust)
+        return check_kernels(kernels, {r.id: r for r in plan.regions}, graph, values, names,
+                             setup, options.jobs)
 
 
 def precision_message(conversion: precision.Conversion) -> ptom_pb2.Precision:
@@ -362,7 +387,8 @@ def platform_message(platform: Platform) -> ptom_pb2.Platform:
 
 
 def _kernel_message(region: Region, kernel: Kernel, baseline: Baseline, platform: Platform,
-                    on_910b: TileResult | None) -> ptom_pb2.Kernel:
+                    on_910b: TileResult | None, precision_of: KernelPrecision | None = None
+                    ) -> ptom_pb2.Kernel:
     message = ptom_pb2.Kernel(
         id=region.id, region_signature=region_signature(region), nodes=list(region.nodes),
         inputs=list(region.inputs), outputs=list(region.outputs),
@@ -388,6 +414,10 @@ def _kernel_message(region: Region, kernel: Kernel, baseline: Baseline, platform
                              ("platform_910b_tile", on_910b if kernel.compiled else None)):
         if tile is not None:
             getattr(message, field_name).CopyFrom(_tile(tile))
+    if precision_of is not None:
+        message.precision.CopyFrom(ptom_pb2.KernelPrecision(
+            why_not=precision_of.why_not, **{name: finite(value) for name, value in
+                                             (precision_of.metrics or {}).items()}))
     message.sha256 = hashlib.sha256(message.SerializeToString(deterministic=True)).hexdigest()
     return message
 

@@ -74,7 +74,7 @@ def summarise(message: ptom_pb2.CompiledModel, sources: SourceCheck | None = Non
                   "cost_us_unfused": measured(t, "cost_us_unfused"),
                   "cost_us_unfused_basis": t.cost_us_unfused_basis or None,
                   "kernels_cost_compared": t.kernels_cost_compared},
-        "verification": verification(m.verification, sources),
+        "verification": verification(m, sources),
         # what the blob says its build checked of each kernel (PyPTO's pass-verify against
         # onnxruntime): its record, not run again by anything that reads the blob
         "build_record": {"kernels_checked": len(checked),
@@ -137,12 +137,13 @@ def platform_comparison(message: ptom_pb2.CompiledModel) -> dict | None:
             "pypto_us_910b": round(sum(measured(s, "aicore_us") or 0 for _, s in pairs), 3)}
 
 
-def verification(record: ptom_pb2.Verification, sources: SourceCheck | None) -> dict:
+def verification(message: ptom_pb2.CompiledModel, sources: SourceCheck | None) -> dict:
     """The checks of the compiled model: onnxruntime's (as recorded in the message: by the
     build, or by the ``verify`` that ran it now) and the kernel sources derived again, when they
     were (``kernel_sources``, None otherwise); ``status`` is failed if either failed."""
+    record = message.verification
     onnxruntime = record.status or "skipped"
-    differ = sources is not None and not sources.passed
+    differ = sources is not None and not sources.passed or bool(record.kernels_beyond)
     return {
         "status": "failed" if differ else onnxruntime,
         "onnxruntime": onnxruntime,
@@ -153,10 +154,32 @@ def verification(record: ptom_pb2.Verification, sources: SourceCheck | None) -> 
                     for o in record.outputs},
         "thresholds": ({"min_cosine": record.thresholds.min_cosine}
                        if record.HasField("thresholds") else None),
+        "worst_output": min(record.outputs, key=lambda o: o.cosine).name
+        if record.HasField("thresholds") and record.outputs else None,
+        "kernels_beyond_thresholds": list(record.kernels_beyond),
+        "worst_kernel": worst_kernel(message),
         "kernel_sources": None if sources is None else {
             "compiled": sources.compiled, "matching": sources.matching,
             "differing": [{"id": m.kernel, "reason": m.reason} for m in sources.mismatches],
             "fell_back": list(sources.fell_back)}}
+
+
+def kernel_precision(kernel: ptom_pb2.Kernel) -> dict | None:
+    """A converted build's kernel on the original model's values (docs/precision.md): its
+    least similar output's metrics, or why it was not measured; None when not checked."""
+    if not kernel.HasField("precision"):
+        return None
+    p = kernel.precision
+    if p.why_not:
+        return {"why_not": p.why_not}
+    return {"cosine": p.cosine, "max_abs": p.max_abs, "max_rel": p.max_rel, "rms": p.rms}
+
+
+def worst_kernel(message: ptom_pb2.CompiledModel) -> str | None:
+    """The measured kernel least similar to the original model: where a converted build's
+    error comes from first."""
+    measured = [k for k in message.kernels if k.HasField("precision") and not k.precision.why_not]
+    return min(measured, key=lambda k: k.precision.cosine).id if measured else None
 
 
 def fallback_category(kernel: ptom_pb2.Kernel) -> str:
@@ -184,7 +207,8 @@ def kernel_summary(kernel: ptom_pb2.Kernel) -> dict:
             "gm_bytes": kernel.gm_bytes_read + kernel.gm_bytes_written,
             "gm_bytes_lower_bound": kernel.gm_bytes_lower_bound,
             "gm_bytes_handoff": kernel.gm_bytes_handoff,
-            "gm_bytes_cube_rereads": kernel.gm_bytes_cube_rereads}
+            "gm_bytes_cube_rereads": kernel.gm_bytes_cube_rereads,
+            "precision": kernel_precision(kernel)}
 
 
 def provenance(message: ptom_pb2.CompiledModel) -> dict:

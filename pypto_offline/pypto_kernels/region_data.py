@@ -49,11 +49,11 @@ def region_data(region: Region, graph: ImportedGraph, constants: dict):
         arrays.append(value)
     outputs = run_model(region_model(region, graph), feeds)
     # in the kernel's element types: an int64 tensor narrowed to int32 (classify.kernel_dtype)
-    return ([_in_kernel_dtype(a) for a in arrays],
-            [_in_kernel_dtype(outputs[name]) for name in region.outputs])
+    return ([in_kernel_dtype(a) for a in arrays],
+            [in_kernel_dtype(outputs[name]) for name in region.outputs])
 
 
-def _in_kernel_dtype(array: np.ndarray) -> np.ndarray:
+def in_kernel_dtype(array: np.ndarray) -> np.ndarray:
     elem_type = onnx.helper.np_dtype_to_tensor_dtype(array.dtype)
     return array.astype(onnx.helper.tensor_dtype_to_np_dtype(kernel_dtype(elem_type)),
                         copy=False)

@@ -438,14 +438,18 @@ def _forked(body: Callable[[], None]) -> int:
 
 
 def _compare(outputs: list, reference: Path) -> dict:
-    """The kernel's outputs against onnxruntime's, by the one comparison every check uses
-    (equal infinities and NaNs in the same places are equal: an attention mask holds -inf)."""
-    from pypto_offline.runtime import max_abs_diff
+    """The kernel's outputs against the reference, by the one comparison every check uses
+    (equal infinities and NaNs in the same places are equal: an attention mask holds -inf),
+    and msaccucmp's metrics of its least similar float output (docs/precision.md)."""
+    from pypto_offline.runtime import max_abs_diff, precision_metrics
 
     expected = np.load(reference)
-    diffs = [max_abs_diff(expected[f"out{index}"], actual)
-             for index, actual in enumerate(outputs)]
-    return {"max_abs_diff": max(diffs, default=0.0)}
+    pairs = [(expected[f"out{index}"], actual) for index, actual in enumerate(outputs)]
+    diffs = [max_abs_diff(want, actual) for want, actual in pairs]
+    metrics = [precision_metrics(want, np.asarray(actual)) for want, actual in pairs
+               if want.dtype.kind == "f" and want.shape == np.shape(actual)]
+    return {"max_abs_diff": max(diffs, default=0.0),
+            "metrics": min(metrics, key=lambda m: m["cosine"], default=None)}
 
 
 def guard_process_group() -> int | None:

@@ -24,7 +24,8 @@ from pypto_offline.errors import ModelError, UsageError
 from pypto_offline.importer.input_shapes import (check_dims, check_tensor_bytes, graph_inputs,
                                                  human_bytes)
 from pypto_offline.importer.shape_probe import MAX_PROBE_BYTES, check_memory
-from pypto_offline.runtime import TOLERANCE, CannotRun, abs_diff, generate_inputs, run_model
+from pypto_offline.runtime import (TOLERANCE, CannotRun, generate_inputs, precision_metrics,
+                                   run_model)
 
 @dataclass(frozen=True)
 class OutputCheck:
@@ -46,6 +47,10 @@ class Thresholds:
     tolerance on the largest difference, as for two computations of one graph."""
 
     min_cosine: float
+
+    def holds(self, metrics: dict[str, float]) -> bool:
+        """``metrics``: ``runtime.precision_metrics``'s."""
+        return metrics["cosine"] >= self.min_cosine and np.isfinite(metrics["max_abs"])
 
 
 @dataclass(frozen=True)
@@ -113,29 +118,12 @@ def _check(name: str, expected, actual, thresholds: Thresholds | None) -> Output
     if dtype == "object":  # strings
         same = bool(np.array_equal(expected, actual))
         return OutputCheck(name, dtype, 0.0 if same else float("inf"), 0.0, 0.0, same)
-    diff = abs_diff(expected, actual)
-    max_abs = float(diff.max()) if diff.size else 0.0
-    scale = np.maximum(np.abs(np.asarray(expected, dtype=np.float64)), 1e-12)
-    max_rel = float(np.nan_to_num(diff / scale, nan=np.inf).max()) if diff.size else 0.0
-    rms = float(np.sqrt(np.mean(np.square(diff)))) if diff.size else 0.0
-    cosine = cosine_similarity(expected, actual)
-    passed = max_abs <= tolerance if thresholds is None or not np.issubdtype(
-        np.asarray(expected).dtype, np.floating) else \
-        cosine >= thresholds.min_cosine and np.isfinite(max_abs)
-    return OutputCheck(name, dtype, max_abs, max_rel, tolerance, bool(passed), cosine, rms)
-
-
-def cosine_similarity(expected, actual) -> float:
-    """msaccucmp's cosine: 1 for equal outputs (two zero vectors included), 0 where either
-    holds a NaN or an infinity the other does not (an fp16 overflow)."""
-    a = np.asarray(expected, dtype=np.float64).ravel()
-    b = np.asarray(actual, dtype=np.float64).ravel()
-    if a.size == 0 or np.array_equal(a, b, equal_nan=True):
-        return 1.0
-    if not (np.isfinite(a).all() and np.isfinite(b).all()):
-        return 0.0
-    norms = float(np.linalg.norm(a) * np.linalg.norm(b))
-    return float(a @ b / norms) if norms else 0.0
+    m = precision_metrics(expected, actual)
+    float_output = np.issubdtype(np.asarray(expected).dtype, np.floating)
+    passed = m["max_abs"] <= tolerance if thresholds is None or not float_output else \
+        thresholds.holds(m)
+    return OutputCheck(name, dtype, m["max_abs"], m["max_rel"], tolerance, bool(passed),
+                       m["cosine"], m["rms"])
 
 
 NPZ_FIX = "give an .npz made with numpy.savez, one array per input name"

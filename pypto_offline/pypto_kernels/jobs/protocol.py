@@ -221,6 +221,9 @@ class CandidateResult:
     gm_bytes: dict | None = None
     verdicts: tuple[dict, ...] | None = None
     max_abs_diff: float | None = None
+    # msaccucmp's metrics of the least similar float output against the reference
+    # (runtime.precision_metrics); what the precision check reads (precision_check.py)
+    metrics: dict | None = None
     artifacts: str | None = None
     checked: bool = False
     artifact_files: dict | None = field(default=None, compare=False)

@@ -1,0 +1,117 @@
+"""The corpus in fp32 and in fp16 modes (docs/precision.md).
+
+    python -m bench.precision --record NAME [--models example,a,b] [--modes m1,m2]
+                              [--target kirin9050] [--cache-dir DIR] [--out bench/results/precision]
+    python -m bench.precision --table NAME [--out ...]
+
+``--record`` compiles and verifies each model in each precision mode and writes ``NAME.json``
+(one row per build, written after each: an interrupted run keeps what it built): GM bytes after
+fusion, the PyPTO cost model's summed fused time, kernels, the regions that fell back, each
+output's metrics against the original model and each kernel's on its values, the verdict.
+``--table`` writes ``NAME.md``: per model, each fp16 mode against must_keep_origin_dtype (bytes
+and time ratios, regions that fall back only in fp16, the least cosine of an output and of a
+kernel). Not part of the test run.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.append(str(Path(__file__).resolve().parents[1]))
+
+from bench import corpus  # noqa: E402
+from bench.platforms import source  # noqa: E402
+
+OUT = Path(__file__).resolve().with_name("results") / "precision"
+MODES = "must_keep_origin_dtype,allow_mix_precision,force_fp16"
+BASE = "must_keep_origin_dtype"
+
+
+def record_build(name: str, target: str, mode: str, cache_dir: Path) -> dict:
+    import pypto_offline
+    from pypto_offline.errors import PyptoOfflineError
+
+    path, shapes = source(name)
+    try:
+        compiled = pypto_offline.compile(path, target, shapes, cache_dir=cache_dir, verify=True,
+                                         precision_mode=mode)
+    except PyptoOfflineError as error:
+        return {"model": name, "mode": mode, "error": str(error)}
+    s = compiled.summary()
+    check = s["verification"]
+    return {"model": name, "mode": mode, "gm_bytes_after": s["gm_bytes_after"],
+            "pypto_us_fused": s["pypto"]["cost_us_fused"], "kernels_after": s["kernels_after"],
+            "compiled": s["pypto"]["compiled"],
+            "fell_back": sorted(k["id"] + ": " + (k["fallback_category"] or "")
+                                for k in s["kernels"] if k["status"] == "fell_back"),
+            "fell_back_ops": sorted("+".join(k["ops"]) for k in s["kernels"]
+                                    if k["status"] == "fell_back"),
+            "outputs": check["metrics"], "verification": check["status"],
+            "kernels_beyond": check.get("kernels_beyond_thresholds", []),
+            "kernel_cosines": {k["id"]: k["precision"]["cosine"] for k in s["kernels"]
+                               if k["precision"] and "cosine" in k["precision"]},
+            "kept_fp32": len((s["precision"] or {}).get("kept_fp32", []))}
+
+
+def record(args) -> int:
+    path = args.out / f"{args.record}.json"
+    rows = json.loads(path.read_text()) if path.exists() else []
+    args.out.mkdir(parents=True, exist_ok=True)
+    for name in args.models.split(","):
+        for mode in args.modes.split(","):
+            row = record_build(name, args.target, mode, args.cache_dir)
+            rows = [r for r in rows if (r["model"], r["mode"]) != (name, mode)] + [row]
+            path.write_text(json.dumps(rows, indent=1, sort_keys=True) + "\n")
+            print(f"{name} {mode}: {row.get('error') or row['verification']}", file=sys.stderr,
+                  flush=True)
+    return 0
+
+
+def table(args) -> int:
+    rows = json.loads((args.out / f"{args.table}.json").read_text())
+    by = {(r["model"], r["mode"]): r for r in rows}
+    lines = ["| model | mode | GM bytes vs fp32 | PyPTO µs (fp32) | kernels (fp32) | fall back "
+             "only here | least output cosine | least kernel cosine | verification |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for (name, mode), r in sorted(by.items()):
+        base = by.get((name, BASE))
+        if mode == BASE or base is None or "error" in r or "error" in base:
+            if "error" in r:
+                lines.append(f"| {name} | {mode} | error: {r['error'][:80]} | | | | | | |")
+            continue
+        only = sorted(set(r["fell_back_ops"]) - set(base["fell_back_ops"]))
+        cosines = [m["cosine"] for m in r["outputs"].values()]
+        lines.append(
+            f"| {name} | {mode} | {r['gm_bytes_after'] / base['gm_bytes_after']:.2f} | "
+            f"{_us(r['pypto_us_fused'])} ({_us(base['pypto_us_fused'])}) | {r['kernels_after']} "
+            f"({base['kernels_after']}) | {len(only)} | {min(cosines, default=1):.6f} | "
+            f"{min(r['kernel_cosines'].values(), default=1):.6f} | {r['verification']} |")
+    (args.out / f"{args.table}.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+def _us(value) -> str:
+    return "—" if value is None else f"{value:.1f}"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--record")
+    parser.add_argument("--table")
+    parser.add_argument("--models", default=",".join(["example", *corpus.MODELS]))
+    parser.add_argument("--modes", default=MODES)
+    parser.add_argument("--target", default="kirin9050")
+    parser.add_argument("--cache-dir", type=Path,
+                        default=Path.home() / ".cache" / "pypto-offline" / "bench-precision")
+    parser.add_argument("--out", type=Path, default=OUT)
+    args = parser.parse_args(argv)
+    return record(args) if args.record else table(args) if args.table else parser.error(
+        "give --record NAME or --table NAME")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

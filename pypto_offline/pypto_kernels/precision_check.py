@@ -1,0 +1,121 @@
+"""A converted build's kernels against the model in its own precision (docs/precision.md).
+
+onnxruntime's CPU provider runs most fp16 ops in fp32 (it inserts casts around those it has no
+fp16 kernel for), so the whole-model check sees the rounding of tensors to fp16 between ops, not
+what an fp16 kernel computes. What the kernel computes is seen here, as msaccucmp compares a
+dump: each shipped kernel runs once more, on the values its inputs take when the original model
+runs on the verification inputs (rounded to the kernel's types), and its outputs are compared
+with the original model's values of the same tensors. An fp16 overflow (a square of 300) is an
+infinity here, a cosine of 0.
+"""
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from pypto_offline.fusion.records import Region
+from pypto_offline.importer import ImportedGraph
+from pypto_offline.pypto_kernels.jobs import pool
+from pypto_offline.pypto_kernels.codegen import is_scalar_constant
+from pypto_offline.pypto_kernels.jobs.protocol import FailureKind
+from pypto_offline.pypto_kernels.records import Kernel, TileResult
+from pypto_offline.pypto_kernels.region_data import in_kernel_dtype
+from pypto_offline.pypto_kernels.search import Setup, run_region_job
+from pypto_offline.pypto_kernels.tiling import TilePolicy
+
+# The converter's names for the tensors it adds (onnxruntime.transformers.float16), and the
+# original tensor each stands for: an fp32 value of a kept op's output, a cast model input or
+# output.
+KEPT_SUFFIX = "_cast_to_fp16"
+INPUT_CAST = "graph_input_cast_"
+OUTPUT_CAST = "graph_output_cast_"
+
+
+@dataclass(frozen=True)
+class KernelPrecision:
+    """One kernel's outputs against the original model's: ``runtime.precision_metrics`` of its
+    least similar output, or why it was not measured."""
+
+    region_id: str
+    metrics: dict | None
+    why_not: str = ""
+
+
+def original_name(name: str, inputs: Sequence[str], outputs: Sequence[str]) -> str:
+    """The tensor of the original model a converted graph's tensor holds (in another type)."""
+    if name.startswith(INPUT_CAST) and name[len(INPUT_CAST):].isdigit():
+        return inputs[int(name[len(INPUT_CAST):])]
+    if name.startswith(OUTPUT_CAST) and name[len(OUTPUT_CAST):].isdigit():
+        return outputs[int(name[len(OUTPUT_CAST):])]
+    return name.removesuffix(KEPT_SUFFIX)
+
+
+def check_kernels(kernels: Sequence[Kernel], regions: Mapping[str, Region],
+                  graph: ImportedGraph, original: Mapping[str, np.ndarray],
+                  names: tuple[Sequence[str], Sequence[str]], setup: Setup, jobs: int
+                  ) -> dict[str, KernelPrecision]:
+    """Each compiled kernel's precision by region id. ``original``: every tensor's value in the
+    original model's run; ``names``: that model's input and output names, in order."""
+    constants = graph.constant_values()
+    shipped = [k for k in kernels if _tile_of(k) is not None]
+
+    def check(kernel: Kernel) -> KernelPrecision:
+        region = regions[kernel.region_id]
+        data = _data(region, graph, constants, original, names)
+        if isinstance(data, str):
+            return KernelPrecision(region.id, None, data)
+        return KernelPrecision(region.id, *_run(kernel, region, setup, *data))
+    return {p.region_id: p for p in pool.each(shipped, jobs, check)}
+
+
+def _data(region: Region, graph: ImportedGraph, constants: dict, original, names):
+    """(the kernel's arguments, the original values of its outputs), or why there are none."""
+    def value(name: str):
+        return original.get(original_name(name, *names))
+    arrays = []
+    for name in region.inputs:
+        if name in constants:
+            if not is_scalar_constant(name, constants):
+                arrays.append(np.asarray(constants[name]))
+            continue
+        found = value(name)
+        if found is None:
+            return f"the original model has no tensor {name!r} stands for"
+        arrays.append(in_kernel_dtype(np.asarray(found).astype(graph.tensors[name].np_dtype)))
+    expected = [value(name) for name in region.outputs]
+    if any(e is None for e in expected):
+        return "the original model has no tensor one of its outputs stands for"
+    return arrays, [np.asarray(e) for e in expected]
+
+
+def _tile_of(kernel: Kernel) -> TileResult | None:
+    """The tile a kernel runs with: the shipped one, or for a kernel that failed its functional
+    check (an fp16 overflow onnxruntime's fp32 arithmetic does not have: the region's ops then
+    run unfused, in fp16 on the chip as well), the fastest candidate that compiled."""
+    if kernel.compiled:
+        return kernel.tuned_tile
+    if kernel.fallback_kind is not FailureKind.CHECK_FAILED or not kernel.source:
+        return None
+    compiled = [c for c in kernel.candidates if c.aicore_us is not None and not c.error]
+    return min(compiled, key=lambda c: (c.aicore_us, c.total_us or 0), default=None)
+
+
+def _run(kernel: Kernel, region: Region, setup: Setup, arrays, expected) -> tuple:
+    tile = _tile_of(kernel)
+    policy = TilePolicy(tile.budget_bytes, tile.swapped_transposes, tile.flat_rows,
+                        tile.vec_merge)
+    staged = setup.cache.staging()  # where the fork servers take jobs (jobs/executor.py)
+    try:
+        result = run_region_job(setup, staged / "precision", region, {policy: kernel.source},
+                                kernel.cache_key, arrays, expected, verify=True)
+    finally:
+        shutil.rmtree(staged, ignore_errors=True)
+    answer = result.candidates[0] if result.candidates else None
+    if answer is None or not answer.compiled or answer.metrics is None:
+        reason = (answer.error if answer else None) or (result.failure.reason
+                                                       if result.failure else "no answer")
+        return None, f"the kernel did not run on the model's values: {reason}"
+    return answer.metrics, ""
