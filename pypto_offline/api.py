@@ -27,9 +27,10 @@ from pypto_offline.offline_compiler import BuildOptions, blob, build, ptom_pb2
 from pypto_offline.offline_compiler.source_check import SourceCheck, recheck_sources
 from pypto_offline.offline_compiler.summary import summarise
 from pypto_offline.progress import SILENT, Progress, Timings
-from pypto_offline.runtime import finite
+from pypto_offline.runtime import finite, in_input_types
 from pypto_offline.targets import Target, known_names, resolve_target
-from pypto_offline.importer.precision import MIN_COSINE, MUST_KEEP, check_mode, read_keep_dtype
+from pypto_offline.importer.precision import (MIN_COSINE, MUST_KEEP, check_mode, half_io,
+                                              read_keep_dtype)
 from pypto_offline.verify import (Thresholds, Verification, check_memory_limits, compare,
                                   generate_inputs)
 
@@ -118,7 +119,7 @@ class CompiledModel:
         compiled = onnx.load_from_string(self.message.onnx_model)
         for graph, which in ((imported, "its imported graph"), (compiled, "its compiled graph")):
             check_memory_limits(graph, f"{self.label}, {which}", fix=REBUILD_SMALLER)
-        given = dict(inputs or {})
+        given = in_input_types(imported, inputs or {})  # fp16 where a converted model takes it
         check_given_inputs(imported, given, self.label)
         thresholds = self._thresholds()
         with self._timed("verify_s"):
@@ -211,7 +212,8 @@ def compile(model, target: str = "kirin9050",  # noqa: A001 - the API's verb
             measure_baseline: bool = False,
             dims: Mapping[str, int] | None = None, executor=None,
             compare_platform: bool = False, precision_mode: str = MUST_KEEP,
-            keep_dtype=None) -> CompiledModel:
+            keep_dtype=None, input_fp16_nodes: str | None = None,
+            output_type: str | None = None) -> CompiledModel:
     """Compile ``model`` for ``target``. ``inputs``: real values of some inputs, checked against
     the model and used to find the shapes that depend on them. ``verify``: also run the
     onnxruntime check (with ``inputs``), and refuse up front a model it could not run.
@@ -227,7 +229,8 @@ def compile(model, target: str = "kirin9050",  # noqa: A001 - the API's verb
     kernel's tiles under PyPTO's 910B platform, recorded beside the shipped ones
     (docs/platform.md). ``precision_mode``: ATC's ``--precision_mode`` (``must_keep_origin_dtype``
     compiles the graph in the types it came with); ``keep_dtype``: ATC's ``--keep_dtype`` file of
-    ops kept in their precision (docs/precision.md)."""
+    ops kept in their precision; ``input_fp16_nodes`` (``"a;b"``) and ``output_type``
+    (``"FP16"``): ATC's spellings for fp16 model inputs and outputs (docs/precision.md)."""
     check_limits(jobs, kernel_timeout)
     check_mode(precision_mode)
     keep = read_keep_dtype(keep_dtype) if keep_dtype else None
@@ -240,6 +243,7 @@ def compile(model, target: str = "kirin9050",  # noqa: A001 - the API's verb
                            measure_baseline=measure_baseline, executor=executor,
                            compare_platform=compare_platform, precision_mode=precision_mode,
                            **({"keep_dtype": keep} if keep else {}),
+                           half_io=half_io(input_fp16_nodes, output_type),
                            **({"kernel_timeout_s": kernel_timeout} if kernel_timeout else {}))
     timings = Timings()
     result = build(model, get_target(target), options, progress, timings)

@@ -86,6 +86,17 @@ def max_abs_diff(expected: np.ndarray, actual: np.ndarray) -> float:
     return float(abs_diff(expected, actual).max())
 
 
+def kernel_check(expected: list, outputs: list) -> dict:
+    """A kernel's outputs against a reference, by the one comparison every check uses (equal
+    infinities and NaNs in the same places are equal: an attention mask holds -inf), and the
+    metrics of its least similar float output (docs/precision.md)."""
+    pairs = list(zip(expected, outputs))
+    metrics = [precision_metrics(want, np.asarray(actual)) for want, actual in pairs
+               if want.dtype.kind == "f" and want.shape == np.shape(actual)]
+    return {"max_abs_diff": max((max_abs_diff(w, a) for w, a in pairs), default=0.0),
+            "metrics": min(metrics, key=lambda m: m["cosine"], default=None)}
+
+
 def finite(value: float) -> float:
     """An infinite figure (an fp16 overflow's difference) as the largest double: protobuf and
     JSON keep that."""
@@ -115,6 +126,17 @@ def _cosine(expected, actual) -> float:
         return 0.0
     norms = float(np.linalg.norm(a) * np.linalg.norm(b))
     return float(a @ b / norms) if norms else 0.0
+
+
+def in_input_types(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]
+                   ) -> dict[str, np.ndarray]:
+    """``feeds`` in the element types ``model`` declares for its inputs: the original model's
+    float32 where a converted one takes fp16 (``--input_fp16_nodes``, docs/precision.md)."""
+    declared = {v.name: v.type.tensor_type.elem_type for v in model.graph.input
+                if v.type.HasField("tensor_type")}
+    return {name: value.astype(onnx.helper.tensor_dtype_to_np_dtype(declared[name]), copy=False)
+            if declared.get(name) and isinstance(value, np.ndarray) else value
+            for name, value in feeds.items()}
 
 
 def generate_inputs(model: onnx.ModelProto, seed: int = 0,

@@ -13,6 +13,8 @@ from tests.onnx_builders import GraphBuilder
 from pypto_offline import cli
 from pypto_offline.errors import UsageError
 from pypto_offline.importer import import_model
+from pypto_offline.offline_compiler import blob
+from pypto_offline.report import render_report
 from pypto_offline.importer.precision import (ALLOW_FP32_TO_FP16, ALLOW_MIX, FORCE_FP16,
                                               MIN_COSINE, MODES, MUST_KEEP, KeepDtype,
                                               check_mode, read_keep_dtype, to_half)
@@ -222,6 +224,10 @@ def test_an_rms_norm_kernel_passes_mixed_and_fails_named_under_force_fp16(tmp_pa
     assert code == 0 and kernel["status"] == "compiled"
     assert kernel["precision"]["cosine"] >= MIN_COSINE[ALLOW_MIX]
     assert "DT_FP32" in blob_source(tmp_path / f"{ALLOW_MIX}.ptom")
+    page = render_report(blob.read(tmp_path / f"{ALLOW_MIX}.ptom"))
+    kept = {k["node"] for k in mixed["precision"]["kept_fp32"]}
+    assert page.count('<tr class="kept-fp32">') == len(kept) >= 4
+    assert "Precision: allow_mix_precision" in page
     code, forced = results[FORCE_FP16]
     check = forced["verification"]
     assert code == 1 and check["status"] == "failed" and check["onnxruntime"] == "passed"
@@ -229,7 +235,37 @@ def test_an_rms_norm_kernel_passes_mixed_and_fails_named_under_force_fp16(tmp_pa
     assert forced["kernels"][0]["precision"]["cosine"] < MIN_COSINE[FORCE_FP16]
 
 
-def blob_source(path) -> str:
-    from pypto_offline.offline_compiler import blob
+def test_a_converted_graph_s_tensors_name_the_original_ones():
+    from pypto_offline.pypto_kernels.precision_check import original_name
 
+    names = (["x", "mask"], ["y"])
+    assert original_name("graph_input_cast_1", *names) == "mask"
+    assert original_name("graph_output_cast_0", *names) == "y"
+    assert original_name("t4_0_cast_to_fp16", *names) == "t4_0"
+    assert original_name("t4_0", *names) == "t4_0"
+
+
+def blob_source(path) -> str:
     return "\n".join(k.source for k in blob.read(path).kernels)
+
+
+def test_input_fp16_nodes_and_output_type_fp16_give_the_boundary_in_fp16():
+    from pypto_offline.importer.precision import half_io
+
+    model = imported(rms_norm())
+    half, _ = to_half(model, FORCE_FP16, io=half_io("x", "FP16"))
+    types = {v.name: v.type.tensor_type.elem_type for v in [*half.graph.input, *half.graph.output]}
+    assert set(types.values()) == {onnx.TensorProto.FLOAT16}
+    kept, _ = to_half(model, FORCE_FP16)
+    assert {v.type.tensor_type.elem_type for v in kept.graph.input} == {onnx.TensorProto.FLOAT}
+
+
+@pytest.mark.parametrize("inputs, output_type, mode, named", [
+    ("x;nope", None, FORCE_FP16, "'nope'"), (None, "INT8", FORCE_FP16, "'INT8'"),
+    ("x", None, MUST_KEEP, "converts nothing")])
+def test_fp16_boundary_options_that_cannot_apply_are_refused(inputs, output_type, mode, named):
+    from pypto_offline.importer.precision import half_io
+
+    with pytest.raises(UsageError) as refused:
+        half_io(inputs, output_type).check_against(imported(rms_norm()), mode)
+    assert named in str(refused.value)

@@ -141,6 +141,12 @@ def compile_parser() -> argparse.ArgumentParser:
                              "must_keep_origin_dtype (the graph's own types; the default) or "
                              "allow_mix_precision (fp16, with reductions, norms, softmax, exp "
                              "and log in fp32 inside their kernels); docs/precision.md")
+    parser.add_argument("--input_fp16_nodes", "--input-fp16-nodes", metavar="NAMES",
+                        help="ATC's: model inputs given in fp16, separated by ';' (a converting "
+                             "--precision_mode; the others keep their declared types)")
+    parser.add_argument("--output_type", "--output-type", metavar="FP16|FP32",
+                        help="ATC's: FP16 gives every float output in fp16 (a converting "
+                             "--precision_mode); FP32, the default, keeps their types")
     parser.add_argument("--keep_dtype", "--keep-dtype", metavar="FILE",
                         help="ATC's file of ops kept in their original precision: a node name "
                              "per line, or OpType::NAME for every op of that type")
@@ -214,7 +220,9 @@ def _run_build(build: Build, args, inputs: dict, progress, executor) -> tuple[in
                                inputs=inputs, verify=not args.no_verify,
                                measure_baseline=args.measure_baseline, executor=executor,
                                compare_platform=args.compare_platform,
-                               precision_mode=args.precision_mode, keep_dtype=args.keep_dtype)
+                               precision_mode=args.precision_mode, keep_dtype=args.keep_dtype,
+                               input_fp16_nodes=args.input_fp16_nodes,
+                               output_type=args.output_type)
         progress.stage("writing the blob" + (" and the report" if build.report else ""))
         compiled.save(build.output, report=build.report)
     except PyptoOfflineError as err:

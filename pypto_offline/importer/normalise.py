@@ -46,7 +46,12 @@ def normalise_graph(model: onnx.ModelProto, opset: int, shapes: Mapping[str, tup
         records.append(_record(rewritten, params=params))
     del graph.node[:]
     graph.node.extend(new_nodes)
-    graph.initializer.extend(added)
+    # a graph normalised before (a converted one, imported again: docs/precision.md) holds the
+    # parameters under the names they get again: the new values replace the old
+    renamed = {t.name for t in added}
+    kept = [t for t in graph.initializer if t.name not in renamed]
+    del graph.initializer[:]
+    graph.initializer.extend(kept + added)
     _drop_unused_initializers(graph)
     return model, records
 

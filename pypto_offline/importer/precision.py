@@ -101,6 +101,42 @@ def read_keep_dtype(path) -> KeepDtype:
 
 
 @dataclass(frozen=True)
+class HalfIO:
+    """ATC's ``--input_fp16_nodes`` (model inputs given in fp16) and ``--output_type FP16``
+    (every float output in fp16); otherwise a converted model keeps its declared types at its
+    boundary, a cast after each input and before each output."""
+
+    inputs: tuple[str, ...] = ()
+    outputs: bool = False
+
+    def check_against(self, model: onnx.ModelProto, mode: str) -> None:
+        if (self.inputs or self.outputs) and not converts(mode):
+            raise UsageError("--input_fp16_nodes and --output_type FP16 give fp16 inputs or "
+                             f"outputs to a converted model, and {MUST_KEEP} converts nothing",
+                             fix="add --precision_mode force_fp16 (or another converting mode)")
+        floats = {v.name for v in model.graph.input if v.type.tensor_type.elem_type == _FLOAT}
+        for name in self.inputs:
+            if name not in floats:
+                raise UsageError(f"--input_fp16_nodes names {name!r}, which is no float32 input "
+                                 f"of the model", fix="name float32 model inputs, separated by ';'")
+
+    def kept_fp32(self, model: onnx.ModelProto) -> list[str]:
+        """The converter's ``keep_io_types``: the boundary tensors that keep float32."""
+        inputs = [v.name for v in model.graph.input if v.name not in self.inputs]
+        return inputs + ([] if self.outputs else [o.name for o in model.graph.output])
+
+
+def half_io(input_fp16_nodes: str | None, output_type: str | None) -> HalfIO:
+    """ATC's spellings: ``--input_fp16_nodes "a;b"``, ``--output_type FP16`` or ``FP32``."""
+    if output_type not in (None, "FP32", "FP16"):
+        raise UsageError(f"--output_type {output_type!r} is not supported",
+                         fix="give FP16 (every float output in fp16) or FP32 (the default); "
+                             "ATC's per-output form is not read")
+    inputs = tuple(n.strip() for n in (input_fp16_nodes or "").split(";") if n.strip())
+    return HalfIO(inputs, output_type == "FP16")
+
+
+@dataclass(frozen=True)
 class Kept:
     """An op left in fp32 by a converting mode, and why."""
 
@@ -127,7 +163,7 @@ class Conversion:
 
 
 def to_half(model: onnx.ModelProto, mode: str, keep: KeepDtype = KeepDtype(),
-            cube_fp32: bool = False) -> tuple[onnx.ModelProto, Conversion]:
+            cube_fp32: bool = False, io: HalfIO = HalfIO()) -> tuple[onnx.ModelProto, Conversion]:
     """``model`` (the imported graph: names on every node, types on every tensor) converted by
     ``mode``; the original is not changed."""
     check_mode(mode)
@@ -137,7 +173,7 @@ def to_half(model: onnx.ModelProto, mode: str, keep: KeepDtype = KeepDtype(),
 
     kept = _kept_in_fp32(model, mode, keep, cube_fp32)
     converted = convert_float_to_float16(
-        onnx.ModelProto.FromString(model.SerializeToString()), keep_io_types=True,
+        onnx.ModelProto.FromString(model.SerializeToString()), keep_io_types=io.kept_fp32(model),
         max_finite_val=FP16_MAX, disable_shape_infer=True,
         node_block_list=[k.node for k in kept])
     converted = _sorted(_join_fp32_runs(converted))

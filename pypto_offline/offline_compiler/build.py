@@ -25,7 +25,7 @@ from pypto_offline.importer.shape_probe import check_memory, every_value
 from pypto_offline.importer.ops import MATMUL, kind_of
 from pypto_offline.offline_compiler import ptom_pb2
 from pypto_offline.progress import SILENT, Progress, Timings
-from pypto_offline.runtime import finite, generate_inputs
+from pypto_offline.runtime import finite, generate_inputs, in_input_types
 from pypto_offline.pypto_kernels import Kernel, compile_kernels, setup_for
 from pypto_offline.pypto_kernels.baseline import (ESTIMATED, MEASURED, slower_fused,
                                                   estimated_unfused_costs)
@@ -68,6 +68,7 @@ class BuildOptions:
     # ATC's --precision_mode and --keep_dtype (importer/precision.py, docs/precision.md)
     precision_mode: str = precision.MUST_KEEP
     keep_dtype: precision.KeepDtype = precision.KeepDtype()
+    half_io: precision.HalfIO = precision.HalfIO()  # --input_fp16_nodes, --output_type FP16
 
     def provenance(self) -> dict[str, str]:
         """The options that change the output (not jobs, cache folder or time limit)."""
@@ -78,6 +79,10 @@ class BuildOptions:
             options["precision_mode"] = self.precision_mode
             if self.keep_dtype.lines:
                 options["keep_dtype"] = ";".join(self.keep_dtype.lines)
+            if self.half_io.inputs:
+                options["input_fp16_nodes"] = ";".join(self.half_io.inputs)
+            if self.half_io.outputs:
+                options["output_type"] = "FP16"
         if self.compare_platform:  # only when given, as dims
             options["compare_platform"] = "910b"
         if self.dims:  # only when given: a blob built without them stays byte-identical
@@ -197,12 +202,14 @@ def _in_precision(graph: ImportedGraph, target: Target, options: BuildOptions):
     a converting mode's graph is imported again, its casts folded and its shapes checked by
     running it (docs/precision.md)."""
     options.keep_dtype.check_against(graph.model)
+    options.half_io.check_against(graph.model, options.precision_mode)
     if not precision.converts(options.precision_mode):
         return None, graph, None
     cube_fp32 = bool(target.cube_fp32.value) if target.cube_fp32 else False
     converted, conversion = precision.to_half(graph.model, options.precision_mode,
-                                              options.keep_dtype, cube_fp32)
-    half = import_model(converted, inputs=options.inputs, must_run=options.verify)
+                                              options.keep_dtype, cube_fp32, options.half_io)
+    half = import_model(converted, inputs=in_input_types(converted, options.inputs),
+                        must_run=options.verify)
     return graph.model, replace(half, stats=graph.stats), conversion
 
 
@@ -217,7 +224,8 @@ def _kernel_precision(original: onnx.ModelProto | None, graph: ImportedGraph, pl
     progress.stage("running the kernels on the original model's values (precision check)")
     with timings.stage("kernels_s"):
         check_memory(original, "the original model", {t.name for t in original.graph.initializer})
-        values = every_value(original, generate_inputs(original, 0, options.inputs))
+        given = in_input_types(original, options.inputs)
+        values = every_value(original, generate_inputs(original, 0, given))
         names = ([v.name for v in graph_inputs(original)], [o.name for o in original.graph.output])
         setup = setup_for(target, options.cache_dir, options.executor, options.kernel_timeout_s,
                           options.cache_trust)

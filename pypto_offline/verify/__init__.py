@@ -24,8 +24,8 @@ from pypto_offline.errors import ModelError, UsageError
 from pypto_offline.importer.input_shapes import (check_dims, check_tensor_bytes, graph_inputs,
                                                  human_bytes)
 from pypto_offline.importer.shape_probe import MAX_PROBE_BYTES, check_memory
-from pypto_offline.runtime import (TOLERANCE, CannotRun, generate_inputs, precision_metrics,
-                                   run_model)
+from pypto_offline.runtime import (TOLERANCE, CannotRun, generate_inputs, in_input_types,
+                                   precision_metrics, run_model)
 
 @dataclass(frozen=True)
 class OutputCheck:
@@ -92,8 +92,8 @@ def _check_input_memory(value: onnx.ValueInfoProto, where: str) -> None:
 def compare(reference: onnx.ModelProto, candidate: onnx.ModelProto,
             feeds: Mapping[str, np.ndarray], thresholds: Thresholds | None = None
             ) -> Verification:
-    try:
-        expected = run_model(reference, feeds)
+    try:  # the original model takes float32 where a converted one takes fp16
+        expected = run_model(reference, in_input_types(reference, feeds))
     except CannotRun as why:  # a custom-domain op: not the compiler's fault, nothing to check
         first = str(why).strip().splitlines()[0]
         raise ModelError(f"the model cannot be verified here: onnxruntime cannot run it on "

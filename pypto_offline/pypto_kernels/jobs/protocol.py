@@ -162,6 +162,10 @@ class Job:
     folder: str | None = None
     host_compiler_cache: str | None = None
     cache_group: int | None = None
+    # With ``verify``, PyPTO's own check compares the kernel's outputs with the reference's
+    # (its tolerance 1e-3); off for a reference in another precision, which only the build
+    # compares (pypto_kernels/precision_check.py), or PyPTO stops the run at the difference.
+    pypto_golden: bool = True
 
     def to_dict(self) -> dict:
         data = {"function": self.function, "verify": self.verify}
@@ -173,6 +177,8 @@ class Job:
             data.update(folder=self.folder, host_compiler_cache=self.host_compiler_cache)
         if self.cache_group is not None:  # only then: a job of one's own cache reads as before
             data["cache_group"] = self.cache_group
+        if not self.pypto_golden:
+            data["pypto_golden"] = False
         return data
 
     def to_json(self) -> str:
@@ -184,7 +190,8 @@ class Job:
         return cls(data["function"], bool(data["verify"]),
                    tuple(Candidate.from_dict(c) for c in data["candidates"]),
                    tuple(data.get("outputs", ())), data.get("parallel"), data.get("folder"),
-                   data.get("host_compiler_cache"), data.get("cache_group"))
+                   data.get("host_compiler_cache"), data.get("cache_group"),
+                   data.get("pypto_golden", True))
 
     def rest(self, done: int) -> Job:
         """The job less its first ``done`` candidates (a child stops at its first failed
