@@ -16,11 +16,11 @@ from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
-import onnx
 
 from pypto_offline.fusion.records import Region
 from pypto_offline.pypto_kernels.cache import KernelCache
-from pypto_offline.pypto_kernels.codegen import KERNEL_FUNCTION, itemsize_of, kernel_source
+from pypto_offline.pypto_kernels.codegen import (KERNEL_FUNCTION, itemsize_of, kernel_source,
+                                                 region_tolerance)
 from pypto_offline.pypto_kernels.entries import (CHOSEN_ARTIFACTS, cached_compile, compile_key,
                                                  store_compile)
 from pypto_offline.pypto_kernels.jobs.executor import Executor, run_job
@@ -31,7 +31,6 @@ from pypto_offline.pypto_kernels.region_data import output_specs, region_data
 from pypto_offline.pypto_kernels.tiling import (MERGE_CAPS, TilePolicy, defer_flat_rows,
                                                 defer_swapped, fits_ub, next_flat_rows,
                                                 next_swapped, search_rounds)
-from pypto_offline.runtime import TOLERANCE
 from pypto_offline.targets import Target
 
 # A region whose largest tensor is at most this size checks the first round of its tile search
@@ -277,17 +276,6 @@ def default_candidate(fitting: list[CandidateResult], default_budget: int
     smaller = [c for c in fitting
                if c.budget <= default_budget and policy_of(c) == TilePolicy(c.budget)]
     return max(smaller, key=lambda c: c.budget, default=None)
-
-
-def region_tolerance(region) -> float:
-    """The functional check's bound: the per-dtype tolerance of the least precise type the
-    region computes in, not only of its outputs (an fp16 kernel cast to an fp32 output carries
-    fp16's error: docs/precision.md)."""
-    def tolerance(elem_type: int) -> float:
-        return TOLERANCE.get(str(np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type))), 0.0)
-
-    return max((tolerance(elem_type) for _, elem_type in region.tensor_types.values()),
-               default=0.0)
 
 
 def _kernel_record(region, source, key, best, default, result: CandidateResult,

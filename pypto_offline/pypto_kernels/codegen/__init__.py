@@ -24,7 +24,8 @@ from pypto_offline.pypto_kernels.activations import literal as float_literal
 from pypto_offline.pypto_kernels.codegen.elementwise import (BINARY, COMMUTATIVE, COMPARISONS,
                                                              FINITE_MAX, FLT_MAX, UNARY)
 from pypto_offline.pypto_kernels.codegen.kernel import (ARGUMENT_SHAPES, KERNEL_FUNCTION,
-                                                        VERIFIED_PASSES, kernel_source)
+                                                        VERIFIED_PASSES, kernel_source,
+                                                        region_tolerance)
 from pypto_offline.pypto_kernels.codegen.layout import (FLAT_OPS, FLAT_ROW_BYTES,
                                                         assembled_outputs, flat_row,
                                                         flat_rows_change_the_tiling)
@@ -45,5 +46,5 @@ __all__ = [
     "REDUCTIONS", "UNARY", "VERIFIED_PASSES", "Writer", "assembled_outputs",
     "batched_matmul_loop", "flat_row", "flat_rows_change_the_tiling", "float_literal",
     "has_convolution", "is_scalar_constant", "itemsize_of", "kernel_source", "lowers",
-    "pypto_dtype", "swaps_for",
+    "pypto_dtype", "region_tolerance", "swaps_for",
 ]
