@@ -236,6 +236,13 @@ def test_an_rms_norm_kernel_passes_mixed_and_fails_named_under_force_fp16(tmp_pa
     assert code == 1 and check["status"] == "failed" and check["onnxruntime"] == "passed"
     assert check["kernels_beyond_thresholds"] == [check["worst_kernel"]] == ["region_0"]
     assert forced["kernels"][0]["precision"]["cosine"] < MIN_COSINE[FORCE_FP16]
+    # the squares: reported beyond fp16's range, with the op that makes them
+    beyond = forced["precision"]["beyond_fp16"]
+    assert beyond and all(b["largest"] > 65504 for b in beyond)
+    assert "Pow" in {op_types(tmp_path / f"{FORCE_FP16}.ptom")[b["node"]] for b in beyond}
+    assert mixed["precision"]["beyond_fp16"] == []  # the squares are fp32 there
+    page = render_report(blob.read(tmp_path / f"{FORCE_FP16}.ptom"))
+    assert page.count('<tr class="beyond-fp16">') == len(beyond)
 
 
 @pytest.mark.pypto
@@ -259,13 +266,19 @@ def test_a_masked_softmax_kernel_compiles_and_verifies_in_fp16(tmp_path, capsys)
 
 
 def test_a_converted_graph_s_tensors_name_the_original_ones():
-    from pypto_offline.pypto_kernels.precision_check import original_name
+    from pypto_offline.importer.precision import original_name
 
     names = (["x", "mask"], ["y"])
     assert original_name("graph_input_cast_1", *names) == "mask"
     assert original_name("graph_output_cast_0", *names) == "y"
     assert original_name("t4_0_cast_to_fp16", *names) == "t4_0"
     assert original_name("t4_0", *names) == "t4_0"
+
+
+def op_types(path) -> dict[str, str]:
+    """Node name -> op type in a blob's imported graph."""
+    graph = onnx.load_from_string(blob.read(path).source_onnx_model).graph
+    return {n.name: n.op_type for n in graph.node}
 
 
 def blob_source(path) -> str:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -147,10 +148,12 @@ class Kept:
 
 @dataclass(frozen=True)
 class Clamped:
-    """A weight with values beyond fp16's range, saturated to +-65504 by the conversion."""
+    """A tensor with values beyond fp16's range: a weight the conversion saturates to +-65504
+    (``node``: its first reader), or an activation an fp16 op makes infinite (``node``: its
+    producer; ``beyond_fp16``)."""
 
     tensor: str
-    node: str  # its first reader
+    node: str
     values: int
     largest: float
 
@@ -218,6 +221,43 @@ def _sorted(model: onnx.ModelProto) -> onnx.ModelProto:
     graph = onnx_ir.from_proto(model)
     graph.graph.sort()
     return onnx_ir.to_proto(graph)
+
+
+# The converter's names for the tensors it adds (onnxruntime.transformers.float16), and the
+# original tensor each stands for: an fp32 value of a kept op's output, a cast model input or
+# output.
+KEPT_SUFFIX = "_cast_to_fp16"
+INPUT_CAST = "graph_input_cast_"
+OUTPUT_CAST = "graph_output_cast_"
+
+
+def original_name(name: str, inputs: Sequence[str], outputs: Sequence[str]) -> str:
+    """The tensor of the original model a converted graph's tensor holds (in another type);
+    ``inputs``, ``outputs``: the original model's, in order."""
+    if name.startswith(INPUT_CAST) and name[len(INPUT_CAST):].isdigit():
+        return inputs[int(name[len(INPUT_CAST):])]
+    if name.startswith(OUTPUT_CAST) and name[len(OUTPUT_CAST):].isdigit():
+        return outputs[int(name[len(OUTPUT_CAST):])]
+    return name.removesuffix(KEPT_SUFFIX)
+
+
+def beyond_fp16(converted: onnx.ModelProto, half: Mapping[str, bool],
+                original: Mapping[str, np.ndarray], names) -> tuple[Clamped, ...]:
+    """The converted graph's fp16 tensors whose values, in the original model's run on the
+    verification inputs, are finite and beyond fp16's range: an fp16 op there gives an
+    infinity (reported, never shipped silently). ``half``: which tensors are fp16."""
+    producer = {out: node.name for node in converted.graph.node for out in node.output}
+    found = []
+    for name, is_half in half.items():
+        value = original.get(original_name(name, *names)) if is_half else None
+        if value is None or np.asarray(value).dtype.kind != "f":
+            continue
+        magnitudes = np.abs(np.asarray(value, dtype=np.float64))
+        beyond = magnitudes[np.isfinite(magnitudes) & (magnitudes > FP16_MAX)]
+        if beyond.size:
+            found.append(Clamped(name, producer.get(name, name), int(beyond.size),
+                                 float(beyond.max())))
+    return tuple(found)
 
 
 def _kept_in_fp32(model: onnx.ModelProto, mode: str, keep: KeepDtype, cube_fp32: bool

@@ -175,7 +175,8 @@ def build(source, target: Target, options: BuildOptions, progress: Progress = SI
         with timings.stage("plan_s"):
             shipped = without_regions(plan, graph, target, failed)
     on_910b = _on_910b_platform(graph, plan, target, options, progress, timings)
-    precision_of = _kernel_precision(original, graph, plan, kernels, target, options, progress,
+    values = _original_values(original, options, timings)
+    precision_of = _kernel_precision(values, graph, plan, kernels, target, options, progress,
                                      timings)
     platform = platform_of(target)
     message = ptom_pb2.CompiledModel(
@@ -185,7 +186,9 @@ def build(source, target: Target, options: BuildOptions, progress: Progress = SI
         source_onnx_model=graph.model.SerializeToString(),
         input_names=list(graph.inputs), platform=platform_message(platform))
     if conversion is not None:
-        message.precision.CopyFrom(precision_message(conversion))
+        message.precision.CopyFrom(precision_message(conversion, precision.beyond_fp16(
+            graph.model, {n: t.dtype == onnx.TensorProto.FLOAT16 for n, t in graph.tensors.items()},
+            values.values, values.names)))
     regions = {r.id: r for r in plan.regions}
     message.kernels.extend(_kernel_message(regions[k.region_id], k, baseline, platform,
                                            on_910b.get(k.region_id),
@@ -213,33 +216,53 @@ def _in_precision(graph: ImportedGraph, target: Target, options: BuildOptions):
     return graph.model, replace(half, stats=graph.stats), conversion
 
 
-def _kernel_precision(original: onnx.ModelProto | None, graph: ImportedGraph, plan: FusionPlan,
-                      kernels: Sequence[Kernel], target: Target, options: BuildOptions,
-                      progress, timings: Timings) -> dict[str, KernelPrecision]:
-    """A converted build's shipped kernels against the original model, on the verification's
-    inputs (seed 0, and ``--inputs``): ``pypto_kernels/precision_check.py``. Empty for a
-    graph compiled in its own types."""
-    if original is None or not kernels:
-        return {}
-    progress.stage("running the kernels on the original model's values (precision check)")
+@dataclass(frozen=True)
+class OriginalValues:
+    """Every tensor's value when the original model (the imported graph before a precision
+    mode converted it) runs on the verification's inputs (seed 0, and ``--inputs``), and its
+    input and output names, in order."""
+
+    values: Mapping[str, np.ndarray]
+    names: tuple[Sequence[str], Sequence[str]]
+
+
+def _original_values(original: onnx.ModelProto | None, options: BuildOptions,
+                     timings: Timings) -> OriginalValues:
+    if original is None:
+        return OriginalValues({}, ((), ()))
     with timings.stage("kernels_s"):
         check_memory(original, "the original model", {t.name for t in original.graph.initializer})
         given = in_input_types(original, options.inputs)
         values = every_value(original, generate_inputs(original, 0, given))
-        names = ([v.name for v in graph_inputs(original)], [o.name for o in original.graph.output])
+    return OriginalValues(values, ([v.name for v in graph_inputs(original)],
+                                   [o.name for o in original.graph.output]))
+
+
+def _kernel_precision(original: OriginalValues, graph: ImportedGraph, plan: FusionPlan,
+                      kernels: Sequence[Kernel], target: Target, options: BuildOptions,
+                      progress, timings: Timings) -> dict[str, KernelPrecision]:
+    """A converted build's kernels against the original model, on its values:
+    ``pypto_kernels/precision_check.py``. Empty for a graph compiled in its own types."""
+    if not original.values or not kernels:
+        return {}
+    progress.stage("running the kernels on the original model's values (precision check)")
+    with timings.stage("kernels_s"):
         setup = setup_for(target, options.cache_dir, options.executor, options.kernel_timeout_s,
                           options.cache_trust)
-        return check_kernels(kernels, {r.id: r for r in plan.regions}, graph, values, names,
-                             setup, options.jobs)
+        return check_kernels(kernels, {r.id: r for r in plan.regions}, graph, original.values,
+                             original.names, setup, options.jobs)
 
 
-def precision_message(conversion: precision.Conversion) -> ptom_pb2.Precision:
+def precision_message(conversion: precision.Conversion,
+                      beyond: Sequence[precision.Clamped]) -> ptom_pb2.Precision:
+    def clamped(c: precision.Clamped) -> ptom_pb2.Precision.Clamped:
+        return ptom_pb2.Precision.Clamped(tensor=c.tensor, node=c.node, values=c.values,
+                                          largest=c.largest)
     return ptom_pb2.Precision(
         mode=conversion.mode,
         kept=[ptom_pb2.Precision.Kept(node=k.node, op_type=k.op_type, reason=k.reason)
               for k in conversion.kept],
-        clamped=[ptom_pb2.Precision.Clamped(tensor=c.tensor, node=c.node, values=c.values,
-                                            largest=c.largest) for c in conversion.clamped])
+        clamped=[clamped(c) for c in conversion.clamped], beyond=[clamped(c) for c in beyond])
 
 
 def _on_910b_platform(graph, plan: FusionPlan, target: Target, options: BuildOptions, progress,

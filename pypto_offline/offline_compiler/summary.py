@@ -91,8 +91,12 @@ def precision_summary(message: ptom_pb2.CompiledModel) -> dict | None:
     p = message.precision
     return {"kept_fp32": [{"node": k.node, "op_type": k.op_type, "reason": k.reason}
                           for k in p.kept],
-            "clamped": [{"tensor": c.tensor, "node": c.node, "values": c.values,
-                         "largest": c.largest} for c in p.clamped]}
+            "clamped": [_beyond_range(c) for c in p.clamped],
+            "beyond_fp16": [_beyond_range(c) for c in p.beyond]}
+
+
+def _beyond_range(c: ptom_pb2.Precision.Clamped) -> dict:
+    return {"tensor": c.tensor, "node": c.node, "values": c.values, "largest": c.largest}
 
 
 def precision_line(summary: dict) -> str:
@@ -101,8 +105,11 @@ def precision_line(summary: dict) -> str:
     if record is None:
         return f"{mode} (the graph's own types)"
     kept, clamped = len(record["kept_fp32"]), len(record["clamped"])
+    beyond = len(record["beyond_fp16"])
     return (f"{mode}: float ops in fp16, {kept} kept in fp32"
-            + (f", {clamped} weights saturated to fp16's range" if clamped else ""))
+            + (f", {clamped} weights saturated to fp16's range" if clamped else "")
+            + (f", {beyond} fp16 tensors beyond its range on the verification's inputs"
+               if beyond else ""))
 
 
 def platform_summary(message: ptom_pb2.CompiledModel) -> dict | None:

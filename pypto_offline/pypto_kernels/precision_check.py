@@ -18,6 +18,7 @@ import numpy as np
 
 from pypto_offline.fusion.records import Region
 from pypto_offline.importer import ImportedGraph
+from pypto_offline.importer.precision import original_name
 from pypto_offline.pypto_kernels.jobs import pool
 from pypto_offline.pypto_kernels.codegen import is_scalar_constant
 from pypto_offline.pypto_kernels.jobs.protocol import FailureKind
@@ -25,14 +26,6 @@ from pypto_offline.pypto_kernels.records import Kernel, TileResult
 from pypto_offline.pypto_kernels.region_data import in_kernel_dtype
 from pypto_offline.pypto_kernels.search import Setup, run_region_job
 from pypto_offline.pypto_kernels.tiling import TilePolicy
-
-# The converter's names for the tensors it adds (onnxruntime.transformers.float16), and the
-# original tensor each stands for: an fp32 value of a kept op's output, a cast model input or
-# output.
-KEPT_SUFFIX = "_cast_to_fp16"
-INPUT_CAST = "graph_input_cast_"
-OUTPUT_CAST = "graph_output_cast_"
-
 
 @dataclass(frozen=True)
 class KernelPrecision:
@@ -42,15 +35,6 @@ class KernelPrecision:
     region_id: str
     metrics: dict | None
     why_not: str = ""
-
-
-def original_name(name: str, inputs: Sequence[str], outputs: Sequence[str]) -> str:
-    """The tensor of the original model a converted graph's tensor holds (in another type)."""
-    if name.startswith(INPUT_CAST) and name[len(INPUT_CAST):].isdigit():
-        return inputs[int(name[len(INPUT_CAST):])]
-    if name.startswith(OUTPUT_CAST) and name[len(OUTPUT_CAST):].isdigit():
-        return outputs[int(name[len(OUTPUT_CAST):])]
-    return name.removesuffix(KEPT_SUFFIX)
 
 
 def check_kernels(kernels: Sequence[Kernel], regions: Mapping[str, Region],
@@ -84,7 +68,8 @@ def _data(region: Region, graph: ImportedGraph, constants: dict, original, names
         found = value(name)
         if found is None:
             return f"the original model has no tensor {name!r} stands for"
-        arrays.append(in_kernel_dtype(np.asarray(found).astype(graph.tensors[name].np_dtype)))
+        with np.errstate(over="ignore"):  # beyond fp16: reported (precision.beyond_fp16)
+            arrays.append(in_kernel_dtype(np.asarray(found).astype(graph.tensors[name].np_dtype)))
     expected = [value(name) for name in region.outputs]
     if any(e is None for e in expected):
         return "the original model has no tensor one of its outputs stands for"
