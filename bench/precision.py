@@ -26,6 +26,8 @@ from bench import corpus  # noqa: E402
 from bench.platforms import source  # noqa: E402
 
 OUT = Path(__file__).resolve().with_name("results") / "precision"
+# Classifiers whose top-1 class on the verification's inputs must be the fp32 model's
+CLASSIFIERS = ("magika_v3_3", "ppocr_cls_v2")
 MODES = "must_keep_origin_dtype,allow_mix_precision,force_fp16"
 BASE = "must_keep_origin_dtype"
 
@@ -42,6 +44,7 @@ def record_build(name: str, target: str, mode: str, cache_dir: Path) -> dict:
         return {"model": name, "mode": mode, "error": str(error)}
     s = compiled.summary()
     check = s["verification"]
+    top1 = same_top1(path, shapes, compiled) if name in CLASSIFIERS else None
     return {"model": name, "mode": mode, "gm_bytes_after": s["gm_bytes_after"],
             "pypto_us_fused": s["pypto"]["cost_us_fused"], "kernels_after": s["kernels_after"],
             "compiled": s["pypto"]["compiled"],
@@ -53,7 +56,25 @@ def record_build(name: str, target: str, mode: str, cache_dir: Path) -> dict:
             "kernels_beyond": check.get("kernels_beyond_thresholds", []),
             "kernel_cosines": {k["id"]: k["precision"]["cosine"] for k in s["kernels"]
                                if k["precision"] and "cosine" in k["precision"]},
-            "kept_fp32": len((s["precision"] or {}).get("kept_fp32", []))}
+            "kept_fp32": len((s["precision"] or {}).get("kept_fp32", [])),
+            "beyond_fp16": len((s["precision"] or {}).get("beyond_fp16", [])),
+            "same_top1": top1}
+
+
+def same_top1(path: Path, shapes: dict, compiled) -> bool:
+    """The compiled graph's top-1 class (the argmax of its first output's last axis) is the
+    original model's, on the verification's inputs (seed 0), for every row."""
+    import onnx
+
+    from pypto_offline.importer import import_model
+    from pypto_offline.runtime import generate_inputs, in_input_types, run_model
+
+    original = import_model(path, shapes).model
+    feeds = generate_inputs(original, 0)
+    graph = onnx.load_from_string(compiled.message.onnx_model)
+    want = next(iter(run_model(original, feeds).values()))
+    got = next(iter(run_model(graph, in_input_types(graph, feeds)).values()))
+    return bool((want.argmax(-1) == got.argmax(-1)).all())
 
 
 def record(args) -> int:
@@ -74,13 +95,13 @@ def table(args) -> int:
     rows = json.loads((args.out / f"{args.table}.json").read_text())
     by = {(r["model"], r["mode"]): r for r in rows}
     lines = ["| model | mode | GM bytes vs fp32 | PyPTO µs (fp32) | kernels (fp32) | fall back "
-             "only here | least output cosine | least kernel cosine | verification |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "only here | least output cosine | least kernel cosine | beyond fp16 | top-1 as "
+             "fp32 | verification |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for (name, mode), r in sorted(by.items()):
         base = by.get((name, BASE))
         if mode == BASE or base is None or "error" in r or "error" in base:
             if "error" in r:
-                lines.append(f"| {name} | {mode} | error: {r['error'][:80]} | | | | | | |")
+                lines.append(f"| {name} | {mode} | error: {r['error'][:80]} | | | | | | | | |")
             continue
         only = sorted(set(r["fell_back_ops"]) - set(base["fell_back_ops"]))
         cosines = [m["cosine"] for m in r["outputs"].values()]
@@ -88,10 +109,15 @@ def table(args) -> int:
             f"| {name} | {mode} | {r['gm_bytes_after'] / base['gm_bytes_after']:.2f} | "
             f"{_us(r['pypto_us_fused'])} ({_us(base['pypto_us_fused'])}) | {r['kernels_after']} "
             f"({base['kernels_after']}) | {len(only)} | {min(cosines, default=1):.6f} | "
-            f"{min(r['kernel_cosines'].values(), default=1):.6f} | {r['verification']} |")
+            f"{min(r['kernel_cosines'].values(), default=1):.6f} | {r.get('beyond_fp16', '—')} "
+            f"| {_yes(r.get('same_top1'))} | {r['verification']} |")
     (args.out / f"{args.table}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
+
+
+def _yes(value) -> str:
+    return "—" if value is None else "yes" if value else "NO"
 
 
 def _us(value) -> str:

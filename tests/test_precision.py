@@ -166,6 +166,15 @@ def test_keep_dtype_reads_atc_s_format(tmp_path):
     assert keep.lines == ["n3", "OpType::ReduceMean"]
 
 
+def test_the_cli_exits_2_on_a_keep_dtype_line_naming_nothing(tmp_path, capsys):
+    keep = tmp_path / "keep.cfg"
+    keep.write_text("OpType::Softmax\n")
+    out = tmp_path / "x.ptom"
+    assert cli.main([str(EXAMPLE), "--target", "kirin9050", *EXAMPLE_SHAPE, "-o", str(out),
+                     "--precision_mode", ALLOW_MIX, "--keep_dtype", str(keep)]) == 2
+    assert "OpType::Softmax" in capsys.readouterr().err and not out.exists()
+
+
 @pytest.mark.parametrize("line, named", [("no_such_node", "'no_such_node'"),
                                          ("OpType::Conv", "OpType::Conv")])
 def test_a_keep_dtype_line_naming_nothing_in_the_model_is_refused(tmp_path, line, named):
@@ -198,6 +207,19 @@ def test_a_mixed_precision_build_moves_fewer_bytes_and_verifies_against_the_orig
                          "--json", "--no-report", "--cache-dir", str(tmp_path / "cache"),
                          *option]) == 0
         summaries[mode] = json.loads(capsys.readouterr().out)
+    keep = tmp_path / "keep.cfg"
+    keep.write_text("add\n")  # ATC's --keep_dtype: the Add stays fp32, inside the fp16 kernel
+    assert cli.main([str(EXAMPLE), "--target", "kirin9050", *EXAMPLE_SHAPE, "-o",
+                     str(tmp_path / "kept.ptom"), "--json", "--no-report", "--cache-dir",
+                     str(tmp_path / "cache"), "--precision_mode", FORCE_FP16,
+                     "--keep_dtype", str(keep)]) == 0
+    forced = json.loads(capsys.readouterr().out)
+    assert [(k["node"], k["reason"]) for k in forced["precision"]["kept_fp32"]] == [
+        ("add", "--keep_dtype names it")]
+    # the Add's operands cast to fp32 in the kernel: more fp32 than the mixed build's (whose
+    # only fp32 is the model's output)
+    assert blob_source(tmp_path / "kept.ptom").count("DT_FP32") > \
+        blob_source(tmp_path / f"{ALLOW_MIX}.ptom").count("DT_FP32")
     kept, mixed = summaries[MUST_KEEP], summaries[ALLOW_MIX]
     assert (tmp_path / f"{MUST_KEEP}.ptom").read_bytes() == (tmp_path / "None.ptom").read_bytes()
     assert kept["precision_mode"] == MUST_KEEP and kept["precision"] is None
