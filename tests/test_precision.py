@@ -135,6 +135,21 @@ def test_ops_kept_in_fp32_read_each_other_s_fp32_values_not_an_fp16_round_trip()
     onnx.checker.check_model(half)  # in an order that runs
 
 
+def test_a_model_s_own_cast_of_an_integer_is_not_taken_for_a_round_trip():
+    """An int64 cast to float, read by an op kept in fp32: the converter makes the Cast give
+    fp16 and casts it back for the kept op; that is no fp32 value to read instead (it is an
+    integer: asr_frontend_nemo80's Div of float and int64)."""
+    b = GraphBuilder()
+    x = b.input("x", [1, 4, 8])
+    count = b.op("Cast", [b.input("n", [1], onnx.TensorProto.INT64)], to=onnx.TensorProto.FLOAT)
+    mean = b.op("ReduceSum", [x, b.const([-1])], keepdims=1)
+    model = imported(b.model(b.op("Div", [mean, count])))
+    half, _ = to_half(model, ALLOW_MIX)
+    feeds = {"x": np.ones((1, 4, 8), np.float32), "n": np.array([4], np.int64)}
+    out = compare(model, import_model(half).model, feeds, Thresholds(MIN_COSINE[ALLOW_MIX]))
+    assert out.status == "passed"
+
+
 def test_allow_fp32_to_fp16_puts_only_the_cube_s_ops_in_fp16_where_it_takes_no_fp32():
     b = GraphBuilder()
     x = b.input("x", [1, 16, 32])
@@ -164,6 +179,18 @@ def test_keep_dtype_reads_atc_s_format(tmp_path):
     keep = read_keep_dtype(path)
     assert keep.nodes == {"n3"} and keep.op_types == {"ReduceMean"}
     assert keep.lines == ["n3", "OpType::ReduceMean"]
+
+
+@pytest.mark.parametrize("content", [b"\xff\xfe not utf-8", None])
+def test_a_keep_dtype_file_that_is_not_text_or_is_endless_is_refused(tmp_path, content):
+    path = tmp_path / "keep.cfg"
+    if content is None:
+        path = "/dev/zero"  # read up to its bound, never whole
+    else:
+        path.write_bytes(content)
+    with pytest.raises(UsageError) as refused:
+        read_keep_dtype(path)
+    assert str(path) in str(refused.value)
 
 
 def test_the_cli_exits_2_on_a_keep_dtype_line_naming_nothing(tmp_path, capsys):

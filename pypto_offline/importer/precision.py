@@ -42,6 +42,8 @@ MIN_COSINE = {FORCE_FP16: 0.99, ALLOW_FP32_TO_FP16: 0.999, ALLOW_MIX: 0.999}
 
 FP16_MAX = 65504.0
 _FLOAT = onnx.TensorProto.FLOAT
+# A --keep_dtype file names nodes of one model: a million names fit in 16 MiB
+MAX_KEEP_DTYPE_BYTES = 16 << 20
 KEEP_DTYPE_FIX = ("give one node name per line, or OpType::NAME for every op of that type "
                   "(ATC's --keep_dtype format)")
 
@@ -88,10 +90,15 @@ class KeepDtype:
 def read_keep_dtype(path) -> KeepDtype:
     """ATC's file: a node name per line, ``OpType::NAME`` for a type; blank lines ignored."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        with open(path, "rb") as stream:  # at most the bound: a device or a huge file is refused
+            raw = stream.read(MAX_KEEP_DTYPE_BYTES + 1)
+        text = raw.decode("utf-8")
     except (OSError, UnicodeDecodeError) as error:
         raise UsageError(f"cannot read --keep_dtype: {error}", where=str(path),
                          fix=KEEP_DTYPE_FIX) from None
+    if len(raw) > MAX_KEEP_DTYPE_BYTES:
+        raise UsageError(f"--keep_dtype is over {MAX_KEEP_DTYPE_BYTES // (1 << 20)} MiB",
+                         where=str(path), fix=KEEP_DTYPE_FIX)
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     types = {line.split("::", 1)[1].strip() for line in lines if line.startswith("OpType::")}
     if "" in types:
@@ -190,7 +197,10 @@ def _join_fp32_runs(model: onnx.ModelProto) -> onnx.ModelProto:
     (measured on magika's LayerNorm: its sums rounded to fp16 between two fp32 ops, a variance
     off by 8 %): a kept op reads the fp32 value itself; a cast to fp16 no op reads is dropped."""
     graph = model.graph
-    to_fp16 = {n.output[0]: n.input[0] for n in graph.node if _is_cast(n, onnx.TensorProto.FLOAT16)}
+    # only the converter's own casts of a kept op's fp32 output: a model's Cast of an integer
+    # (int64 -> fp16 once converted) read back in fp32 is no round trip (asr_frontend_nemo80)
+    to_fp16 = {n.output[0]: n.input[0] for n in graph.node
+               if _is_cast(n, onnx.TensorProto.FLOAT16) and _casts_fp32(n.name)}
     outputs = {o.name for o in graph.output}
     round_trips = {n.output[0]: to_fp16[n.input[0]] for n in graph.node
                    if _is_cast(n, _FLOAT) and n.input[0] in to_fp16}
@@ -207,6 +217,14 @@ def _join_fp32_runs(model: onnx.ModelProto) -> onnx.ModelProto:
     del graph.node[:]
     graph.node.extend(nodes)
     return model
+
+
+def _casts_fp32(node_name: str) -> bool:
+    """One of the converter's casts of an fp32 value to fp16: a kept op's output, or a float32
+    model input (``graph_input_castN``)."""
+    prefix = INPUT_CAST.rstrip("_")
+    return node_name.endswith(TO_FP16_NODE) or (
+        node_name.startswith(prefix) and node_name[len(prefix):].isdigit())
 
 
 def _is_cast(node: onnx.NodeProto, to: int) -> bool:
@@ -227,6 +245,7 @@ def _sorted(model: onnx.ModelProto) -> onnx.ModelProto:
 # original tensor each stands for: an fp32 value of a kept op's output, a cast model input or
 # output.
 KEPT_SUFFIX = "_cast_to_fp16"
+TO_FP16_NODE = KEPT_SUFFIX + "_node"
 INPUT_CAST = "graph_input_cast_"
 OUTPUT_CAST = "graph_output_cast_"
 
