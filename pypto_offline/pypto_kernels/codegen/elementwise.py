@@ -89,8 +89,12 @@ def _clip(w: Writer, op: RegionOp) -> None:
     if w.dtype(op.inputs[0]) not in FLOAT_DTYPES:
         _integer_clip(w, op)
         return
-    low = -FLT_MAX if op.params["min"] is None else float(op.params["min"])
-    high = FLT_MAX if op.params["max"] is None else float(op.params["max"])
+    # a bound within the type's finite range (a missing one is its largest value): fp32's
+    # largest is no fp16 (PyPTO's mins refused it, MINSOpError: asr_frontend_kaldi's Clip
+    # converted, docs/precision.md); no value of the type lies beyond it anyway
+    largest = FINITE_MAX[w.dtype(op.inputs[0])]
+    low = -largest if op.params["min"] is None else max(float(op.params["min"]), -largest)
+    high = largest if op.params["max"] is None else min(float(op.params["max"]), largest)
     _per_element(w, op, lambda value, _: f"pypto.clip({value}, {float_literal(low)}, "
                                          f"{float_literal(high)})")
 
@@ -211,7 +215,13 @@ def _where(w: Writer, op: RegionOp) -> None:
     shape, owns = compute_shape(w, out, op.inputs)
     args = [broadcast_to(w, name, shape, own) for name, own in zip(op.inputs, owns)]
     w.follow(shape, w.dtype(out), op.inputs)
-    w.assign(out, f"pypto.where({', '.join(args)})", shape)
+    chosen = f"pypto.where({', '.join(args)})"
+    if all(is_scalar_constant(name, w.constants) for name in op.inputs[1:]) and \
+            w.dtype(out) != onnx.TensorProto.FLOAT:
+        # of two Python floats PyPTO makes an fp32 tensor, which an fp16 op or output then
+        # refuses (F21004: a converted BERT's attention mask, docs/precision.md)
+        chosen = f"pypto.cast({chosen}, {pypto_dtype(w.dtype(out))})"
+    w.assign(out, chosen, shape)
 
 
 def _float_test(w: Writer, op: RegionOp) -> None:
