@@ -190,7 +190,7 @@
       body.remove();
     }
   }
-  document.querySelectorAll("details.card").forEach(function (card) {
+  document.querySelectorAll("details.card, details.plots").forEach(function (card) {
     if (card.open) { fill(card); }
     card.addEventListener("toggle", function () { if (card.open) { fill(card); } });
   });
