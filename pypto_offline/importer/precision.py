@@ -188,7 +188,9 @@ def to_half(model: onnx.ModelProto, mode: str, keep: KeepDtype = KeepDtype(),
         node_block_list=[k.node for k in kept])
     converted = _sorted(_join_fp32_runs(converted))
     floats = _float_tensors(model)
-    reported = tuple(k for k in kept if _computes_float(model, k.node, floats))
+    nodes = {n.name: n for n in model.graph.node}
+    reported = tuple(k for k in kept if any(name in floats for name in
+                                            [*nodes[k.node].input, *nodes[k.node].output]))
     return converted, Conversion(mode, reported, _clamped(model, {k.node for k in kept}))
 
 
@@ -330,11 +332,6 @@ def _float_tensors(model: onnx.ModelProto) -> set[str]:
     values = [*graph.input, *graph.output, *graph.value_info]
     names = {v.name for v in values if v.type.tensor_type.elem_type == _FLOAT}
     return names | {t.name for t in graph.initializer if t.data_type == _FLOAT}
-
-
-def _computes_float(model: onnx.ModelProto, node_name: str, floats: set[str]) -> bool:
-    node = next(n for n in model.graph.node if n.name == node_name)
-    return any(name in floats for name in [*node.input, *node.output])
 
 
 def _clamped(model: onnx.ModelProto, kept: set[str]) -> tuple[Clamped, ...]:

@@ -20,10 +20,9 @@ from pypto_offline.fusion.records import Region
 from pypto_offline.importer import ImportedGraph
 from pypto_offline.importer.precision import original_name
 from pypto_offline.pypto_kernels.jobs import pool
-from pypto_offline.pypto_kernels.codegen import is_scalar_constant
 from pypto_offline.pypto_kernels.jobs.protocol import FailureKind
 from pypto_offline.pypto_kernels.records import Kernel, TileResult
-from pypto_offline.pypto_kernels.region_data import in_kernel_dtype
+from pypto_offline.pypto_kernels.region_data import kernel_arguments
 from pypto_offline.pypto_kernels.search import Setup, run_region_job
 from pypto_offline.pypto_kernels.tiling import TilePolicy
 
@@ -59,17 +58,14 @@ def _data(region: Region, graph: ImportedGraph, constants: dict, original, names
     """(the kernel's arguments, the original values of its outputs), or why there are none."""
     def value(name: str):
         return original.get(original_name(name, *names))
-    arrays = []
-    for name in region.inputs:
-        if name in constants:
-            if not is_scalar_constant(name, constants):
-                arrays.append(np.asarray(constants[name]))
-            continue
-        found = value(name)
-        if found is None:
-            return f"the original model has no tensor {name!r} stands for"
+
+    def in_its_type(name: str) -> np.ndarray:
         with np.errstate(over="ignore"):  # beyond fp16: reported (precision.beyond_fp16)
-            arrays.append(in_kernel_dtype(np.asarray(found).astype(graph.tensors[name].np_dtype)))
+            return np.asarray(value(name)).astype(graph.tensors[name].np_dtype)
+    missing = [n for n in region.inputs if n not in constants and value(n) is None]
+    if missing:
+        return f"the original model has no tensor {missing[0]!r} stands for"
+    arrays, _ = kernel_arguments(region, constants, in_its_type)
     expected = [value(name) for name in region.outputs]
     if any(e is None for e in expected):
         return "the original model has no tensor one of its outputs stands for"

@@ -2,6 +2,8 @@
 a kernel is run on, and onnxruntime's result on them (the reference a kernel must match)."""
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 import onnx
 from onnx import helper
@@ -31,26 +33,35 @@ def region_data(region: Region, graph: ImportedGraph, constants: dict):
     """Kernel arguments (seeded, or the constant's own value) and onnxruntime's result for the
     region's original ops on them."""
     rng = np.random.default_rng(0)
-    feeds, arrays = {}, []
+
+    def seeded(name: str) -> np.ndarray:
+        info = graph.tensors[name]
+        dtype = info.np_dtype
+        if dtype == np.bool_:
+            return rng.integers(0, 2, size=info.shape).astype(bool)
+        if np.issubdtype(dtype, np.floating):
+            return rng.uniform(-1.0, 1.0, size=info.shape).astype(dtype)
+        return rng.integers(0, 4, size=info.shape).astype(dtype)
+    arrays, feeds = kernel_arguments(region, constants, seeded)
+    outputs = run_model(region_model(region, graph), feeds)
+    return arrays, [in_kernel_dtype(outputs[name]) for name in region.outputs]
+
+
+def kernel_arguments(region: Region, constants: dict, value_of: Callable[[str], np.ndarray]
+                     ) -> tuple[list[np.ndarray], dict[str, np.ndarray]]:
+    """A kernel's arguments in order, in its element types (an int64 tensor narrowed to int32:
+    classify.kernel_dtype): each constant's own value (a scalar one is in the source), and
+    ``value_of`` each other input (the seeded check's, or the original model's:
+    precision_check.py); and those values by name, as given."""
+    arrays, feeds = [], {}
     for name in region.inputs:
         if name in constants:
             if not is_scalar_constant(name, constants):
                 arrays.append(np.asarray(constants[name]))
             continue
-        info = graph.tensors[name]
-        dtype = info.np_dtype
-        if dtype == np.bool_:
-            value = rng.integers(0, 2, size=info.shape).astype(bool)
-        elif np.issubdtype(dtype, np.floating):
-            value = rng.uniform(-1.0, 1.0, size=info.shape).astype(dtype)
-        else:
-            value = rng.integers(0, 4, size=info.shape).astype(dtype)
-        feeds[name] = value
-        arrays.append(value)
-    outputs = run_model(region_model(region, graph), feeds)
-    # in the kernel's element types: an int64 tensor narrowed to int32 (classify.kernel_dtype)
-    return ([in_kernel_dtype(a) for a in arrays],
-            [in_kernel_dtype(outputs[name]) for name in region.outputs])
+        feeds[name] = value_of(name)
+        arrays.append(feeds[name])
+    return [in_kernel_dtype(a) for a in arrays], feeds
 
 
 def in_kernel_dtype(array: np.ndarray) -> np.ndarray:
