@@ -103,7 +103,7 @@ def each(items: Sequence[Item], jobs: int, work: Callable[[Item], object],
         for i in range(len(items)) if order is None else order:
             started[i] = pool.threads.submit(_work_for, pool.workers, work, items[i])
         futures = [started[i] for i in range(len(items))]
-        wait(futures, return_when=FIRST_EXCEPTION)
+        _wait_interruptibly(futures)
         for future in futures:  # the first failure in item order, without waiting for others
             if future.done() and future.exception() is not None:
                 future.result()
@@ -121,6 +121,23 @@ def each(items: Sequence[Item], jobs: int, work: Callable[[Item], object],
         wait(list(started.values()))
         if pool is not _shared:
             pool.close()
+
+
+# How long the main thread blocks at a time while the pool works (``_wait_interruptibly``)
+SIGNAL_CHECK_S = 0.25
+
+
+def _wait_interruptibly(futures: list) -> None:
+    """Until every future is done or one failed, waking every ``SIGNAL_CHECK_S``. A blocked
+    wait returns to Python code only when a signal reaches the main thread itself, and the
+    kernel may deliver it to any thread (Ray's driver runs threads of its own); the handler,
+    left pending, then runs wherever Python code next runs in the main thread, and a finaliser
+    there swallows what it raises. A Ctrl-C 2 s into a Ray build once let the build finish and
+    exit 0 (tests/test_ray_farm.py; the likeliest way it was lost). Waking up here raises the
+    interrupt in this frame within ``SIGNAL_CHECK_S``."""
+    while wait(futures, timeout=SIGNAL_CHECK_S, return_when=FIRST_EXCEPTION).not_done:
+        if any(f.done() and f.exception() is not None for f in futures):
+            return
 
 
 class SpareThreads:
