@@ -1,10 +1,18 @@
-"""Kernel cache entries made by hand, for the tests of the cache's checks (no PyPTO)."""
+"""Kernel cache entries made by hand, for the tests of the cache's checks (no PyPTO), and
+copies of a cache compiled once for the run (``warm_cache``)."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 from pypto_offline.pypto_kernels.cache import KernelCache
+
+
+def warm_cache(cache: Path, folder: Path) -> Path:
+    """A copy of ``cache`` (conftest's ``example_cache``) at ``folder``/cache, the test's own to
+    write to: its builds of the example hit instead of compiling cold."""
+    return Path(shutil.copytree(cache, folder / "cache", symlinks=True))
 
 
 def stored(cache: KernelCache, key: str, files: dict[str, str]) -> Path:

@@ -3,7 +3,10 @@ fixed sequence, so that a submission's CI result does not depend on the draw.
 
 The fast tier (``make test-fast``: ``-m "not pypto"``) runs with PyPTO hidden, in this process
 and in every worker it starts: a test that needs PyPTO but lacks the ``pypto`` marker fails
-there instead of quietly making the tier slow."""
+there instead of quietly making the tier slow.
+
+``example_cache``: the example's kernel compiled once for the run, for tests that only need it
+built."""
 import atexit
 import importlib.util
 import os
@@ -12,6 +15,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import pytest
 from hypothesis import settings
 
 settings.register_profile("ci", derandomize=True, print_blob=True)
@@ -44,3 +48,20 @@ def _hide_pypto() -> None:
     sys.modules.pop("pypto", None)
     os.environ["PYTHONPATH"] = os.pathsep.join(
         [str(stand_in)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+
+
+@pytest.fixture(scope="session")
+def example_cache(tmp_path_factory) -> Path:
+    """A kernel cache holding the bundled example's kernel for kirin9050 (its default build,
+    tile search included), compiled once for the run. Tests that need the example built, not
+    compiled cold, start from a copy (``tests.cache_entries.warm_cache``); the cold compile, its
+    determinism and its cache's trust are tested where they are the point."""
+    from pypto_offline import cli
+    from tests.malformed import EXAMPLE
+
+    folder = tmp_path_factory.mktemp("example-cache")
+    assert cli.main([str(EXAMPLE), "--target", "kirin9050", "--input-shape", "x=1,3,64,64",
+                     "-o", str(folder / "example.ptom"), "--no-report", "--quiet",
+                     "--cache-dir", str(folder / "cache")]) == 0
+    return folder / "cache"
+

@@ -15,6 +15,7 @@ from pypto_offline.errors import ModelError
 from pypto_offline.offline_compiler import blob
 from pypto_offline.offline_compiler.summary import summarise
 from pypto_offline.report import render_report
+from tests.cache_entries import warm_cache
 from tests.malformed import EXAMPLE
 
 FUZZ = settings(max_examples=150, deadline=None,
@@ -28,12 +29,12 @@ class Blob(bytes):
 
 
 @pytest.fixture(scope="module")
-def valid_blob(tmp_path_factory) -> bytes:
+def valid_blob(tmp_path_factory, example_cache) -> bytes:
     folder = tmp_path_factory.mktemp("fuzz")
     out = folder / "example.ptom"
     assert cli.main([str(EXAMPLE), "--target", "kirin9050", "--input-shape", "x=1,3,64,64",
                      "-o", str(out), "--no-report", "--quiet",
-                     "--cache-dir", str(folder / "cache")]) == 0
+                     "--cache-dir", str(warm_cache(example_cache, folder))]) == 0
     return Blob(out.read_bytes())
 
 

@@ -22,6 +22,7 @@ import pytest
 import pypto_offline
 from pypto_offline import cli
 from pypto_offline.offline_compiler import blob, ptom_pb2
+from tests.cache_entries import warm_cache
 from tests.malformed import EXAMPLE
 from tests.onnx_builders import one_node
 
@@ -30,13 +31,14 @@ HIDDEN_PYPTO = REPO / "tests" / "data" / "no_pypto"  # a stand-in that refuses t
 
 
 @pytest.fixture(scope="module")
-def example_build(tmp_path_factory) -> tuple[Path, dict]:
+def example_build(tmp_path_factory, example_cache) -> tuple[Path, dict]:
     """The example built for kirin9050 (verified), and its JSON summary."""
     folder = tmp_path_factory.mktemp("example")
+    cache = warm_cache(example_cache, folder)
     out = folder / "example.ptom"
     done = subprocess.run([sys.executable, "-m", "pypto_offline", str(EXAMPLE), "--target",
                            "kirin9050", "--input-shape", "x=1,3,64,64", "-o", str(out),
-                           "--no-report", "--cache-dir", str(folder / "cache"), "--json"],
+                           "--no-report", "--cache-dir", str(cache), "--json"],
                           capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": str(REPO)})
     assert done.returncode == 0, done.stderr
