@@ -21,6 +21,7 @@ from pypto_offline.importer.precision import (ALLOW_FP32_TO_FP16, ALLOW_MIX, FOR
 from pypto_offline.runtime import generate_inputs, precision_metrics
 from pypto_offline.verify import Thresholds, compare
 
+from tests.cache_entries import warm_cache
 from tests.malformed import EXAMPLE
 
 EXAMPLE_SHAPE = ["--input-shape", "x=1,3,64,64"]
@@ -223,9 +224,10 @@ def test_keep_dtype_keeps_the_named_node_in_fp32_under_force_fp16():
 
 @pytest.mark.pypto
 def test_a_mixed_precision_build_moves_fewer_bytes_and_verifies_against_the_original(
-        tmp_path, capsys):
+        tmp_path, capsys, example_cache):
     """The example model (fp32) under allow_mix_precision against an explicit
     must_keep_origin_dtype build, which is byte for byte the build without the option."""
+    warm_cache(example_cache, tmp_path)  # the fp32 kernel: only the fp16 ones compile here
     summaries = {}
     for mode in (MUST_KEEP, ALLOW_MIX, None):
         out = tmp_path / f"{mode}.ptom"
@@ -312,6 +314,39 @@ def test_a_masked_softmax_kernel_compiles_and_verifies_in_fp16(tmp_path, capsys)
         assert kernel["precision"]["cosine"] >= MIN_COSINE[ALLOW_MIX]
         (clamped,) = summary["precision"]["clamped"]
         assert clamped["largest"] == 1e9 and summary["verification"]["status"] == "passed"
+
+
+@pytest.mark.pypto
+def test_an_fp16_attention_mask_added_then_cast_to_fp32_passes_its_check(tmp_path, capsys):
+    """BERT's, GPT-2's and Llama's mask under allow_mix_precision (bench/results/precision):
+    And, Where(0, -65504), Add, Cast to fp32 failed its functional check by 1.0 and fell back
+    in fp16 only. PyPTO adds in fp32 before the cast while the reference rounds to fp16 first,
+    whose spacing at 65504 is 32: the check's bound scales with the reference's magnitude
+    (runtime.within_tolerance)."""
+    b = GraphBuilder()
+    keep = b.op("And", [b.input("a", [1, 1, 16, 1], onnx.TensorProto.BOOL),
+                        b.input("b", [1, 1, 1, 16], onnx.TensorProto.BOOL)])
+    mask = b.op("Where", [keep, b.const(0.0, np.float16), b.const(-65504.0, np.float16)])
+    scores = b.op("Add", [b.input("x", [1, 4, 16, 16], onnx.TensorProto.FLOAT16), mask])
+    model = tmp_path / "mask.onnx"
+    onnx.save(b.model(b.op("Cast", [scores], to=onnx.TensorProto.FLOAT)), model)
+    assert cli.main([str(model), "--target", "kirin9050", "-o", str(tmp_path / "mask.ptom"),
+                     "--json", "--no-report", "--cache-dir", str(tmp_path / "cache")]) == 0
+    (kernel,) = json.loads(capsys.readouterr().out)["kernels"]
+    assert kernel["status"] == "compiled", kernel["fallback_reason"]
+    assert kernel["ops"] == ["And", "Where", "Add", "Cast"]
+
+
+def test_the_kernel_check_s_bound_grows_with_the_reference_s_magnitude():
+    from pypto_offline.runtime import TOLERANCE, kernel_check, within_tolerance
+
+    want = np.array([-65504.0, 0.5], np.float32)
+    check = kernel_check([want], [want + np.float32(1.0)])
+    assert check["max_abs_diff"] == 1.0 and check["magnitude"] == 65504.0
+    assert within_tolerance(1.0, TOLERANCE["float16"], check["magnitude"])
+    assert not within_tolerance(1.0, TOLERANCE["float16"], 0.5)  # values near 1: as before
+    masked = kernel_check([np.array([-np.inf, 2.0], np.float32)], [np.array([-np.inf, 2.0])])
+    assert masked["magnitude"] == 2.0  # an attention mask's -inf makes no bound infinite
 
 
 def test_a_converted_graph_s_tensors_name_the_original_ones():

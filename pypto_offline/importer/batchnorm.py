@@ -24,7 +24,8 @@ from onnxscript.rewriter import pattern
 from onnxscript.rewriter.rules.common import _fuse_batchnorm
 
 from pypto_offline.importer.shape_probe import static_input_shapes
-from pypto_offline.runtime import TOLERANCE, CannotRun, generate_inputs, max_abs_diff, run_model
+from pypto_offline.runtime import (TOLERANCE, CannotRun, generate_inputs, magnitude, max_abs_diff,
+                                   run_model, within_tolerance)
 
 DEFAULT_EPSILON = 1e-5  # BatchNormalization's default (every opset)
 
@@ -118,7 +119,7 @@ def same_outputs(model: onnx.ModelProto, rewritten: onnx.ModelProto) -> bool:
         got = actual.get(name)
         if not isinstance(want, np.ndarray) or not isinstance(got, np.ndarray):
             return False
-        magnitude = float(np.abs(want).max()) if want.size and want.dtype.kind == "f" else 1.0
-        if max_abs_diff(want, got) > TOLERANCE.get(str(want.dtype), 0.0) * max(1.0, magnitude):
+        if not within_tolerance(max_abs_diff(want, got), TOLERANCE.get(str(want.dtype), 0.0),
+                                magnitude(want)):
             return False
     return True

@@ -36,7 +36,7 @@ DERIVED = ("inputs.npz", "reference.npz")
 # What a compile of one candidate says about it, whatever the target it was compiled for: the
 # fields a compile entry keeps (not the worker's timing or its run folder).
 COMPILE_FIELDS = ("compiled", "error", "aicore_us", "total_us", "tasks", "ub_bytes", "gm_bytes",
-                  "verdicts", "max_abs_diff")
+                  "verdicts", "max_abs_diff", "magnitude")
 
 
 def kernel_key(sources: dict[TilePolicy, str], interface: list, target, default_budget: int

@@ -28,6 +28,7 @@ from pypto_offline.pypto_kernels.jobs.protocol import (Candidate, CandidateResul
                                                        FailureKind, Job, JobResult)
 from pypto_offline.pypto_kernels.records import Kernel, TileResult
 from pypto_offline.pypto_kernels.region_data import output_specs, region_data
+from pypto_offline.runtime import within_tolerance
 from pypto_offline.pypto_kernels.tiling import (MERGE_CAPS, TilePolicy, defer_flat_rows,
                                                 defer_swapped, fits_ub, next_flat_rows,
                                                 next_swapped, search_rounds)
@@ -284,7 +285,7 @@ def _kernel_record(region, source, key, best, default, result: CandidateResult,
     tolerance = region_tolerance(region)
     diff = result.max_abs_diff
     functional_ok = bool(verdicts) and all(v == "PASS" for _, v in verdicts) and \
-        diff is not None and diff <= tolerance
+        diff is not None and within_tolerance(diff, tolerance, result.magnitude or 0.0)
     failure = None if functional_ok else Failure.of(
         FailureKind.CHECK_FAILED, f" (max abs diff {diff}, passes "
                                   f"{[p for p, v in verdicts if v != 'PASS'] or 'none recorded'})")

@@ -228,6 +228,7 @@ class CandidateResult:
     gm_bytes: dict | None = None
     verdicts: tuple[dict, ...] | None = None
     max_abs_diff: float | None = None
+    magnitude: float | None = None  # the reference's largest finite |value| (within_tolerance)
     # msaccucmp's metrics of the least similar float output against the reference
     # (runtime.precision_metrics); what the precision check reads (precision_check.py)
     metrics: dict | None = None
