@@ -389,3 +389,20 @@ def test_fp16_boundary_options_that_cannot_apply_are_refused(inputs, output_type
     with pytest.raises(UsageError) as refused:
         half_io(inputs, output_type).check_against(imported(rms_norm()), mode)
     assert named in str(refused.value)
+
+
+def test_the_bench_s_model_time_counts_every_kernel_once_whatever_pypto_compared():
+    """bench.precision's ``model_us``: compiled kernels at their PyPTO time, every other kernel
+    at the build's estimate, so that two modes whose compiled sets differ still compare."""
+    from bench.precision import model_us
+    from pypto_offline.fusion.cost import time_us
+    from pypto_offline.targets import TARGETS
+
+    target = TARGETS["kirin9050"]
+    kernels = [{"status": "compiled", "tuned_us": 7.0, "gm_bytes": 4096},
+               {"status": "fell_back", "tuned_us": None, "gm_bytes": 8192}]
+    unfused = time_us(3, 10_000, target)  # three ops left to kernels of their own
+    summary = {"kernels": kernels,
+               "est_time_us_after": time_us(1, 4096, target) + time_us(1, 8192, target) + unfused}
+    assert model_us(summary, "kirin9050") == pytest.approx(
+        7.0 + time_us(1, 8192, target) + unfused, abs=1e-3)
