@@ -135,8 +135,9 @@ def _wait_interruptibly(futures: list) -> None:
     there swallows what it raises. A Ctrl-C 2 s into a Ray build once let the build finish and
     exit 0 (tests/test_ray_farm.py; the likeliest way it was lost). Waking up here raises the
     interrupt in this frame within ``SIGNAL_CHECK_S``."""
-    while wait(futures, timeout=SIGNAL_CHECK_S, return_when=FIRST_EXCEPTION).not_done:
-        if any(f.done() and f.exception() is not None for f in futures):
+    while True:
+        done, not_done = wait(futures, timeout=SIGNAL_CHECK_S, return_when=FIRST_EXCEPTION)
+        if not not_done or any(f.exception() is not None for f in done):
             return
 
 
