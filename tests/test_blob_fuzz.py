@@ -117,6 +117,28 @@ def test_a_graph_name_that_is_not_utf8_is_refused(valid_blob, field):
         blob.from_bytes(signed(message.SerializeToString(deterministic=True)))
 
 
+@pytest.mark.pypto
+@pytest.mark.parametrize("field", ["onnx_model", "source_onnx_model"])
+def test_an_element_type_onnx_does_not_define_is_read_or_refused(valid_blob, field):
+    """Found by test_damaged_payload_with_a_valid_digest: a flipped byte made a tensor's element
+    type 31, and naming it for the report raised ValueError from ONNX's enum (exit 3)."""
+    import onnx
+
+    message = blob.from_bytes(valid_blob)
+    model = onnx.load_from_string(getattr(message, field))
+    for value in (*model.graph.input, *model.graph.value_info, *model.graph.output):
+        value.type.tensor_type.elem_type = 31
+    setattr(message, field, model.SerializeToString(deterministic=True))
+    read_or_refuse(signed(message.SerializeToString(deterministic=True)))
+
+
+def test_an_undefined_element_type_has_a_name():
+    from pypto_offline.importer.input_shapes import dtype_name
+
+    assert (dtype_name(1), dtype_name(16), dtype_name(31), dtype_name(0)) == (
+        "float32", "bfloat16", "type 31", "?")
+
+
 def message_graph_input(serialized: bytes) -> str:
     import onnx
 

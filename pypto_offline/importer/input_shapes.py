@@ -100,11 +100,18 @@ def tensor_bytes(dims: Sequence[int], elem_type: int) -> int:
 
 
 def dtype_name(elem_type: int) -> str:
-    """numpy's name of an ONNX element type (float32, int64), else ONNX's own (bfloat16)."""
+    """numpy's name of an ONNX element type (float32, int64), else ONNX's own (bfloat16), else
+    ``type 31`` for a number ONNX does not define (a damaged or hostile model's)."""
     try:
         return str(np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type)))
     except (KeyError, TypeError, ValueError):
-        return onnx.TensorProto.DataType.Name(elem_type).lower() if elem_type else "?"
+        pass
+    if not elem_type:
+        return "?"
+    try:
+        return onnx.TensorProto.DataType.Name(elem_type).lower()
+    except ValueError:
+        return f"type {elem_type}"
 
 
 def human_bytes(count: int) -> str:
