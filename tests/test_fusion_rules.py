@@ -71,6 +71,33 @@ def test_inverse_transposes_disappear_and_others_compose():
     assert composed.simplified[0].params["perm"] == (1, 0, 3, 2)
 
 
+def test_a_narrowing_cast_moves_before_the_moves_and_a_widening_one_after():
+    import onnx
+
+    b, x = with_relu(None)
+    y = b.op("Relu", [x])
+    y = b.op("Transpose", [b.op("Slice", [y], starts=[1], ends=[5], axes=[1])], perm=[0, 2, 3, 1])
+    half = b.op("Cast", [y], to=onnx.TensorProto.FLOAT16)
+    wide = b.op("Cast", [b.op("Relu", [half])], to=onnx.TensorProto.FLOAT)
+    out = b.op("Neg", [b.op("Reshape", [wide, b.const([2, -1])])])
+    region = simplified(b.model(out))
+    assert {"narrowing_cast_before_movement",
+            "widening_cast_after_movement"} <= set(region.rules_applied)
+    assert ops_of(region) == ["Relu", "Cast", "Slice", "Transpose", "Relu", "Reshape", "Cast",
+                              "Neg"]
+
+
+def test_a_cast_whose_moved_input_is_also_read_stays():
+    import onnx
+
+    b, x = with_relu(None)
+    y = b.op("Transpose", [b.op("Relu", [x])], perm=[0, 2, 3, 1])
+    half = b.op("Cast", [y], to=onnx.TensorProto.FLOAT16)
+    region = simplified(b.model(b.op("Relu", [half]), b.op("Neg", [y])))
+    assert "narrowing_cast_before_movement" not in region.rules_applied
+    assert ops_of(region).index("Transpose") < ops_of(region).index("Cast")
+
+
 def test_slice_moves_before_a_transpose():
     b, x = with_relu(None)
     y = b.op("Transpose", [x], perm=[0, 3, 1, 2])

@@ -326,6 +326,59 @@ def transpose_back_through_binary(prog: Program, op: RegionOp) -> list[RegionOp]
     return None
 
 
+# Ops that only move, drop or repeat elements: an elementwise Cast commutes with each of them
+MOVES_ELEMENTS = frozenset({"Transpose", "Reshape", "Slice", "Expand"})
+
+
+def _float_width(dtype: int) -> int | None:
+    """Bytes of a floating element type, None for any other (casts to and from integers stay
+    where the model has them)."""
+    np_dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(dtype))
+    return np_dtype.itemsize if np_dtype.kind == "f" else None
+
+
+def _float_cast_widens(prog: Program, cast: RegionOp) -> bool | None:
+    """True for a cast to a wider float type, False to a narrower one, None otherwise."""
+    before, after = (_float_width(prog.dtypes[cast.inputs[0]]),
+                     _float_width(prog.dtypes[cast.outputs[0]]))
+    return None if before is None or after is None or before == after else after > before
+
+
+def _only_for(prog: Program, name: str) -> bool:
+    """Whether the tensor is internal to the program and read by one op."""
+    return name not in prog.outputs and len(prog.consumers(name)) == 1
+
+
+def narrowing_cast_before_movement(prog: Program, op: RegionOp) -> list[RegionOp] | None:
+    """``Cast(M(x), to a narrower float)`` is ``M(Cast(x))`` for an op M that only moves
+    elements (``MOVES_ELEMENTS``): the move then carries half the bytes, and the cast runs
+    under the tiles of the op that computed x. Under allow_mix_precision an fp32 LayerNorm whose
+    result is reshaped, sliced and transposed into an fp16 convolution ends in such a cast
+    (magika's): after the transpose to [1, 256, 512, 1] the cast's tiles held one element per
+    32-byte block, and every tile that fitted kirin9050's UB cost PyPTO 1,718 us or more
+    against 128 us for the same region in fp32 (docs/precision.md)."""
+    moved = prog.producer(op.inputs[0]) if op.op_type == "Cast" else None
+    if moved is None or moved.op_type not in MOVES_ELEMENTS \
+            or _float_cast_widens(prog, op) is not False or not _only_for(prog, op.inputs[0]):
+        return None
+    source = moved.inputs[0]
+    cast = prog.new_tensor(op.outputs[0], prog.shapes[source], "cast")
+    return [RegionOp("Cast", (source,), (cast,), op.params),
+            RegionOp(moved.op_type, (cast, *moved.inputs[1:]), op.outputs, moved.params)]
+
+
+def widening_cast_after_movement(prog: Program, op: RegionOp) -> list[RegionOp] | None:
+    """``M(Cast(x, to a wider float))`` is ``Cast(M(x))``: the same rule the other way, so a
+    move carries the narrower type whichever side of it the cast was."""
+    cast = prog.producer(op.inputs[0]) if op.op_type in MOVES_ELEMENTS else None
+    if cast is None or cast.op_type != "Cast" or not _float_cast_widens(prog, cast) \
+            or not _only_for(prog, op.inputs[0]):
+        return None
+    moved = prog.new_tensor(cast.inputs[0], prog.shapes[op.outputs[0]], "moved")
+    return [RegionOp(op.op_type, (cast.inputs[0], *op.inputs[1:]), (moved,), op.params),
+            RegionOp("Cast", (moved,), op.outputs, cast.params)]
+
+
 def _lowest(dtype: int) -> float:
     """What a max ignores: -inf, or an integer type's least value."""
     np_dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(dtype))
@@ -379,5 +432,5 @@ RULES: tuple[Rule, ...] = (
     no_op, reduction_over_one_element, view_chain, slice_of_slice, pad_of_pad, slice_of_pad,
     transpose_of_transpose, slice_before_transpose, reshape_of_reshape, slices_concat_roll, split_then_concat,
     expand_into_broadcast, bias_into_matmul, transpose_back_through_binary,
-    pool_as_window_views,
+    narrowing_cast_before_movement, widening_cast_after_movement, pool_as_window_views,
 )
