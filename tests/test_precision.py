@@ -54,6 +54,18 @@ def masked_softmax(columns: int = 16, scale: float | None = None) -> onnx.ModelP
     return b.model(b.op("Softmax", [b.op("Add", [scores, b.const(mask)])], axis=-1))
 
 
+def frame_normalisation(frames: int = 500) -> onnx.ModelProto:
+    """nemo80's feature normalisation: (x - mean) / std over the frames, both divided by a
+    frame count that is an input. The seeded check draws that count from (-1, 1) (0.207 here),
+    so the fp16 sum of squares passes 65,504 in seven of the eight rows."""
+    b = GraphBuilder()
+    x, count, axes = b.input("x", [1, 8, frames]), b.input("n", [1, 1, 1]), b.const([-1])
+    centred = b.op("Sub", [x, b.op("Div", [b.op("ReduceSum", [x, axes], keepdims=1), count])])
+    variance = b.op("Div", [b.op("ReduceSumSquare", [centred, axes], keepdims=1), count])
+    return b.model(b.op("Div", [centred, b.op("Add", [b.op("Sqrt", [variance]),
+                                                         b.const(1e-5)])]))
+
+
 def imported(model: onnx.ModelProto):
     return import_model(model).model
 
@@ -335,6 +347,42 @@ def test_an_fp16_attention_mask_added_then_cast_to_fp32_passes_its_check(tmp_pat
     (kernel,) = json.loads(capsys.readouterr().out)["kernels"]
     assert kernel["status"] == "compiled", kernel["fallback_reason"]
     assert kernel["ops"] == ["And", "Where", "Add", "Cast"]
+
+
+def test_an_fp16_region_s_reference_overflows_where_fp16_arithmetic_does():
+    """onnxruntime keeps the fp16 sum of squares it runs in fp32 unrounded; each op in its
+    declared type (onnx's reference evaluator) makes it infinity and the rows 0, as the kernel
+    does (region_data._per_op_where_apart)."""
+    from pypto_offline.fusion import plan_fusion
+    from pypto_offline.pypto_kernels.region_data import region_data, region_model
+    from pypto_offline.runtime import run_model
+    from pypto_offline.targets import TARGETS
+
+    converted, _ = to_half(imported(frame_normalisation()), FORCE_FP16)
+    graph = import_model(converted)
+    (region,) = plan_fusion(graph, TARGETS["kirin9050"]).regions
+    arrays, (reference,) = region_data(region, graph, graph.constant_values())
+    overflowed = (reference == 0).all(axis=-1).ravel()
+    assert overflowed.any() and not overflowed.all()
+    feeds = dict(zip(["x", "n"], [a.astype(np.float32) for a in arrays]))
+    (onnxruntime_s,) = run_model(region_model(region, graph), feeds).values()
+    assert not (onnxruntime_s == 0).all(axis=-1).any()
+
+
+@pytest.mark.pypto
+def test_a_kernel_that_overflows_as_fp16_must_ships_under_force_fp16_named(tmp_path, capsys):
+    """nemo80's normalisation fell back under force_fp16 only: its seeded check failed against
+    onnxruntime's unrounded sum of squares. Now compiled; the error is what it is, and the
+    verification names the kernel (docs/precision.md)."""
+    model = tmp_path / "norm.onnx"
+    onnx.save(frame_normalisation(), model)
+    assert cli.main([str(model), "--target", "kirin9050", "-o", str(tmp_path / "norm.ptom"),
+                     "--json", "--no-report", "--cache-dir", str(tmp_path / "cache"),
+                     "--precision_mode", FORCE_FP16]) == 1
+    summary = json.loads(capsys.readouterr().out)
+    (kernel,) = summary["kernels"]
+    assert kernel["status"] == "compiled", kernel["fallback_reason"]
+    assert summary["verification"]["worst_kernel"] == "region_0"
 
 
 def test_the_kernel_check_s_bound_grows_with_the_reference_s_magnitude():

@@ -12,7 +12,8 @@ from pypto_offline.fusion.classify import kernel_dtype
 from pypto_offline.fusion.records import Region
 from pypto_offline.importer import ImportedGraph
 from pypto_offline.pypto_kernels.codegen import is_scalar_constant
-from pypto_offline.runtime import run_model
+from pypto_offline.pypto_kernels.codegen.kernel import region_tolerance
+from pypto_offline.runtime import kernel_check, run_model, within_tolerance
 
 # The torch dtype a worker allocates a kernel's output in, by ONNX element type.
 TORCH_DTYPES = {onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.FLOAT16: "float16",
@@ -43,8 +44,38 @@ def region_data(region: Region, graph: ImportedGraph, constants: dict):
             return rng.uniform(-1.0, 1.0, size=info.shape).astype(dtype)
         return rng.integers(0, 4, size=info.shape).astype(dtype)
     arrays, feeds = kernel_arguments(region, constants, seeded)
-    outputs = run_model(region_model(region, graph), feeds)
-    return arrays, [in_kernel_dtype(outputs[name]) for name in region.outputs]
+    model = region_model(region, graph)
+    outputs = run_model(model, feeds)
+    reference = [in_kernel_dtype(outputs[name]) for name in region.outputs]
+    if any(elem_type == onnx.TensorProto.FLOAT16 for _, elem_type in region.tensor_types.values()):
+        return arrays, _per_op_where_apart(model, feeds, reference, region)
+    return arrays, reference
+
+
+def _per_op_where_apart(model: onnx.ModelProto, feeds: dict, reference: list,
+                        region: Region) -> list:
+    """onnxruntime's result, or where it is further from the region's ops evaluated one by one
+    in their declared types (onnx's reference evaluator: each op's result rounded to fp16, an
+    overflow an infinity) than the functional check's bound, the latter. onnxruntime's CPU
+    provider runs an fp16 op it has no kernel for in fp32 and drops the casts between two such
+    ops, so an fp16 intermediate it never rounds can be finite there and infinite in every fp16
+    implementation: nemo80's sum of squares over 101 frames on the seeded data (76,547) under
+    force_fp16, where the kernel divided by infinity as fp16 must and was 0.097 off onnxruntime
+    (docs/precision.md). Where the two agree (every region of the corpus but nemo80's two),
+    onnxruntime's result is kept."""
+    import onnx.reference
+
+    with np.errstate(all="ignore"):  # fp16's overflows are the point here, not news
+        try:
+            evaluated = onnx.reference.ReferenceEvaluator(model).run(None, dict(feeds))
+        except Exception:  # noqa: BLE001 - an op the evaluator lacks: onnxruntime's stands
+            return reference
+        per_op = [in_kernel_dtype(np.asarray(value).astype(expected.dtype, copy=False))
+                  for value, expected in zip(evaluated, reference)]
+        apart = kernel_check(reference, per_op)
+    if within_tolerance(apart["max_abs_diff"], region_tolerance(region), apart["magnitude"]):
+        return reference
+    return per_op
 
 
 def kernel_arguments(region: Region, constants: dict, value_of: Callable[[str], np.ndarray]
