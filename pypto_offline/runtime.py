@@ -131,9 +131,10 @@ def precision_metrics(expected: np.ndarray, actual: np.ndarray) -> dict[str, flo
     if diff.size == 0:
         return {"cosine": 1.0, "max_abs": 0.0, "max_rel": 0.0, "rms": 0.0}
     scale = np.maximum(np.abs(np.asarray(expected, dtype=np.float64)), 1e-12)
+    with np.errstate(over="ignore"):  # an fp16 overflow's difference squared: inf, as it is
+        rms = float(np.sqrt(np.mean(np.square(diff))))
     return {"cosine": _cosine(expected, actual), "max_abs": float(diff.max()),
-            "max_rel": float(np.nan_to_num(diff / scale, nan=np.inf).max()),
-            "rms": float(np.sqrt(np.mean(np.square(diff))))}
+            "max_rel": float(np.nan_to_num(diff / scale, nan=np.inf).max()), "rms": rms}
 
 
 def _cosine(expected, actual) -> float:
