@@ -66,6 +66,16 @@ def frame_normalisation(frames: int = 500) -> onnx.ModelProto:
                                                          b.const(1e-5)])]))
 
 
+def kv_cache_concat() -> onnx.ModelProto:
+    """GPT-2's new keys (a MatMul, its heads split and transposed) after the past ones, a model
+    input: under a converting mode the past keys arrive fp32 and are cast to fp16 first."""
+    b = GraphBuilder()
+    x, past = b.input("x", [1, 16, 64]), b.input("past", [1, 4, 8, 16])
+    keys = b.op("MatMul", [x, b.const(np.full((64, 64), 0.01, np.float32))])
+    keys = b.op("Transpose", [b.op("Reshape", [keys, b.const([1, 16, 4, 16])])], perm=[0, 2, 1, 3])
+    return b.model(b.op("Concat", [past, keys], axis=2))
+
+
 def imported(model: onnx.ModelProto):
     return import_model(model).model
 
@@ -383,6 +393,35 @@ def test_a_kernel_that_overflows_as_fp16_must_ships_under_force_fp16_named(tmp_p
     (kernel,) = summary["kernels"]
     assert kernel["status"] == "compiled", kernel["fallback_reason"]
     assert summary["verification"]["worst_kernel"] == "region_0"
+
+
+@pytest.mark.parametrize("mode", [MUST_KEEP, ALLOW_MIX, FORCE_FP16])
+def test_the_cast_of_an_epilogue_s_operand_joins_the_matmul_s_region(mode):
+    """GPT-2's and Llama's past keys and values: in fp32 the Concat is the matmul's epilogue;
+    converted, the cast of the past (a model input) was a region of its own with the Concat,
+    four more kernels in each model (docs/precision.md)."""
+    from pypto_offline.fusion import plan_fusion
+    from pypto_offline.targets import TARGETS
+
+    model = imported(kv_cache_concat())
+    graph = import_model(to_half(model, mode)[0] if mode != MUST_KEEP else model)
+    (region,) = plan_fusion(graph, TARGETS["kirin9050"]).regions
+    ops = [op.op_type for op in region.simplified]
+    assert ops[0] == "MatMul" and "Concat" in ops
+    assert ("Cast" in ops) == (mode != MUST_KEEP)
+
+
+@pytest.mark.pypto
+def test_a_kv_cache_concat_with_its_cast_compiles_as_one_kernel_mixed(tmp_path, capsys):
+    model = tmp_path / "kv.onnx"
+    onnx.save(kv_cache_concat(), model)
+    assert cli.main([str(model), "--target", "kirin9050", "-o", str(tmp_path / "kv.ptom"),
+                     "--json", "--no-report", "--cache-dir", str(tmp_path / "cache"),
+                     "--precision_mode", ALLOW_MIX]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    (kernel,) = summary["kernels"]
+    assert kernel["status"] == "compiled", kernel["fallback_reason"]
+    assert kernel["ops"] == ["MatMul", "Reshape", "Transpose", "Cast", "Concat", "Cast"]
 
 
 def test_the_kernel_check_s_bound_grows_with_the_reference_s_magnitude():

@@ -15,6 +15,7 @@ from collections import deque
 from math import prod
 
 import networkx as nx
+import numpy as np
 
 from pypto_offline.fusion.classify import node_id, node_tensors
 from pypto_offline.fusion.program import region_op
@@ -128,7 +129,9 @@ class Partition:
 def _matmul_is_root(graph: ImportedGraph, members: list[Node], target: Target) -> bool:
     """A region holds at most one matmul, as its root (IREE's root op, TVM's kOutEWiseFusable):
     no reduction beside it, its operands from outside the region, and every other member fed
-    from inside it: its epilogue (bias, activation, residual, output reshape or transpose). An
+    from inside it: its epilogue (bias, activation, residual, output reshape or transpose), or
+    a Cast between float types (of an operand the epilogue reads: GPT-2's past keys, fp32 model inputs cast to fp16
+    for the Concat with the new ones under allow_mix_precision, a kernel of their own before). An
     epilogue reorders axes only after a matmul whose rows and columns PyPTO compiles so
     (``KernelSupport.matmul_reorder_align``)."""
     matmuls = [n for n in members if kind_of(n.op_type) == MATMUL]
@@ -144,7 +147,13 @@ def _matmul_is_root(graph: ImportedGraph, members: list[Node], target: Target) -
                                                                               target):
         return False
     return all(any(name in produced for name in data_inputs(n.op_type, n.inputs))
-               for n in members if n is not root)
+               or _float_cast(graph, n) for n in members if n is not root)
+
+
+def _float_cast(graph: ImportedGraph, node: Node) -> bool:
+    """A Cast from one float type to another: a precision mode's conversion of an operand."""
+    return node.op_type == "Cast" and all(
+        np.dtype(graph.tensors[name].np_dtype).kind == "f" for name in (*node.inputs, *node.outputs))
 
 
 def _aligned_matmul(graph: ImportedGraph, matmul: Node, target: Target) -> bool:
