@@ -143,8 +143,9 @@ class CompiledModel:
         the thresholds (onnxruntime runs most fp16 ops in fp32 and cannot see them fail:
         docs/precision.md)."""
         return [k.id for k in self.message.kernels
-                if k.HasField("precision") and not k.precision.why_not and not thresholds.holds(
-                    {"cosine": k.precision.cosine, "max_abs": k.precision.max_abs})]
+                if k.HasField("precision") and not k.precision.why_not
+                and not thresholds.kernel_holds({"cosine": k.precision.cosine,
+                                                 "max_abs": k.precision.max_abs})]
 
     def _record(self, result, seed: int, inputs_given: bool,
                 thresholds: Thresholds | None) -> None:

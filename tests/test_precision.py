@@ -424,6 +424,16 @@ def test_a_kv_cache_concat_with_its_cast_compiles_as_one_kernel_mixed(tmp_path, 
     assert kernel["ops"] == ["MatMul", "Reshape", "Transpose", "Cast", "Concat", "Cast"]
 
 
+def test_a_kernel_whose_differences_are_all_fp16_subnormals_holds():
+    """tf_convnext's layer scale (1e-6 times a block's output): cosine 0.947 on the original
+    model's values, differences of about 1e-7; an overflow's or a wrong kernel's are not."""
+    thresholds = Thresholds(MIN_COSINE[ALLOW_MIX])
+    subnormal = {"cosine": 0.947, "max_abs": 1e-7}
+    assert thresholds.kernel_holds(subnormal) and not thresholds.holds(subnormal)
+    assert not thresholds.kernel_holds({"cosine": 0.947, "max_abs": 1e-3})
+    assert not thresholds.kernel_holds({"cosine": 0.0, "max_abs": float("inf")})
+
+
 def test_the_kernel_check_s_bound_grows_with_the_reference_s_magnitude():
     from pypto_offline.runtime import TOLERANCE, kernel_check, within_tolerance
 
