@@ -9,6 +9,7 @@ compiled ONNX graph with one function call per region).
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from types import MappingProxyType
 from typing import Mapping
 
@@ -17,15 +18,16 @@ from pypto_offline.fusion.cost import fused_cost, node_cost, time_us, total
 from pypto_offline.fusion.lower import compiled_model
 from pypto_offline.fusion.partition import partition
 from pypto_offline.fusion.program import Program, build_program
-from pypto_offline.fusion.records import (DOES_NOT_PAY, Cost, FusionPlan, Region, RegionOp,
+from pypto_offline.fusion.records import (DOES_NOT_PAY, Cost, Cut, FusionPlan, Region, RegionOp,
                                           Totals, Unfused)
 from pypto_offline.fusion.simplify import simplify
+from pypto_offline.fusion.split import cut_in_two, members_of, part_id
 from pypto_offline.importer import ImportedGraph, Node
 from pypto_offline.importer.ops import in_scope
 from pypto_offline.targets import Target
 
-__all__ = ["Cost", "FusionPlan", "Region", "RegionOp", "Totals", "Unfused", "make_region",
-           "plan_fusion", "without_regions"]
+__all__ = ["Cost", "Cut", "FusionPlan", "Region", "RegionOp", "Totals", "Unfused", "make_region",
+           "plan_fusion", "with_parts", "without_regions"]
 
 
 def plan_fusion(graph: ImportedGraph, target: Target,
@@ -59,14 +61,43 @@ def without_regions(plan: FusionPlan, graph: ImportedGraph, target: Target,
     refused.update({u.node: (u.category, u.reason) for u in plan.unfused
                     if verdicts[u.node] is None})
     kept = [r for r in plan.regions if r.id not in failed]
-    return _plan(graph, target, kept, verdicts, refused)
+    return _plan(graph, target, kept, verdicts, refused, plan.cuts)
 
 
-def _plan(graph, target, regions, verdicts, refused) -> FusionPlan:
+def with_parts(plan: FusionPlan, graph: ImportedGraph, target: Target,
+               cannot_ship: Mapping[str, str]) -> tuple[FusionPlan, tuple[Region, ...]]:
+    """Split, never drop (``fusion/split.py``): each region of ``cannot_ship`` (region id ->
+    why) cut in two and its parts planned again. A part of two nodes or more that pays fused is
+    a new region, after the plan's; the others' ops ship alone, as a region of two nodes does
+    (not cut: its parts would be its ops). Returns the plan with the new regions and the cuts
+    (its totals and compiled model are those of before: ``without_regions`` drops what does not
+    ship and makes them again) and the new regions, to compile."""
+    nodes = {node_id(n): n for n in graph.nodes}
+    readers = tensor_readers(graph)
+    cuts: list[Cut] = []
+    parts: list[Region] = []
+    for region in plan.regions:
+        if region.id not in cannot_ship or len(region.nodes) < 3:
+            continue
+        cut = cut_in_two(region.id, [nodes[nid] for nid in region.nodes],
+                         cannot_ship[region.id], graph, target)
+        if cut is None:
+            continue
+        cuts.append(cut)
+        for index, members in enumerate(members_of(cut, nodes)):
+            if len(members) > 1:
+                part = make_region(part_id(region.id, index), members, graph, target, readers)
+                if _why_it_does_not_pay(part) is None:
+                    parts.append(part)
+    return replace(plan, regions=plan.regions + tuple(parts),
+                   cuts=plan.cuts + tuple(cuts)), tuple(parts)
+
+
+def _plan(graph, target, regions, verdicts, refused, cuts=()) -> FusionPlan:
     model = compiled_model(graph, regions)
     unfused = _unfused(graph, verdicts, regions, refused)
     return FusionPlan(target.name, tuple(regions), tuple(unfused),
-                      _totals(graph, regions, model, target), model)
+                      _totals(graph, regions, model, target), model, tuple(cuts))
 
 
 def make_region(region_id: str, members: list[Node], graph: ImportedGraph, target: Target,

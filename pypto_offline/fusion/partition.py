@@ -126,6 +126,13 @@ class Partition:
         self.constrained[a] += self.constrained.pop(b)
 
 
+def holds_together(graph: ImportedGraph, members: list[Node], target: Target) -> bool:
+    """Whether these nodes may be one region as far as their ops go: a matmul is its root and a
+    reduction's rows agree (what ``Partition`` checks of a merge; convexity and UB aside). A
+    part of a cut region is checked so (``fusion.split``)."""
+    return _matmul_is_root(graph, members, target) and _rows_agree(graph, members)
+
+
 def _matmul_is_root(graph: ImportedGraph, members: list[Node], target: Target) -> bool:
     """A region holds at most one matmul, as its root (IREE's root op, TVM's kOutEWiseFusable):
     no reduction beside it, its operands from outside the region, and every other member fed

@@ -77,9 +77,25 @@ class Totals:
 
 
 @dataclass(frozen=True)
+class Cut:
+    """A planned region that could not ship, cut in two (``fusion.split``): why, the node ids of
+    each part (graph order), the tensors the first part hands the second through global memory
+    and the bytes that moves (each written once and read once)."""
+
+    region: str
+    reason: str
+    parts: tuple[tuple[str, ...], tuple[str, ...]]
+    tensors: tuple[str, ...]
+    bytes_moved: int
+
+
+@dataclass(frozen=True)
 class FusionPlan:
     target: str
     regions: tuple[Region, ...]
     unfused: tuple[Unfused, ...]
     totals: Totals
     compiled_model: onnx.ModelProto
+    # the regions cut because they could not ship, in the order they were cut; their parts
+    # follow them in ``regions`` (ids ``part_id``), before ``without_regions`` drops the cut ones
+    cuts: tuple[Cut, ...] = ()

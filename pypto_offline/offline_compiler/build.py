@@ -16,7 +16,8 @@ import numpy as np
 import onnx
 
 from pypto_offline.errors import UsageError
-from pypto_offline.fusion import FusionPlan, Region, plan_fusion, without_regions
+from pypto_offline.fusion import (Cut, FusionPlan, Region, plan_fusion, with_parts,
+                                  without_regions)
 from pypto_offline.fusion.cost import cube_handoff_bytes, cube_reread_bytes
 from pypto_offline.fusion.records import DOES_NOT_PAY, FAILED_CHECK, RegionOp
 from pypto_offline.importer import ImportedGraph, import_model, precision
@@ -161,19 +162,11 @@ def build(source, target: Target, options: BuildOptions, progress: Progress = SI
         replaced = kernels
         with timings.stage("kernels_s"):
             kernels = _compiled(graph, plan, target, options, progress)
+    plan, kernels, baseline = _cut_until_shipped(graph, plan, kernels, target, options, progress,
+                                                 timings)
     failed = {k.region_id: (_category(k), k.fallback_reason) for k in kernels if not k.compiled}
     with timings.stage("plan_s"):  # re-lowering without the fallen-back regions is planning
         shipped = without_regions(plan, graph, target, failed) if failed else plan
-    with timings.stage("baseline_s"):
-        baseline = unfused_baseline(graph, shipped.regions, target, options, progress)
-    slower = slower_than_unfused(kernels, {r.id: r for r in plan.regions}, baseline, target)
-    if slower:  # the cost model as arbiter: such a kernel is dropped, its ops ship unfused
-        kernels = tuple(replace(k, compiled=False, fallback_reason=slower[k.region_id],
-                                fallback_kind=FailureKind.SLOWER_FUSED, artifacts={})
-                        if k.region_id in slower else k for k in kernels)
-        failed.update({region_id: (DOES_NOT_PAY, why) for region_id, why in slower.items()})
-        with timings.stage("plan_s"):
-            shipped = without_regions(plan, graph, target, failed)
     on_910b = _on_910b_platform(graph, plan, target, options, progress, timings)
     values = _original_values(original, options, timings)
     precision_of = _kernel_precision(values, graph, plan, kernels, target, options, progress,
@@ -190,9 +183,11 @@ def build(source, target: Target, options: BuildOptions, progress: Progress = SI
             graph.model, {n: t.dtype == onnx.TensorProto.FLOAT16 for n, t in graph.tensors.items()},
             values.values, values.names)))
     regions = {r.id: r for r in plan.regions}
+    cuts = {c.region: c for c in plan.cuts}
     message.kernels.extend(_kernel_message(regions[k.region_id], k, baseline, platform,
                                            on_910b.get(k.region_id),
-                                           precision_of.get(k.region_id)) for k in kernels)
+                                           precision_of.get(k.region_id),
+                                           cuts.get(k.region_id)) for k in kernels)
     message.unfused.extend(ptom_pb2.Unfused(node=u.node, op_type=u.op_type, category=u.category,
                                             reason=u.reason) for u in shipped.unfused)
     message.totals.CopyFrom(_totals(shipped, kernels, baseline, target))
@@ -263,6 +258,45 @@ def precision_message(conversion: precision.Conversion,
         kept=[ptom_pb2.Precision.Kept(node=k.node, op_type=k.op_type, reason=k.reason)
               for k in conversion.kept],
         clamped=[clamped(c) for c in conversion.clamped], beyond=[clamped(c) for c in beyond])
+
+
+def _cut_until_shipped(graph: ImportedGraph, plan: FusionPlan, kernels: Sequence[Kernel],
+                       target: Target, options: BuildOptions, progress: Progress,
+                       timings: Timings) -> tuple[FusionPlan, tuple[Kernel, ...], Baseline]:
+    """Split, never drop (docs/regions.md): a region whose kernel cannot ship (it failed, or
+    the cost model finds it slower than its ops unfused) is cut in two and its parts are
+    compiled, again until every part ships or is one op. Returns the plan with every region
+    planned and its cuts, every kernel (a slower one marked fallen back) and the baseline of
+    every compiled one."""
+    batch, every, costs = tuple(kernels), (), {}
+    while True:
+        with timings.stage("baseline_s"):
+            baseline = unfused_baseline(graph, [r for r in plan.regions if r.id in
+                                                {k.region_id for k in batch if k.compiled}],
+                                        target, options, progress)
+        costs.update(baseline.costs_us)
+        batch = _slower_fallen_back(batch, plan, baseline, target)
+        every += batch
+        cannot_ship = {k.region_id: k.fallback_reason for k in batch if not k.compiled}
+        cut_before = len(plan.cuts)
+        with timings.stage("plan_s"):
+            plan, parts = with_parts(plan, graph, target, cannot_ship)
+        if not parts:
+            return plan, every, Baseline(costs, baseline.basis)
+        progress.stage(f"{len(plan.cuts) - cut_before} regions that could not ship cut in two: "
+                       f"compiling {len(parts)} parts with PyPTO")
+        with timings.stage("kernels_s"):
+            batch = _compiled(graph, replace(plan, regions=parts), target, options, progress)
+
+
+def _slower_fallen_back(kernels: Sequence[Kernel], plan: FusionPlan, baseline: Baseline,
+                        target: Target) -> tuple[Kernel, ...]:
+    """The cost model as arbiter: a kernel slower than its ops unfused is dropped (its ops ship
+    unfused, or its region is cut)."""
+    slower = slower_than_unfused(kernels, {r.id: r for r in plan.regions}, baseline, target)
+    return tuple(replace(k, compiled=False, fallback_reason=slower[k.region_id],
+                         fallback_kind=FailureKind.SLOWER_FUSED, artifacts={})
+                 if k.region_id in slower else k for k in kernels)
 
 
 def _on_910b_platform(graph, plan: FusionPlan, target: Target, options: BuildOptions, progress,
@@ -356,6 +390,8 @@ def _require_static_inputs(graph: ImportedGraph, name: str) -> None:
 def _category(kernel: Kernel) -> str:
     """Why its ops ship unfused: the kernel's fallback kind (a PyPTO compile that failed, a
     failed check, a time-out, ...; ``jobs.protocol.FailureKind``)."""
+    if kernel.fallback_kind is FailureKind.SLOWER_FUSED:
+        return DOES_NOT_PAY  # the cost model's verdict, as for a region planned unfused
     return kernel.fallback_kind.value if kernel.fallback_kind else FAILED_CHECK
 
 
@@ -418,8 +454,8 @@ def platform_message(platform: Platform) -> ptom_pb2.Platform:
 
 
 def _kernel_message(region: Region, kernel: Kernel, baseline: Baseline, platform: Platform,
-                    on_910b: TileResult | None, precision_of: KernelPrecision | None = None
-                    ) -> ptom_pb2.Kernel:
+                    on_910b: TileResult | None, precision_of: KernelPrecision | None = None,
+                    cut: Cut | None = None) -> ptom_pb2.Kernel:
     message = ptom_pb2.Kernel(
         id=region.id, region_signature=region_signature(region), nodes=list(region.nodes),
         inputs=list(region.inputs), outputs=list(region.outputs),
@@ -449,6 +485,10 @@ def _kernel_message(region: Region, kernel: Kernel, baseline: Baseline, platform
         message.precision.CopyFrom(ptom_pb2.KernelPrecision(
             why_not=precision_of.why_not, **{name: finite(value) for name, value in
                                              (precision_of.metrics or {}).items()}))
+    if cut is not None:
+        first, second = cut.parts
+        message.cut.CopyFrom(ptom_pb2.Cut(first=first, second=second, tensors=cut.tensors,
+                                          bytes_moved=cut.bytes_moved))
     message.sha256 = hashlib.sha256(message.SerializeToString(deterministic=True)).hexdigest()
     return message
 

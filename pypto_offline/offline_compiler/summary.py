@@ -16,7 +16,7 @@ from pypto_offline.pypto_kernels.records import legacy_fallback_kind
 NOT_MEASURED = "not measured"
 # The version of every JSON output's keys (``summary.schema.json``, in this folder): a change of
 # a key or of its meaning bumps it (docs/outputs.md, "JSON output").
-SCHEMA_VERSION = 4  # 4: precision mode and verification metrics; 3: the platform the kernels compiled under; 2: verification's checks run
+SCHEMA_VERSION = 5  # 5: a kernel's cut; 4: precision mode and verification metrics; 3: the platform the kernels compiled under; 2: verification's checks run
 # now apart from the build's record
 
 
@@ -215,7 +215,16 @@ def kernel_summary(kernel: ptom_pb2.Kernel) -> dict:
             "gm_bytes_lower_bound": kernel.gm_bytes_lower_bound,
             "gm_bytes_handoff": kernel.gm_bytes_handoff,
             "gm_bytes_cube_rereads": kernel.gm_bytes_cube_rereads,
-            "precision": kernel_precision(kernel)}
+            "precision": kernel_precision(kernel), "cut": cut_summary(kernel)}
+
+
+def cut_summary(kernel: ptom_pb2.Kernel) -> dict | None:
+    """A region that could not ship, cut in two (docs/regions.md, "Split, never drop")."""
+    if not kernel.HasField("cut"):
+        return None
+    cut = kernel.cut
+    return {"parts": [list(cut.first), list(cut.second)], "tensors": list(cut.tensors),
+            "bytes_moved": cut.bytes_moved}
 
 
 def provenance(message: ptom_pb2.CompiledModel) -> dict:

@@ -9,9 +9,9 @@ import onnx
 
 from pypto_offline.offline_compiler import ptom_pb2
 from pypto_offline.pypto_kernels.baseline import ESTIMATED
-from pypto_offline.offline_compiler.summary import (NOT_MEASURED, kernel_precision, measured,
-                                                  precision_line, provenance, shown,
-                                                  summarise, tile_us)
+from pypto_offline.offline_compiler.summary import (NOT_MEASURED, cut_summary,
+                                                  kernel_precision, measured, precision_line,
+                                                  provenance, shown, summarise, tile_us)
 from pypto_offline.report import kernel_table
 from pypto_offline.report.downloads import downloads, file_stem
 from pypto_offline.report.dot import graphviz_version
@@ -166,7 +166,7 @@ def kernel_cards(grouped: list[list[ptom_pb2.Kernel]], types: dict[str, TensorTy
         "id": k.id, "ids": [other.id for other in group], "compiled": k.compiled,
         "fallback_reason": k.fallback_reason,
         "signature": k.region_signature, "sha256": k.sha256, "platform": k.platform,
-        "precision": kernel_precision(k),
+        "precision": kernel_precision(k), "cut": cut_summary(k),
         "original": [_op(o) for o in k.original], "simplified": [_op(o) for o in k.simplified],
         "rules": list(k.rules_applied), "inputs": typed(k.inputs), "outputs": typed(k.outputs),
         "verdict": kernel_table.verdict(k),

@@ -32,7 +32,8 @@ class Verdict:
 def verdict(kernel: ptom_pb2.Kernel) -> Verdict:
     if not kernel.compiled:
         category = fallback_category(kernel)
-        return Verdict("fell-back", f"fell back: {category}", None, "", False,
+        cut = ", cut in two" if kernel.HasField("cut") else ""
+        return Verdict("fell-back", f"fell back: {category}{cut}", None, "", False,
                        kernel.fallback_reason, category)
     speedup, basis, estimate = _speedup(kernel)
     if speedup is None:
