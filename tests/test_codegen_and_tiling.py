@@ -528,3 +528,37 @@ def test_a_convolution_and_a_batched_matmul_reread_per_filter_block_and_per_slic
     n_tile = 512  # 64 x 512 fp32 products fill L0C: the right operand is read once
     per_slice = 64 * 64 * 4 * (-(-1024 // n_tile) - 1)
     assert cube_reread_bytes([RegionOp("MatMul", ("q", "k"), ("s",))], wide) == 2 * per_slice
+
+
+def _masked_softmax(mask_shape, computed_mask: bool = False):
+    b = GraphBuilder()
+    scores, mask = b.input("scores", [1, 8, 64, 128]), b.input("mask", mask_shape)
+    if computed_mask:  # the mask made in the region: a tensor it computes, held as computed
+        mask = b.op("Neg", [mask])
+    added = b.op("Add", [b.op("Mul", [scores, b.const(np.float32(0.125))]), mask])
+    return fuse(b.model(b.op("Softmax", [added], axis=-1)))
+
+
+def test_a_mask_repeated_per_head_is_expanded_to_the_rows_of_its_softmax():
+    """Issue 37: [1, 1, 64, 128] over [1, 8, 64, 128] is neither a row nor a column operand of
+    the 512 x 128 rows; the kernel expands it in its own axes, then lays it out as rows."""
+    from pypto_offline.fusion.rows import EXPANDED, row_layout
+    from pypto_offline.pypto_kernels.codegen.layout import shapes_of
+
+    graph, plan = _masked_softmax([1, 1, 64, 128])
+    (region,) = plan.regions
+    assert [op.op_type for op in region.original] == ["Mul", "Add", "Softmax"]
+    rows = row_layout(region.simplified, shapes_of(region))
+    mask = next(name for name in region.inputs if graph.tensors[name].shape == (1, 1, 64, 128))
+    assert rows.kinds[mask] == EXPANDED and rows.shape(mask) == [512, 128]
+    assert rows.expanded == {mask: (1, 8, 64, 128)}
+    source = kernel_source(region, default_policy(122880), graph.constant_values())
+    assert "pypto.expand_clone(in" in source and ", [1, 8, 64, 128])" in source
+
+
+def test_a_computed_tensor_is_not_expanded_across_rows():
+    """A mask the region computes is held as computed, in its own shape: the Softmax stays out
+    of the region of its producers."""
+    _, plan = _masked_softmax([1, 1, 64, 128], computed_mask=True)
+    assert [[op.op_type for op in r.original] for r in plan.regions] == [["Neg", "Mul", "Add"]]
+    assert [u.op_type for u in plan.unfused] == ["Softmax"]

@@ -296,3 +296,28 @@ def test_cli_main_in_process_turns_sigterm_into_exit_143_and_restores_the_handle
     finally:
         signal.signal(signal.SIGTERM, previous)
     assert capfd.readouterr().err == "pypto-offline: interrupted\n"
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_an_interrupt_whose_raise_a_finaliser_swallowed_still_ends_the_wait():
+    """Python runs a signal handler wherever the main thread next runs Python code, a
+    finaliser included, and a finaliser's exception is only printed: the build's handler
+    records the signal, and the compile stage's wait raises it within its tick (a Ray build
+    Ctrl-C'd twice finished and exited 0, tests/test_ray_farm.py)."""
+    from concurrent.futures import Future
+
+    from pypto_offline.errors import BuildInterrupted
+    from pypto_offline.pypto_kernels.jobs import pool
+
+    class Finalised:
+        def __del__(self):
+            pool.interrupt(signal.SIGINT, None)
+
+    pool.forget_interrupts()
+    try:
+        Finalised()  # its __del__ runs now; the BuildInterrupted it raises is lost here
+        with pytest.raises(BuildInterrupted) as raised:
+            pool.wait_interruptibly([Future()])  # a future never done
+        assert raised.value.signum == signal.SIGINT
+    finally:
+        pool.forget_interrupts()

@@ -31,7 +31,7 @@ from pypto_offline.cli.builds import Build, builds_of, dims, make_output_dir, re
 from pypto_offline.cli.text import (human_cache_clean, human_cache_info, human_summary,
                                     op_types_text, print_fallbacks, print_summary, printable,
                                     progress_on_stderr)
-from pypto_offline.errors import BuildInterrupted, PyptoOfflineError, UsageError
+from pypto_offline.errors import PyptoOfflineError, UsageError
 from pypto_offline.targets import TARGETS, chip_names
 
 # 1 is also a build's exit code under --fail-on-fallback when a region fell back.
@@ -209,6 +209,7 @@ def _run_build(build: Build, args, inputs: dict, progress, executor) -> tuple[in
     """Compile, save and print one build; its exit code and summary. Bad input of one model
     (exit 2) does not stop the others: the batch's exit code is the worst."""
     from pypto_offline import api
+    from pypto_offline.pypto_kernels.jobs import pool
 
     started = time.perf_counter()
     try:
@@ -223,6 +224,7 @@ def _run_build(build: Build, args, inputs: dict, progress, executor) -> tuple[in
                                precision_mode=args.precision_mode, keep_dtype=args.keep_dtype,
                                input_fp16_nodes=args.input_fp16_nodes,
                                output_type=args.output_type)
+        pool.raise_if_interrupted()  # an interrupt whose raise was lost: nothing is written
         progress.stage("writing the blob" + (" and the report" if build.report else ""))
         compiled.save(build.output, report=build.report)
     except PyptoOfflineError as err:
@@ -413,30 +415,34 @@ def run(argv: list[str]) -> int:
     return run_compile(argv)
 
 
-def _interrupt(signum: int, _frame) -> None:
-    raise BuildInterrupted(signum)
-
-
 @contextmanager
-def _sigterm_interrupts():
-    """SIGTERM raises like Ctrl-C does, so that both end the build the same way (its workers
-    killed, its staging folders removed); the previous handler comes back afterwards, as tests
-    call ``main`` in-process. Only the main thread may set handlers."""
+def _signals_interrupt():
+    """SIGINT and SIGTERM raise BuildInterrupted, so that both end the build the same way (its
+    workers killed, its staging folders removed), and are recorded, so that one whose raise is
+    lost (a handler run inside a finaliser) still ends it (``pool.interrupt``). The previous
+    handlers come back afterwards, as tests call ``main`` in-process; a SIGINT handler other
+    than Python's default is left alone. Only the main thread may set handlers."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGTERM, _interrupt)
+    from pypto_offline.pypto_kernels.jobs import pool
+
+    pool.forget_interrupts()
+    numbers = [signal.SIGTERM] + [signal.SIGINT] * (
+        signal.getsignal(signal.SIGINT) is signal.default_int_handler)
+    previous = {number: signal.signal(number, pool.interrupt) for number in numbers}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+        for number, handler in previous.items():
+            signal.signal(number, signal.SIG_DFL if handler is None else handler)
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     debug = "--debug" in argv
     try:
-        with _sigterm_interrupts():
+        with _signals_interrupt():
             return run(argv)
     except PyptoOfflineError as err:
         if debug:

@@ -9,6 +9,9 @@ its elementwise producers and consumers). Each tensor of the region is then one 
     ROW [R, 1]     a reduction's result (kept dims or not): a mean, a variance, a row maximum
     COLUMN [1, C]  a per-channel parameter: LayerNorm's gamma and beta, an attention mask row
     SCALAR [1, 1]  a one-element tensor
+    EXPANDED [R, C]  a region input broadcast over other axes than the rows' or the columns'
+                   alone, expanded in UB to full rows: an attention mask [1, 1, S, S] over
+                   [B, H, S, S] scores (``RowLayout.expanded``)
 
 so every op is a 2-D op broadcasting along at most one axis, which PyPTO does in place, and every
 tile covers whole rows (``docs/pypto-ops.md``, "Reductions": a split reduced axis is 1.5-2x
@@ -22,7 +25,7 @@ where it can (its tiles need not hold whole rows).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from math import prod
 from types import MappingProxyType
 from typing import Mapping, Sequence
@@ -31,7 +34,7 @@ from pypto_offline.fusion.records import RegionOp
 from pypto_offline.importer.ops import (BROADCAST, ELEMENTWISE, OPS, PER_ROW_PARAMETER_OPS,
                                         POINTWISE_OPS, REDUCTION, ROW_RESULT_OPS, VIEW, kind_of)
 
-FULL, ROW, COLUMN, SCALAR = "full", "row", "column", "scalar"
+FULL, ROW, COLUMN, SCALAR, EXPANDED = "full", "row", "column", "scalar", "expanded"
 
 
 class NotRows(Exception):
@@ -45,11 +48,14 @@ class RowLayout:
     kinds: Mapping[str, str]  # every tensor of the program → FULL, ROW, COLUMN or SCALAR
     whole_rows: bool = True   # a tile covers whole rows (a reduction's); False: any 2-D tile
     split_columns: bool = False  # a tile may cut a row (channel rows: a row is an image plane)
+    # each EXPANDED tensor → the shape it is broadcast to (its reader's output) before it is
+    # laid out as rows
+    expanded: Mapping[str, tuple[int, ...]] = field(default_factory=lambda: MappingProxyType({}))
 
     def shape(self, tensor: str) -> list[int]:
         kind = self.kinds[tensor]
-        return [self.rows if kind in (FULL, ROW) else 1,
-                self.columns if kind in (FULL, COLUMN) else 1]
+        return [self.rows if kind in (FULL, ROW, EXPANDED) else 1,
+                self.columns if kind in (FULL, COLUMN, EXPANDED) else 1]
 
 
 # Reductions that take a lone element as it is (the registry's ``as_is_over_one``; not
@@ -85,9 +91,15 @@ def row_layout(ops: Sequence[RegionOp], shapes: Mapping[str, Sequence[int]]) -> 
     """The rows a program with reductions runs on; ``NotRows`` if it cannot."""
     rows, columns = _rows_and_columns(ops, shapes)
     kinds: dict[str, str] = {}
+    expanded: dict[str, tuple[int, ...]] = {}
+    produced = {name for op in ops for name in op.outputs}
     for op in ops:
-        _assign(op, shapes, rows, columns, kinds)
-    return RowLayout(rows, columns, MappingProxyType(kinds))
+        _assign(op, shapes, rows, columns, kinds, expanded)
+    made = sorted(name for name in expanded if name in produced)
+    if made:  # an op's result is held as computed, in its own shape: never expanded
+        raise NotRows(f"{made[0]!r} is computed in the region and broadcast across rows")
+    return RowLayout(rows, columns, MappingProxyType(kinds),
+                     expanded=MappingProxyType(expanded))
 
 
 def conv_rows(ops: Sequence[RegionOp], shapes: Mapping[str, Sequence[int]]
@@ -177,7 +189,10 @@ def _set(kinds: dict, tensor: str, kind: str, op: RegionOp) -> None:
         raise NotRows(f"{tensor!r} is used as {kinds[tensor]} and as {kind} ({op.op_type})")
 
 
-def _assign(op: RegionOp, shapes, rows: int, columns: int, kinds: dict) -> None:
+def _assign(op: RegionOp, shapes, rows: int, columns: int, kinds: dict,
+            expanded: dict | None = None) -> None:
+    """The kinds of the op's tensors; ``expanded`` (a reduction's rows only): where an operand
+    broadcast across rows may be EXPANDED, recorded with the shape it broadcasts to."""
     kind = kind_of(op.op_type)
     if kind == REDUCTION and reduces_lone_elements(op, shapes[op.inputs[0]]):
         kind = VIEW  # a reshape
@@ -189,7 +204,7 @@ def _assign(op: RegionOp, shapes, rows: int, columns: int, kinds: dict) -> None:
             _set(kinds, source, _frame_kind(shapes[source], rows, columns, [], op), op)
         _set(kinds, op.outputs[0], kinds[source], op)
     elif op.op_type in POINTWISE_OPS:  # elementwise, or a broadcast (Expand)
-        _broadcasting(op, shapes, rows, columns, kinds)
+        _broadcasting(op, shapes, rows, columns, kinds, expanded)
     else:
         raise NotRows(f"{op.op_type} moves elements across rows")
 
@@ -239,7 +254,8 @@ def _split(shape, rows: int) -> int | None:
     return None
 
 
-def _broadcasting(op: RegionOp, shapes, rows: int, columns: int, kinds: dict) -> None:
+def _broadcasting(op: RegionOp, shapes, rows: int, columns: int, kinds: dict,
+                  expanded: dict | None) -> None:
     out = op.outputs[0]
     out_shape = tuple(shapes[out])
     operands = [name for name in op.inputs if name]
@@ -247,7 +263,23 @@ def _broadcasting(op: RegionOp, shapes, rows: int, columns: int, kinds: dict) ->
     out_kind = _frame_kind(out_shape, rows, columns, known, op)
     _set(kinds, out, out_kind, op)
     for name in operands:
-        _set(kinds, name, _operand_kind(tuple(shapes[name]), out_shape, out_kind, rows, op), op)
+        shape = tuple(shapes[name])
+        try:
+            kind = _operand_kind(shape, out_shape, out_kind, rows, op)
+        except NotRows:
+            if expanded is None or out_kind != FULL or not _broadcasts(shape, out_shape):
+                raise
+            kind = EXPANDED
+            if expanded.setdefault(name, out_shape) != out_shape:
+                raise NotRows(f"{name!r} is broadcast to {list(expanded[name])} and to "
+                              f"{list(out_shape)}") from None
+        _set(kinds, name, kind, op)
+
+
+def _broadcasts(shape, out_shape) -> bool:
+    """Whether ``shape`` broadcasts to ``out_shape`` (numpy's rule, right-aligned)."""
+    aligned = (1,) * (len(out_shape) - len(shape)) + tuple(shape)
+    return len(shape) <= len(out_shape) and all(a in (1, o) for a, o in zip(aligned, out_shape))
 
 
 def _operand_kind(shape, out_shape, out_kind: str, rows: int, op: RegionOp) -> str:

@@ -251,13 +251,4 @@ def broadcast_to(w: Writer, tensor: str, shape, own=None) -> str:
     shape = list(shape)
     own = list(own) if own is not None else \
         right_aligned(w.shape(tensor), len(shape))
-    current = w.value(tensor, own)
-    dtype = w.dtype(tensor)
-    for axis, (have, want) in enumerate(zip(own, shape)):
-        if have != want:
-            own[axis] = want
-            w.tile(own, dtype)
-            name = w.fresh()
-            w.emit(f"{name} = pypto.expand_clone({current}, {own})")
-            current = name
-    return current
+    return w.expand(w.value(tensor, own), own, shape, w.dtype(tensor))

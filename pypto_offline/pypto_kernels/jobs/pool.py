@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from typing import TypeVar
 
+from pypto_offline.errors import BuildInterrupted
 from pypto_offline.pypto_kernels.jobs.processes import Workers
 
 Item = TypeVar("Item")
@@ -103,7 +104,7 @@ def each(items: Sequence[Item], jobs: int, work: Callable[[Item], object],
         for i in range(len(items)) if order is None else order:
             started[i] = pool.threads.submit(_work_for, pool.workers, work, items[i])
         futures = [started[i] for i in range(len(items))]
-        _wait_interruptibly(futures)
+        wait_interruptibly(futures)
         for future in futures:  # the first failure in item order, without waiting for others
             if future.done() and future.exception() is not None:
                 future.result()
@@ -123,19 +124,40 @@ def each(items: Sequence[Item], jobs: int, work: Callable[[Item], object],
             pool.close()
 
 
-# How long the main thread blocks at a time while the pool works (``_wait_interruptibly``)
+# How long the main thread blocks at a time while the pool works (``wait_interruptibly``)
 SIGNAL_CHECK_S = 0.25
+_signalled: list[int] = []  # the signals ``interrupt`` was called for: the build must end
 
 
-def _wait_interruptibly(futures: list) -> None:
+def interrupt(signum: int, _frame=None) -> None:
+    """The build's SIGINT and SIGTERM handler (cli ``_signals_interrupt``): records the signal,
+    then raises. The raise alone can be lost: Python runs a handler wherever the main thread
+    next runs Python code, a finaliser included, and a finaliser's exception is only printed
+    ("Exception ignored in ..."); the record is checked again (``raise_if_interrupted``)."""
+    _signalled.append(signum)
+    raise BuildInterrupted(signum)
+
+
+def raise_if_interrupted() -> None:
+    """BuildInterrupted if a signal was handled by ``interrupt`` (its own raise lost)."""
+    if _signalled:
+        raise BuildInterrupted(_signalled[0])
+
+
+def forget_interrupts() -> None:
+    _signalled.clear()
+
+
+def wait_interruptibly(futures: list) -> None:
     """Until every future is done or one failed, waking every ``SIGNAL_CHECK_S``. A blocked
     wait returns to Python code only when a signal reaches the main thread itself, and the
     kernel may deliver it to any thread (Ray's driver runs threads of its own); the handler,
     left pending, then runs wherever Python code next runs in the main thread, and a finaliser
     there swallows what it raises. A Ctrl-C 2 s into a Ray build once let the build finish and
     exit 0 (tests/test_ray_farm.py; the likeliest way it was lost). Waking up here raises the
-    interrupt in this frame within ``SIGNAL_CHECK_S``."""
+    interrupt in this frame within ``SIGNAL_CHECK_S``, even one whose own raise was lost."""
     while True:
+        raise_if_interrupted()
         done, not_done = wait(futures, timeout=SIGNAL_CHECK_S, return_when=FIRST_EXCEPTION)
         if not not_done or any(f.exception() is not None for f in done):
             return
