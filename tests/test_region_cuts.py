@@ -156,3 +156,27 @@ def test_a_region_that_cannot_ship_is_cut_and_its_parts_ship(tmp_path, capfd):
     assert tile.op_type == "Tile" and "Tile by 150" in tile.reason
     report = Path(summary["report"]).read_text()
     assert "fell back: cannot express, cut in two" in report and "Cut in two" in report
+
+
+def eleven_activations():
+    """Issue 37's chain of eleven ONNX activations on 1x8x32x64: planned as one region, it found
+    no tile within kirin9050's UB (the smallest compiled candidate's leaves needed 186,400 B)
+    and shipped as 11 single-op kernels."""
+    b = GraphBuilder()
+    y = b.input("x", [1, 8, 32, 64])
+    for op_type in ("HardSwish", "HardSigmoid", "Erf"):
+        y = b.op(op_type, [y])
+    y = b.op("Pow", [y, b.const(np.float32(2.0))])
+    for op_type in ("Softplus", "Mish", "Elu", "LeakyRelu", "Tanh"):
+        y = b.op(op_type, [y])
+    return b.model(b.op("Floor", [b.op("Mul", [y, y])]))
+
+
+@pytest.mark.pypto
+def test_eleven_activations_ship_in_at_most_three_kernels_none_alone_for_want_of_ub(tmp_path):
+    compiled = pypto_offline.compile(eleven_activations(), "kirin9050", cache_dir=tmp_path,
+                                     verify=True)
+    message = compiled.message
+    assert message.totals.kernels_before == 11 and message.totals.kernels_after <= 3
+    assert message.verification.status == "passed"
+    assert not [u for u in message.unfused if u.category == "no tile fits"], message.unfused
