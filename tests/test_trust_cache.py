@@ -134,7 +134,9 @@ def test_a_worker_killed_mid_compile_leaves_no_entry_and_the_next_build_fuses(si
     model, cache = tiny_model(tmp_path / "tiny.onnx"), tmp_path / "cache"
     interrupted, _ = build(model, tmp_path / "a.ptom", cache, cwd=tmp_path,
                            env={"PYTHONPATH": str(hook)})
-    assert interrupted["pypto"]["fell_back"] == 1 and interrupted["pypto"]["compiled"] == 0
+    # the region and the part of two ops it is cut into (split, never drop): both killed
+    assert interrupted["pypto"]["fell_back"] == 2 and interrupted["pypto"]["compiled"] == 0
+    assert [k["cut"] is not None for k in interrupted["kernels"]] == [True, False]
     assert interrupted["verification"]["status"] == "passed"  # the unfused ops ran instead
     assert entries(cache) == {}, "an interrupted compile was cached"
     assert not list((cache / "tmp").iterdir())
