@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+from tests.terminal import sigint_as_from_a_terminal
+
 COMPILING = "compiling"  # the stage line after which jobs go to the farm
 # Once an actor holds a CPU its job is out; its fork server imports torch and PyPTO meanwhile.
 # (A fixed wait after the stage line missed the jobs once the example compiled within it.)
@@ -25,7 +27,7 @@ def interrupted(address: str, model: str, cache: Path, number: int) -> tuple[int
             [sys.executable, "-m", "pypto_offline", model, "--target", "kirin9050",
              "--input-shape", "x=1,3,64,64", "--cache-dir", str(cache / str(number)),
              "--no-report", "--executor", "ray", "--ray-address", address],
-            stdout=subprocess.DEVNULL, stderr=err)
+            stdout=subprocess.DEVNULL, stderr=err, preexec_fn=sigint_as_from_a_terminal)
     deadline = time.monotonic() + 300
     while COMPILING not in log.read_text() and build.poll() is None \
             and time.monotonic() < deadline:
@@ -46,8 +48,8 @@ def interrupted(address: str, model: str, cache: Path, number: int) -> tuple[int
 
 def signal_state(pid: int, number: int) -> str:
     """The signal's bit in the build's pending, blocked, ignored and caught sets 0.3 s after it
-    was sent, and how many of its threads block it (/proc): a lost Ctrl-C (exit 0) twice in the
-    suite, never reproduced alone (docs/workers.md, "Interrupts")."""
+    was sent, and how many of its threads block it (/proc): what to look at when a Ctrl-C is
+    lost (exit 0; docs/workers.md, "Interrupts")."""
     bit = 1 << (number - 1)
     try:
         fields = dict(line.split(":\t", 1) for line in

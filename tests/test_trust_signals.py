@@ -20,6 +20,7 @@ import pytest
 import pypto_offline
 
 from tests.onnx_builders import GraphBuilder
+from tests.terminal import sigint_as_from_a_terminal
 
 REPO = Path(__file__).resolve().parents[1]
 WORKER = "pypto_offline.pypto_kernels.worker"
@@ -46,13 +47,7 @@ def start_build(tmp_path: Path, env=None) -> subprocess.Popen:
         [sys.executable, "-m", "pypto_offline", tiny_model(tmp_path), "--target", "kirin9050",
          "--no-tile-search", "-o", tmp_path / "tiny.ptom", "--cache-dir", "cache"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env or environment(),
-        cwd=tmp_path, preexec_fn=_sigint_as_from_a_terminal)
-
-
-def _sigint_as_from_a_terminal() -> None:
-    """A runner that starts the suite in the background (CI) may hand it SIGINT ignored, which
-    every child inherits: the build would then never see the Ctrl-C this test sends."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+        cwd=tmp_path, preexec_fn=sigint_as_from_a_terminal)
 
 
 def live_processes() -> dict[int, tuple[str, int]]:

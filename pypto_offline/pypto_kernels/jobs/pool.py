@@ -153,9 +153,8 @@ def wait_interruptibly(futures: list) -> None:
     wait returns to Python code only when a signal reaches the main thread itself, and the
     kernel may deliver it to any thread (Ray's driver runs threads of its own); the handler,
     left pending, then runs wherever Python code next runs in the main thread, and a finaliser
-    there swallows what it raises. A Ctrl-C 2 s into a Ray build once let the build finish and
-    exit 0 (tests/test_ray_farm.py; the likeliest way it was lost). Waking up here raises the
-    interrupt in this frame within ``SIGNAL_CHECK_S``, even one whose own raise was lost."""
+    there swallows what it raises. Waking up here raises the interrupt in this frame within
+    ``SIGNAL_CHECK_S``, even one whose own raise was lost (``interrupt``)."""
     while True:
         raise_if_interrupted()
         done, not_done = wait(futures, timeout=SIGNAL_CHECK_S, return_when=FIRST_EXCEPTION)
