@@ -16,6 +16,7 @@ from pypto_offline.fusion import with_parts, without_regions
 from pypto_offline.fusion.records import CANNOT_EXPRESS
 from pypto_offline.targets import TARGETS
 from tests.fusion_helpers import assert_compiled_matches, fuse
+from tests.json_schema import schema_validator
 from tests.onnx_builders import GraphBuilder
 from tests.test_fusion_properties import assert_regions_convex, dags
 
@@ -140,6 +141,7 @@ def test_a_region_that_cannot_ship_is_cut_and_its_parts_ship(tmp_path, capfd):
                      "kirin9050", "-o", str(out), "--json", "--cache-dir",
                      str(tmp_path / "cache")]) == 0
     summary = json.loads(capfd.readouterr().out)
+    assert not [e.message for e in schema_validator("build").iter_errors(summary)]
     assert (summary["kernels_before"], summary["kernels_after"]) == (5, 3)
     assert summary["verification"]["status"] == "passed"
     kernels = {k["id"]: k for k in summary["kernels"]}
