@@ -428,8 +428,9 @@ def _signals_interrupt():
     from pypto_offline.pypto_kernels.jobs import pool
 
     pool.forget_interrupts()
-    numbers = [signal.SIGTERM] + [signal.SIGINT] * (
-        signal.getsignal(signal.SIGINT) is signal.default_int_handler)
+    numbers = [signal.SIGTERM]
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        numbers.append(signal.SIGINT)
     previous = {number: signal.signal(number, pool.interrupt) for number in numbers}
     try:
         yield

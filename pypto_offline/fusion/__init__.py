@@ -72,13 +72,14 @@ def with_parts(plan: FusionPlan, graph: ImportedGraph, target: Target,
     (not cut: its parts would be its ops). Returns the plan with the new regions and the cuts
     (its totals and compiled model are those of before: ``without_regions`` drops what does not
     ship and makes them again) and the new regions, to compile."""
+    to_cut = [r for r in plan.regions if r.id in cannot_ship and len(r.nodes) > 2]
+    if not to_cut:  # most builds: no graph-wide tables for nothing
+        return plan, ()
     nodes = {node_id(n): n for n in graph.nodes}
     readers = tensor_readers(graph)
     cuts: list[Cut] = []
     parts: list[Region] = []
-    for region in plan.regions:
-        if region.id not in cannot_ship or len(region.nodes) < 3:
-            continue
+    for region in to_cut:
         cut = cut_in_two(region.id, [nodes[nid] for nid in region.nodes],
                          cannot_ship[region.id], graph, target)
         if cut is None:

@@ -15,6 +15,7 @@ import numpy as np
 
 from pypto_offline.fusion.classify import node_tensors
 from pypto_offline.fusion.records import Cost, RegionOp
+from pypto_offline.fusion.rows import broadcasts_to
 from pypto_offline.importer import ImportedGraph, Node
 from pypto_offline.importer.input_shapes import tensor_bytes as bytes_of
 from pypto_offline.importer.ops import (MATMUL, OPS, POINTWISE_OPS, READS_ALL, READS_PART,
@@ -182,7 +183,7 @@ def _input_needs(op: RegionOp, index: int, wanted: list, in_shape: tuple) -> np.
         return out.transpose(np.argsort(op.params["perm"]))
     if out is not None and op.op_type == "Slice" and index == 0:
         return _slice_window(op, out, in_shape)
-    if out is not None and op.op_type in POINTWISE_OPS and _broadcasts(in_shape, out.shape):
+    if out is not None and op.op_type in POINTWISE_OPS and broadcasts_to(in_shape, out.shape):
         return _reduce_to(out, in_shape)
     reads = _reads(op.op_type)
     if out is not None and reads == READS_WINDOW and index == 0:
@@ -225,13 +226,6 @@ def _slice_window(op: RegionOp, out: np.ndarray, in_shape: tuple) -> np.ndarray:
                    zip(op.params["starts"], op.params["ends"], op.params["steps"]))
     need[window] = out
     return need
-
-
-def _broadcasts(in_shape: tuple, out_shape: tuple) -> bool:
-    try:
-        return np.broadcast_shapes(in_shape, out_shape) == tuple(out_shape)
-    except ValueError:
-        return False
 
 
 def _reduce_to(out: np.ndarray, in_shape: tuple) -> np.ndarray:

@@ -30,6 +30,8 @@ from math import prod
 from types import MappingProxyType
 from typing import Mapping, Sequence
 
+import numpy as np
+
 from pypto_offline.fusion.records import RegionOp
 from pypto_offline.importer.ops import (BROADCAST, ELEMENTWISE, OPS, PER_ROW_PARAMETER_OPS,
                                         POINTWISE_OPS, REDUCTION, ROW_RESULT_OPS, VIEW, kind_of)
@@ -92,12 +94,8 @@ def row_layout(ops: Sequence[RegionOp], shapes: Mapping[str, Sequence[int]]) -> 
     rows, columns = _rows_and_columns(ops, shapes)
     kinds: dict[str, str] = {}
     expanded: dict[str, tuple[int, ...]] = {}
-    produced = {name for op in ops for name in op.outputs}
-    for op in ops:
+    for op in ops:  # a computed tensor has its producer's kind first: never EXPANDED
         _assign(op, shapes, rows, columns, kinds, expanded)
-    made = sorted(name for name in expanded if name in produced)
-    if made:  # an op's result is held as computed, in its own shape: never expanded
-        raise NotRows(f"{made[0]!r} is computed in the region and broadcast across rows")
     return RowLayout(rows, columns, MappingProxyType(kinds),
                      expanded=MappingProxyType(expanded))
 
@@ -267,7 +265,7 @@ def _broadcasting(op: RegionOp, shapes, rows: int, columns: int, kinds: dict,
         try:
             kind = _operand_kind(shape, out_shape, out_kind, rows, op)
         except NotRows:
-            if expanded is None or out_kind != FULL or not _broadcasts(shape, out_shape):
+            if expanded is None or out_kind != FULL or not broadcasts_to(shape, out_shape):
                 raise
             kind = EXPANDED
             if expanded.setdefault(name, out_shape) != out_shape:
@@ -276,10 +274,12 @@ def _broadcasting(op: RegionOp, shapes, rows: int, columns: int, kinds: dict,
         _set(kinds, name, kind, op)
 
 
-def _broadcasts(shape, out_shape) -> bool:
-    """Whether ``shape`` broadcasts to ``out_shape`` (numpy's rule, right-aligned)."""
-    aligned = (1,) * (len(out_shape) - len(shape)) + tuple(shape)
-    return len(shape) <= len(out_shape) and all(a in (1, o) for a, o in zip(aligned, out_shape))
+def broadcasts_to(shape: Sequence[int], out_shape: Sequence[int]) -> bool:
+    """Whether ``shape`` broadcasts to ``out_shape`` (numpy's rule)."""
+    try:
+        return np.broadcast_shapes(tuple(shape), tuple(out_shape)) == tuple(out_shape)
+    except ValueError:
+        return False
 
 
 def _operand_kind(shape, out_shape, out_kind: str, rows: int, op: RegionOp) -> str:

@@ -270,9 +270,9 @@ def _cut_until_shipped(graph: ImportedGraph, plan: FusionPlan, kernels: Sequence
     every compiled one."""
     batch, every, costs = tuple(kernels), (), {}
     while True:
+        compiled = {k.region_id for k in batch if k.compiled}
         with timings.stage("baseline_s"):
-            baseline = unfused_baseline(graph, [r for r in plan.regions if r.id in
-                                                {k.region_id for k in batch if k.compiled}],
+            baseline = unfused_baseline(graph, [r for r in plan.regions if r.id in compiled],
                                         target, options, progress)
         costs.update(baseline.costs_us)
         batch = _slower_fallen_back(batch, plan, baseline, target)

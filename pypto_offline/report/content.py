@@ -12,6 +12,7 @@ from pypto_offline.pypto_kernels.baseline import ESTIMATED
 from pypto_offline.offline_compiler.summary import (NOT_MEASURED, cut_summary,
                                                   kernel_precision, measured, precision_line,
                                                   provenance, shown, summarise, tile_us)
+from pypto_offline.fusion.split import part_id
 from pypto_offline.report import kernel_table
 from pypto_offline.report.downloads import downloads, file_stem
 from pypto_offline.report.dot import graphviz_version
@@ -167,6 +168,7 @@ def kernel_cards(grouped: list[list[ptom_pb2.Kernel]], types: dict[str, TensorTy
         "fallback_reason": k.fallback_reason,
         "signature": k.region_signature, "sha256": k.sha256, "platform": k.platform,
         "precision": kernel_precision(k), "cut": cut_summary(k),
+        "cut_parts": _cut_parts(k),
         "original": [_op(o) for o in k.original], "simplified": [_op(o) for o in k.simplified],
         "rules": list(k.rules_applied), "inputs": typed(k.inputs), "outputs": typed(k.outputs),
         "verdict": kernel_table.verdict(k),
@@ -188,6 +190,15 @@ def kernel_cards(grouped: list[list[ptom_pb2.Kernel]], types: dict[str, TensorTy
         "verdicts": [(v.pass_name, v.result) for v in k.verdicts],
         "artifacts": [(a.name, len(a.data), a.sha256) for a in k.artifacts],
     } for group in grouped for k in group[:1]]
+
+
+def _cut_parts(kernel: ptom_pb2.Kernel) -> list[tuple[str, list[str]]]:
+    """Each part of a cut region: the id its kernel takes if it pays (``fusion.split.part_id``)
+    and its node ids; none for a region not cut."""
+    if not kernel.HasField("cut"):
+        return []
+    return [(part_id(kernel.id, index), list(nodes))
+            for index, nodes in enumerate((kernel.cut.first, kernel.cut.second))]
 
 
 def _tile(tile: ptom_pb2.TileChoice) -> dict:

@@ -119,10 +119,15 @@ class Writer:
             return self._expanded_rows(tensor, name, held, wanted)
         if len(wanted) > MAX_RANK:
             raise CannotExpress(f"rank {len(wanted)} of {tensor!r} exceeds PyPTO's {MAX_RANK}")
+        return self._reshape(name, held, wanted, self.dtype(tensor))
+
+    def _reshape(self, name: str, held: tuple[int, ...], wanted: tuple[int, ...],
+                 dtype: int) -> str:
+        """Variable ``name``, held in ``held``, reshaped to ``wanted``: once per pair."""
         key = (name, wanted)
         if key not in self._reshaped:
-            source = self._owned(name, held, self.dtype(tensor))
-            self.tile(wanted, self.dtype(tensor))
+            source = self._owned(name, held, dtype)
+            self.tile(wanted, dtype)
             self._reshaped[key] = self.fresh()
             self.emit(f"{self._reshaped[key]} = pypto.reshape({source}, {list(wanted)})")
         return self._reshaped[key]
@@ -146,7 +151,7 @@ class Writer:
         axes to its reader's shape, then laid out as the rows. An attention mask [1, 1, 64, 128]
         over [1, 8, 64, 128] scores, Mul, Add and Softmax in one kernel: 6.19 us in PyPTO's cost
         model, as with a mask as large as the scores (docs/pypto-ops.md, "Reductions")."""
-        key = (name, wanted)
+        key = (name, wanted)  # the whole chain once per tensor, however often it is read
         if key not in self._reshaped:
             target = self.rows.expanded[tensor]
             if len(target) > MAX_RANK:
@@ -154,15 +159,9 @@ class Writer:
                                     f"PyPTO's {MAX_RANK}")
             dtype = self.dtype(tensor)
             own = (1,) * (len(target) - len(held)) + held
-            if own != held:
-                self.tile(own, dtype)
-                reshaped = self.fresh()
-                self.emit(f"{reshaped} = pypto.reshape({name}, {list(own)})")
-                name = reshaped
-            expanded = self.expand(name, own, target, dtype)
-            self.tile(wanted, dtype)
-            self._reshaped[key] = self.fresh()
-            self.emit(f"{self._reshaped[key]} = pypto.reshape({expanded}, {list(wanted)})")
+            aligned = self._reshape(name, held, own, dtype) if own != held else name
+            self._reshaped[key] = self._reshape(self.expand(aligned, own, target, dtype),
+                                                tuple(target), wanted, dtype)
         return self._reshaped[key]
 
     def _owned(self, name: str, shape: tuple[int, ...], dtype: int) -> str:
