@@ -19,7 +19,7 @@ BOUNDARY_FORMS = {"LayerNormalization": "Mean or InvStdDev output is used",
                   "ReduceSum": "noop_with_empty_axes",
                   "MatMul": "a MatMul of matrices with equal batch axes",
                   "Gemm": "a Gemm A @ B(^T) + C with a per-column C",
-                  "Conv": "a 1x1 convolution of one image",
+                  "Conv": "the kernel generator takes a convolution of one image",
                   "BatchNormalization": "in training mode"}
 # Pooling the kernel generator writes as shifted views: 2-D, undilated, one output, the padding
 # counted in a mean, no window past the input

@@ -7,7 +7,7 @@ import pytest
 
 from bench import corpus
 from pypto_offline import import_model
-from pypto_offline.importer.canonical import CONV_FORM, MATMUL_FORM
+from pypto_offline.importer.contractions import CONV_FORM, MATMUL_FORM
 from pypto_offline.runtime import max_abs_diff, run_model
 
 FP32_TOLERANCE = 1e-5

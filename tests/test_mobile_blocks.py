@@ -39,14 +39,22 @@ def mobilenet_v3_block():
     x = b.input("x", [1, 16, 16, 16])
     expanded = b.op("Conv", [x, b.const(_weights(32, 16, 3, 3))], pads=[1, 1, 1, 1])
     activated = b.op("HardSwish", [_batch_norm(b, expanded, 32)])
-    squeezed = b.op("GlobalAveragePool", [activated])
-    reduced = b.op("Relu", [b.op("Conv", [squeezed, b.const(_weights(8, 32, 1, 1)),
-                                          b.const(_weights(8))])])
-    gate = b.op("HardSigmoid", [b.op("Conv", [reduced, b.const(_weights(32, 8, 1, 1)),
-                                              b.const(_weights(32))])], alpha=1 / 6, beta=0.5)
+    return b.model(_excite_project_add(b, activated, x, (32, 8, 16)))
+
+
+def _excite_project_add(b: GraphBuilder, activated: str, x: str, channels) -> str:
+    """The block's tail: squeeze-and-excite, 1x1 projection back to x's channels, BatchNorm,
+    residual. ``channels``: (the activation's, the squeezed ones, x's)."""
+    wide, squeezed, narrow = channels
+    reduced = b.op("Relu", [b.op("Conv", [b.op("GlobalAveragePool", [activated]),
+                                          b.const(_weights(squeezed, wide, 1, 1)),
+                                          b.const(_weights(squeezed))])])
+    gate = b.op("HardSigmoid", [b.op("Conv", [reduced, b.const(_weights(wide, squeezed, 1, 1)),
+                                              b.const(_weights(wide))])], alpha=1 / 6, beta=0.5)
     excited = b.op("Mul", [activated, gate])
-    projected = _batch_norm(b, b.op("Conv", [excited, b.const(_weights(16, 32, 1, 1))]), 16)
-    return b.model(b.op("Add", [projected, x]))
+    projected = _batch_norm(b, b.op("Conv", [excited, b.const(_weights(narrow, wide, 1, 1))]),
+                            narrow)
+    return b.op("Add", [projected, x])
 
 
 def test_a_mobilenet_v3_block_is_its_3x3_conv_and_one_kernel_per_run(tmp_path):
@@ -56,16 +64,46 @@ def test_a_mobilenet_v3_block_is_its_3x3_conv_and_one_kernel_per_run(tmp_path):
     assert runs == [("Add", "Conv"), ("Conv", "HardSigmoid", "Mul"), ("Conv", "Relu"),
                     ("GlobalAveragePool", "HardSwish")], runs
     (left,) = plan.unfused
-    assert left.op_type == "Conv" and "kernel [3, 3]" in left.reason
+    assert left.op_type == "Conv" and "kernel_shape [3, 3]" in left.reason
     assert plan.totals.kernels_after == 5  # the BatchNorms are in their convolutions' weights
-    kernels = compile_kernels(graph, plan, TARGETS["kirin9050"], cache_dir=tmp_path,
-                              search=False)
+    _every_kernel_checks_and_the_graph_matches(model, graph, plan, tmp_path)
+
+
+def mobilenet_v3_inverted_residual():
+    """MobileNetV3's own block: 1x1 expansion, BatchNorm, HardSwish, depthwise 3x3, BatchNorm,
+    HardSwish, squeeze-and-excite, 1x1 projection, BatchNorm, residual (issue 37)."""
+    b = GraphBuilder()
+    x = b.input("x", [1, 16, 16, 16])
+    expansion = b.op("Conv", [x, b.const(_weights(64, 16, 1, 1))])
+    expanded = b.op("HardSwish", [_batch_norm(b, expansion, 64)])
+    depthwise = b.op("Conv", [expanded, b.const(_weights(64, 1, 3, 3))], group=64,
+                     pads=[1, 1, 1, 1])
+    activated = b.op("HardSwish", [_batch_norm(b, depthwise, 64)])
+    return b.model(_excite_project_add(b, activated, x, (64, 16, 16)))
+
+
+def _every_kernel_checks_and_the_graph_matches(model, graph, plan, folder) -> None:
+    kernels = compile_kernels(graph, plan, TARGETS["kirin9050"], cache_dir=folder, search=False)
     for kernel in kernels:
         assert kernel.compiled and kernel.functional_ok, (kernel.id, kernel.fallback_reason)
     feeds = generate_inputs(model, seed=1)
     expected, actual = run_model(model, feeds), run_model(plan.compiled_model, feeds)
     for name, want in expected.items():
         assert max_abs_diff(want, actual[name]) <= 1e-4 * max(1.0, np.abs(want).max()), name
+
+
+def test_a_mobilenet_v3_inverted_residual_fuses_its_depthwise_conv_into_the_expansion(tmp_path):
+    """The depthwise 3x3 joins the 1x1 expansion's kernel with both HardSwishes (fed from
+    inside it, as an epilogue is); the squeeze-and-excite's pooling is a reduction, which a
+    region holding a window op does not take, so it stays a kernel of its own: 5 kernels where
+    the depthwise convolution outside kernels made 6. Every kernel compiles and checks."""
+    model = mobilenet_v3_inverted_residual()
+    graph, plan = fuse(model)
+    runs = [tuple(op.op_type for op in region.original) for region in plan.regions]
+    assert ("Conv", "HardSwish", "Conv", "HardSwish") in runs, runs
+    assert [u.op_type for u in plan.unfused] == ["GlobalAveragePool"]
+    assert plan.totals.kernels_after == 5
+    _every_kernel_checks_and_the_graph_matches(model, graph, plan, tmp_path)
 
 
 def squeeze_excite_tail():

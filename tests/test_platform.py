@@ -46,7 +46,7 @@ def test_an_overlay_file_is_pypto_s_with_the_chip_s_figures_written_in(name):
     for key, figure in figures.items():
         if key != "ai_cpu_cnt":
             assert f"{key}={figure.value}" in written
-    assert figures["ub_size"].value == target.ub_bytes.value
+    assert figures["ub_size"].value == target.ub_plan_bytes.value
     assert figures["ai_core_cnt"].value == target.ai_cores.value
     assert figures["vector_core_cnt"].value == target.aiv_cores.value
     assert chip.description().startswith("code for the 910B's instruction set (DAV_2201), "
@@ -66,9 +66,14 @@ def test_the_cost_model_machine_is_the_chip_s_cores_and_the_910b_s_is_the_simula
                                     "Model.coreMachineNumberPerAICPU=24",
                                     "Model.cubeMachineNumberPerAICPU=8",
                                     "Model.vecMachineNumberPerAICPU=16")
-    # the same rule on the 910B's own figures gives the simulator's defaults
+    # the same rule on the 910B's own figures gives the simulator's defaults, but for the UB:
+    # an overlay's is the tiling's plan, the chip's less its margin (docs/platform.md)
     figures = platform.platform_figures(TARGETS["ascend910b"])
-    assert platform.machine(TARGETS["ascend910b"], figures) == SIMULATOR_DEFAULTS
+    plan = TARGETS["ascend910b"].ub_plan_bytes.value
+    assert plan < 196608
+    assert platform.machine(TARGETS["ascend910b"], figures) == tuple(
+        f"Pipe.ubSizeThreshold={plan}" if a.startswith("Pipe.ubSizeThreshold") else a
+        for a in SIMULATOR_DEFAULTS)
 
 
 def test_kirin9050_without_l0a_and_l0c_gets_its_l0b_size_marked_as_an_estimate():
@@ -128,7 +133,8 @@ def test_a_pypto_that_ships_the_chip_s_own_file_is_used_natively(tmp_path, monke
     worker.prepare_environment(folder, platform_of(TARGETS["kirin9030"]).server_settings())
     config = json.loads((folder / "tile_fwk_config.json").read_text())
     assert "Model.vecMachineNumberPerAICPU=1" in config["global"]["simulation"]["args"]
-    assert "Pipe.ubSizeThreshold=131072" in config["global"]["simulation"]["args"]
+    assert f"Pipe.ubSizeThreshold={TARGETS['kirin9030'].ub_plan_bytes.value}" in \
+        config["global"]["simulation"]["args"]
 
 
 def test_another_pypto_s_platform_file_is_not_written_over(tmp_path):
@@ -218,7 +224,7 @@ def test_the_blob_and_the_report_say_which_platform_the_kernels_compiled_under(m
     recorded, expected = compiled.summary()["platform"], platform_of(TARGETS[target])
     assert recorded["digest"] == expected.digest and recorded["native"] == expected.native
     assert recorded["chip"] == TARGETS[target].soc_version.value and recorded["isa"] == "DAV_2201"
-    assert recorded["figures"]["ub_size"]["value"] == TARGETS[target].ub_bytes.value
+    assert recorded["figures"]["ub_size"]["value"] == TARGETS[target].ub_plan_bytes.value
     assert expected.description() in html.unescape(report)
     (kernel,) = compiled.message.kernels
     assert kernel.platform == expected.description()

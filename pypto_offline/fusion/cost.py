@@ -18,8 +18,9 @@ from pypto_offline.fusion.records import Cost, RegionOp
 from pypto_offline.fusion.rows import broadcasts_to
 from pypto_offline.importer import ImportedGraph, Node
 from pypto_offline.importer.input_shapes import tensor_bytes as bytes_of
-from pypto_offline.importer.ops import (MATMUL, OPS, POINTWISE_OPS, READS_ALL, READS_PART,
-                                        READS_WINDOW, VIEW_ONLY_OPS, kind_of, matmul_extents)
+from pypto_offline.importer.ops import (MATMUL, POINTWISE_OPS, READS_ALL,
+                                        READS_WINDOW, VIEW_ONLY_OPS, kind_of, matmul_extents,
+                                        reads_of)
 from pypto_offline.targets import ASCEND910B, Target
 
 # The cube of the 910B that PyPTO 0.2.0 compiles for: product tiles accumulate in fp32 in L0C,
@@ -81,12 +82,12 @@ def cube_reread_bytes(ops: Sequence[RegionOp], tensor_types) -> int:
     the platform's (docs/figures.md, "The platform bound")."""
     total = 0
     for op in ops:
-        if kind_of(op.op_type) != MATMUL:
+        if kind_of(op.op_type, op.params) != MATMUL:
             continue
         (left, left_dtype), (right, right_dtype) = (tensor_types[t] for t in op.inputs[:2])
         out = list(tensor_types[op.outputs[0]][0])
         left_bytes, right_bytes = bytes_of((), left_dtype), bytes_of((), right_dtype)
-        if op.op_type == "Conv":  # W[Cout, Cin] @ x[Cin, H*W] (codegen.matmul._pointwise_conv)
+        if op.op_type == "Conv":  # W[Cout, Cin] @ x[Cin, H*W] (codegen.matmul.pointwise_conv)
             (m, n), k, slices = matmul_extents("Conv", out, 2), left[1], 1
             left_bytes, right_bytes = right_bytes, left_bytes
         elif len(right) == 2:  # the left operand's leading axes fold into M
@@ -137,7 +138,7 @@ def cube_handoff_bytes(ops: Sequence[RegionOp], tensor_types) -> int:
     readers = {name for op in ops for name in op.inputs}
     handoff = 0
     for op in ops:
-        if kind_of(op.op_type) != MATMUL:
+        if kind_of(op.op_type, op.params) != MATMUL:
             continue
         product = op.outputs[0]
         vector_bias = op.op_type == "Conv" and len(op.inputs) > 2 and bool(op.inputs[2])
@@ -185,35 +186,32 @@ def _input_needs(op: RegionOp, index: int, wanted: list, in_shape: tuple) -> np.
         return _slice_window(op, out, in_shape)
     if out is not None and op.op_type in POINTWISE_OPS and broadcasts_to(in_shape, out.shape):
         return _reduce_to(out, in_shape)
-    reads = _reads(op.op_type)
+    reads = reads_of(op.op_type, op.params)
     if out is not None and reads == READS_WINDOW and index == 0:
         return _window_needs(op, out, in_shape)
     # An op that may leave some of its input unread counts none of it without an exact rule (a
-    # loose bound is still a bound; a count too high is not); a Pad that crops nothing reads all
-    reads_all = reads == READS_ALL or (
+    # loose bound is still a bound; a count too high is not); a Pad that crops nothing reads all,
+    # and so does a window op its parameters (a depthwise convolution's weights and bias)
+    reads_all = reads == READS_ALL or (reads == READS_WINDOW and index > 0) or (
         op.op_type == "Pad" and index == 0 and min(op.params.get("pads", (-1,))) >= 0)
     every_output = all(m is not None and m.all() for m in wanted)
     return np.full(in_shape, reads_all and every_output)
 
 
-def _reads(op_type: str) -> str:
-    """The registry's ``reads``; an op it lacks (none reaches here) reads part, to stay a bound."""
-    definition = OPS.get(op_type)
-    return definition.reads if definition is not None else READS_PART
-
-
 def _window_needs(op: RegionOp, out: np.ndarray, in_shape: tuple) -> np.ndarray:
-    """The elements of a pooling's NCHW input that the windows of the wanted outputs cover:
-    not the padding, nor a tail the strides step over (a 2x2/2 window over 5 rows reads 4)."""
+    """The elements of a pooling's or depthwise convolution's NCHW input that the windows of
+    the wanted outputs cover: not the padding, nor a tail the strides step over (a 2x2/2 window
+    over 5 rows reads 4), nor the rows a dilated window steps over."""
     (kh, kw), (sh, sw) = op.params["kernel_shape"], op.params["strides"]
+    dh, dw = op.params.get("dilations", (1, 1))
     top, left = op.params["pads"][:2]
     height, width = in_shape[2:]
     need = np.zeros(in_shape, bool)
     for dy in range(kh):
-        rows = np.arange(out.shape[2]) * sh + dy - top
+        rows = np.arange(out.shape[2]) * sh + dy * dh - top
         row_ok = (rows >= 0) & (rows < height)
         for dx in range(kw):
-            cols = np.arange(out.shape[3]) * sw + dx - left
+            cols = np.arange(out.shape[3]) * sw + dx * dw - left
             col_ok = (cols >= 0) & (cols < width)
             covered = out[:, :, row_ok][:, :, :, col_ok]
             need[:, :, rows[row_ok][:, None], cols[col_ok]] |= covered

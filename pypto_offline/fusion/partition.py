@@ -141,7 +141,7 @@ def _matmul_is_root(graph: ImportedGraph, members: list[Node], target: Target) -
     for the Concat with the new ones under allow_mix_precision, a kernel of their own before). An
     epilogue reorders axes only after a matmul whose rows and columns PyPTO compiles so
     (``KernelSupport.matmul_reorder_align``)."""
-    matmuls = [n for n in members if kind_of(n.op_type) == MATMUL]
+    matmuls = [n for n in members if kind_of(n.op_type, n.params) == MATMUL]
     if not matmuls:
         return True
     if len(matmuls) > 1 or any(kind_of(n.op_type) == REDUCTION for n in members):
@@ -209,6 +209,6 @@ def _working_set(graph: ImportedGraph, nodes: list[Node]) -> int:
 def _constrains(graph: ImportedGraph, node: Node) -> bool:
     """A matmul, or a reduction over more than lone elements: a merge of a region holding one
     is checked op by op (``_matmul_is_root``, ``_rows_agree``); any other merge passes both."""
-    kind = kind_of(node.op_type)
+    kind = kind_of(node.op_type, node.params)
     return kind == MATMUL or (kind == REDUCTION and not reduces_lone_elements(
         node, graph.tensors[node.inputs[0]].shape))

@@ -34,7 +34,8 @@ import numpy as np
 
 from pypto_offline.fusion.records import RegionOp
 from pypto_offline.importer.ops import (BROADCAST, ELEMENTWISE, OPS, PER_ROW_PARAMETER_OPS,
-                                        POINTWISE_OPS, REDUCTION, ROW_RESULT_OPS, VIEW, kind_of)
+                                        POINTWISE_OPS, REDUCTION, ROW_RESULT_OPS, VIEW,
+                                        is_pointwise_conv, kind_of)
 
 FULL, ROW, COLUMN, SCALAR, EXPANDED = "full", "row", "column", "scalar", "expanded"
 
@@ -103,14 +104,14 @@ def row_layout(ops: Sequence[RegionOp], shapes: Mapping[str, Sequence[int]]) -> 
 def conv_rows(ops: Sequence[RegionOp], shapes: Mapping[str, Sequence[int]]
               ) -> RowLayout | None:
     """The rows of a 1x1 convolution's region: its product is ``[Cout, H*W]`` as the cube
-    writes it (``codegen.matmul._pointwise_conv``), so its elementwise epilogue runs on those
+    writes it (``codegen.matmul.pointwise_conv``), so its elementwise epilogue runs on those
     rows, a per-channel operand as a ``[Cout, 1]`` row, and the product is reshaped once, at the
     output. Reshaped to 4-D first, PyPTO staged it through GM once more: nudenet's 128x128x400
     Conv with bias and SiLU read 1.30 MB and wrote 1.02 MB in 28.1 us, in rows 0.67 and 0.41 MB
     in 17.7 us (docs/pypto-ops.md, "MatMul"). Any tile fits: nothing reduces a row. None when
     the region holds no convolution, or an op that moves elements across its rows (a Split of
     the channels, a Concat)."""
-    convs = [op for op in ops if op.op_type == "Conv"]
+    convs = [op for op in ops if is_pointwise_conv(op.op_type, op.params)]
     if len(convs) != 1 or has_reduction(ops):
         return None
     out = tuple(shapes[convs[0].outputs[0]])
@@ -135,7 +136,7 @@ def channel_rows(ops: Sequence[RegionOp], shapes: Mapping[str, Sequence[int]]
     kirin9050's UB (the smallest needed 194,592 B). None when the region holds anything but
     elementwise and view ops, or broadcasts nothing per channel."""
     gates = [op for op in ops if _channel_gate(op, shapes)]
-    if any(kind_of(op.op_type) not in (ELEMENTWISE, BROADCAST, VIEW) and op not in gates
+    if any(kind_of(op.op_type, op.params) not in (ELEMENTWISE, BROADCAST, VIEW) and op not in gates
            for op in ops):
         return None
     full = max((tuple(shapes[name]) for op in ops for name in op.outputs), key=prod)
@@ -161,7 +162,7 @@ def channel_rows(ops: Sequence[RegionOp], shapes: Mapping[str, Sequence[int]]
 def _channel_gate(op: RegionOp, shapes) -> bool:
     """A 1x1 convolution of a pooled image (1x1 pixels): a squeeze-and-excite branch's, whose
     product is one value per channel."""
-    return op.op_type == "Conv" and prod(shapes[op.outputs[0]][2:]) == 1
+    return is_pointwise_conv(op.op_type, op.params) and prod(shapes[op.outputs[0]][2:]) == 1
 
 
 def _rows_and_columns(ops, shapes) -> tuple[int, int]:
@@ -191,7 +192,7 @@ def _assign(op: RegionOp, shapes, rows: int, columns: int, kinds: dict,
             expanded: dict | None = None) -> None:
     """The kinds of the op's tensors; ``expanded`` (a reduction's rows only): where an operand
     broadcast across rows may be EXPANDED, recorded with the shape it broadcasts to."""
-    kind = kind_of(op.op_type)
+    kind = kind_of(op.op_type, op.params)
     if kind == REDUCTION and reduces_lone_elements(op, shapes[op.inputs[0]]):
         kind = VIEW  # a reshape
     if kind == REDUCTION:

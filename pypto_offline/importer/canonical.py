@@ -91,7 +91,7 @@ def normalise(ctx: NodeContext) -> dict[str, Any]:
     return NORMALISERS[ctx.node.op_type](ctx)
 
 
-def _ints(values) -> list[int]:
+def as_ints(values) -> list[int]:
     return [int(v) for v in np.asarray(values).reshape(-1)]
 
 
@@ -123,10 +123,10 @@ def _slice(ctx: NodeContext) -> dict[str, Any]:
         starts, ends = ctx.attr("starts", []), ctx.attr("ends", [])
         axes, steps = ctx.attr("axes", list(range(len(starts)))), [1] * len(starts)
     else:
-        starts, ends = _ints(ctx.const(1)), _ints(ctx.const(2))
+        starts, ends = as_ints(ctx.const(1)), as_ints(ctx.const(2))
         axes_value, steps_value = ctx.const(3), ctx.const(4)
-        axes = list(range(len(starts))) if axes_value is None else _ints(axes_value)
-        steps = [1] * len(starts) if steps_value is None else _ints(steps_value)
+        axes = list(range(len(starts))) if axes_value is None else as_ints(axes_value)
+        steps = [1] * len(starts) if steps_value is None else as_ints(steps_value)
     if not len(starts) == len(ends) == len(axes) == len(steps):
         raise ctx.error("starts, ends, axes and steps have different lengths")
     full_starts, full_ends, full_steps = [0] * rank, list(shape), [1] * rank
@@ -151,12 +151,12 @@ def _pad(ctx: NodeContext) -> dict[str, Any]:
         value = float(ctx.attr("value", 0.0))
         axes = list(range(rank))
     else:
-        pads = _ints(ctx.const(1))
+        pads = as_ints(ctx.const(1))
         mode = ctx.attr("mode", b"constant")
         value = _scalar(ctx.const(2))
         value = 0 if value is None else value
         axes_value = ctx.const(3)
-        axes = list(range(rank)) if axes_value is None else _ints(axes_value)
+        axes = list(range(rank)) if axes_value is None else as_ints(axes_value)
     mode = mode.decode() if isinstance(mode, bytes) else mode
     if len(pads) != 2 * len(axes):
         raise ctx.error(f"Pad has {len(pads)} pads for {len(axes)} axes")
@@ -172,7 +172,7 @@ def _pad(ctx: NodeContext) -> dict[str, Any]:
 
 @normaliser("Tile")
 def _tile(ctx: NodeContext) -> dict[str, Any]:
-    repeats = _ints(ctx.const(1))
+    repeats = as_ints(ctx.const(1))
     if len(repeats) != len(ctx.in_shape()):
         raise ctx.error(f"Tile has {len(repeats)} repeats for rank {len(ctx.in_shape())}")
     return {"repeats": tuple(repeats)}
@@ -181,10 +181,10 @@ def _tile(ctx: NodeContext) -> dict[str, Any]:
 @normaliser("Expand")
 def _expand(ctx: NodeContext) -> dict[str, Any]:
     try:
-        shape = np.broadcast_shapes(ctx.in_shape(), tuple(_ints(ctx.const(1))))
+        shape = np.broadcast_shapes(ctx.in_shape(), tuple(as_ints(ctx.const(1))))
     except ValueError:
         raise ctx.error(f"Expand cannot broadcast {list(ctx.in_shape())} to "
-                        f"{_ints(ctx.const(1))}") from None
+                        f"{as_ints(ctx.const(1))}") from None
     return {"shape": tuple(int(d) for d in shape)}
 
 
@@ -201,7 +201,7 @@ def split_sizes(ctx: NodeContext, dim: int) -> list[int]:
         sizes = None if sizes is None else list(sizes)
     else:
         given = ctx.const(1)
-        sizes = None if given is None else _ints(given)
+        sizes = None if given is None else as_ints(given)
     if sizes is None:
         if ctx.attr("num_outputs") is not None:  # opset 18: the last part may be smaller
             part = -(-dim // outputs)
@@ -231,7 +231,7 @@ def _axes_operand(ctx: NodeContext) -> list[int] | None:
         axes = ctx.attr("axes")
         return None if axes is None else list(axes)
     value = ctx.const(1)
-    return None if value is None else _ints(value)
+    return None if value is None else as_ints(value)
 
 
 @normaliser("Squeeze")
@@ -280,7 +280,7 @@ def resolve_reshape(ctx: NodeContext, shape: Sequence[int], target: Sequence[int
 @normaliser("Reshape")
 def _reshape(ctx: NodeContext) -> dict[str, Any]:
     shape = ctx.in_shape()
-    target = list(ctx.attr("shape", [])) if ctx.opset < 5 else _ints(ctx.const(1))
+    target = list(ctx.attr("shape", [])) if ctx.opset < 5 else as_ints(ctx.const(1))
     allowzero = bool(ctx.attr("allowzero", 0))
     out = resolve_reshape(ctx, shape, target, allowzero)
     if 0 in out and 5 <= ctx.opset < 14:  # before allowzero, a literal 0 means 'copy'
@@ -358,7 +358,7 @@ def _reduce(ctx: NodeContext) -> dict[str, Any]:
     rank = len(ctx.in_shape())
     if axes_as_input(ctx.node.op_type, ctx.opset):
         value = ctx.const(1)
-        axes = None if value is None or np.asarray(value).size == 0 else _ints(value)
+        axes = None if value is None or np.asarray(value).size == 0 else as_ints(value)
         if axes is None and ctx.attr("noop_with_empty_axes", 0):
             raise NotCanonical("no axes with noop_with_empty_axes: the op is an identity")
     else:
@@ -390,14 +390,14 @@ def _pool(ctx: NodeContext) -> dict[str, Any]:
     shape = ctx.in_shape()
     if len(shape) != 4 or any(ctx.node.output[1:]):
         raise NotCanonical("not a 2-D pooling of an NCHW tensor with one output")
-    kernel = tuple(_ints(ctx.attr("kernel_shape")))
-    strides = tuple(_ints(ctx.attr("strides", [1, 1])))
+    kernel = tuple(as_ints(ctx.attr("kernel_shape")))
+    strides = tuple(as_ints(ctx.attr("strides", [1, 1])))
     if any(d != 1 for d in ctx.attr("dilations", [1, 1])) or ctx.attr("storage_order", 0):
         raise NotCanonical("a dilated or column-major pooling")
     if max(kernel) > MAX_POOL_WINDOW or max(strides) > MAX_POOL_STRIDE:
         raise NotCanonical(f"a {list(kernel)} window with strides {list(strides)}: at most "
                            f"{MAX_POOL_WINDOW} and {MAX_POOL_STRIDE}")
-    pads = _pool_pads(ctx, shape[2:], kernel, strides)
+    pads = window_pads(ctx, shape[2:], kernel, strides)
     params = {"kernel_shape": kernel, "strides": strides, "pads": pads}
     if ctx.node.op_type == "AveragePool":
         params["count_include_pad"] = int(ctx.attr("count_include_pad", 0))
@@ -410,12 +410,12 @@ def _pool(ctx: NodeContext) -> dict[str, Any]:
     return params
 
 
-def _pool_pads(ctx: NodeContext, spatial, kernel, strides) -> tuple[int, ...]:
+def window_pads(ctx: NodeContext, spatial, kernel, strides) -> tuple[int, ...]:
     """(top, left, bottom, right), ``auto_pad`` SAME_UPPER/SAME_LOWER/VALID resolved."""
     auto = ctx.attr("auto_pad", b"NOTSET")
     auto = auto.decode() if isinstance(auto, bytes) else auto
     if auto in ("NOTSET", ""):
-        return tuple(_ints(ctx.attr("pads", [0, 0, 0, 0])))
+        return tuple(as_ints(ctx.attr("pads", [0, 0, 0, 0])))
     if auto == "VALID":
         return (0, 0, 0, 0)
     totals = [max((-(-d // s) - 1) * s + k - d, 0) for d, k, s in zip(spatial, kernel, strides)]
@@ -480,82 +480,6 @@ def _normalised_shapes(ctx: NodeContext) -> tuple[int, ...]:
     return ctx.in_shape()
 
 
-# ---------------------------------------------------------------- contractions
-
-
-MATMUL_FORM = "the kernel generator takes a MatMul of matrices with equal batch axes"
-
-
-# PyPTO 0.2.0's cube takes an ND operand whose inner (last) axis is below 65535 ("inner axis must
-# be less than 65535", CheckOperandShapeBound; docs/pypto-ops.md, "MatMul"). Past it, a 1x1
-# Conv on a 320x320 image (x[16, 102400], ppocrv4_det) recorded and then failed PyPTO's parser
-# (F21004, FFFFFF): such a contraction stays a boundary, with this reason.
-CUBE_INNER_AXIS_LIMIT = 65535
-
-
-def _within_cube_bound(form: str, inner_axes: dict[str, int]) -> None:
-    for operand, extent in inner_axes.items():
-        if extent >= CUBE_INNER_AXIS_LIMIT:
-            raise NotCanonical(f"{form} ({operand}'s inner axis of {extent} is not below "
-                               f"PyPTO's cube limit of {CUBE_INNER_AXIS_LIMIT})")
-
-
-@normaliser("MatMul")
-def _matmul(ctx: NodeContext) -> dict[str, Any]:
-    """Canonical: both operands of rank 2 or more, and the right one 2-D (a weight) or with the
-    left one's batch axes. A 1-D operand or batch axes that broadcast stay a boundary."""
-    left, right = ctx.in_shape(0), ctx.in_shape(1)
-    if len(left) < 2 or len(right) < 2:
-        raise NotCanonical(f"{MATMUL_FORM} (a 1-D operand)")
-    if len(right) > 2 and tuple(left[:-2]) != tuple(right[:-2]):
-        raise NotCanonical(f"{MATMUL_FORM} (batch axes {list(left[:-2])} and "
-                           f"{list(right[:-2])} broadcast)")
-    _within_cube_bound(MATMUL_FORM, {"the left operand": left[-1], "the right operand": right[-1]})
-    return {}
-
-
-GEMM_FORM = "the kernel generator takes a Gemm A @ B(^T) + C with a per-column C"
-
-
-@normaliser("Gemm")
-def _gemm(ctx: NodeContext) -> dict[str, Any]:
-    """Canonical: ``A @ B + C`` or ``A @ B^T + C`` (PyPTO's ``b_trans``), alpha and beta 1, C
-    absent or one value per column (the cube adds it, docs/pypto-ops.md "MatMul"). Parameter:
-    ``transB``, ONNX's own name, so the compiled graph writes the Gemm back as it is."""
-    n = ctx.in_shape(1)[0 if ctx.attr("transB", 0) else 1]
-    bias = ctx.in_shape(2) if len(ctx.node.input) > 2 and ctx.node.input[2] else None
-    if ctx.attr("transA", 0) or ctx.attr("alpha", 1.0) != 1.0 or ctx.attr("beta", 1.0) != 1.0:
-        raise NotCanonical(f"{GEMM_FORM} (transA, alpha or beta)")
-    if bias is not None and (len(bias) not in (1, 2) or bias[-1] != n
-                             or any(d != 1 for d in bias[:-1])):
-        raise NotCanonical(f"{GEMM_FORM} (C of shape {list(bias)})")
-    _within_cube_bound(GEMM_FORM, {"A": ctx.in_shape(0)[-1], "B": ctx.in_shape(1)[-1]})
-    return {"transB": int(ctx.attr("transB", 0))}
-
-
-CONV_FORM = "the kernel generator takes a 1x1 convolution of one image as a matmul"
-
-
-@normaliser("Conv")
-def _pointwise_conv(ctx: NodeContext) -> dict[str, Any]:
-    """Canonical: a 1x1 kernel, unit strides and dilations, no padding, one group, a batch of
-    one: ``W[Cout, Cin] @ x[Cin, H*W]``. PyPTO 0.2.0's own conv is not usable
-    (docs/pypto-ops.md, "MatMul"), so any other convolution stays a boundary."""
-    image, weights = ctx.in_shape(0), ctx.in_shape(1)
-    for name in ctx.node.input[2:]:
-        if name:
-            ctx.shape(name)
-    if len(image) != 4 or image[0] != 1:
-        raise NotCanonical(f"{CONV_FORM} (input {list(image)})")
-    ones = all(d == 1 for d in list(weights[2:]) + list(ctx.attr("strides", [1, 1]))
-               + list(ctx.attr("dilations", [1, 1])))
-    if not ones or any(ctx.attr("pads", [0])) or ctx.attr("group", 1) != 1:
-        raise NotCanonical(f"{CONV_FORM} (kernel {list(weights[2:])}, strides "
-                           f"{list(ctx.attr('strides', [1, 1]))}, group {ctx.attr('group', 1)})")
-    _within_cube_bound(CONV_FORM, {"the weight": weights[1], "the image": image[2] * image[3]})
-    return {}
-
-
 def schema_attributes(ctx: NodeContext) -> dict[str, Any]:
     """Every attribute the op's schema defines at this opset, defaults filled in."""
     schema = onnx.defs.get_schema(ctx.node.op_type, ctx.opset, "")
@@ -582,3 +506,7 @@ for _op in ELEMENTWISE_OPS - set(NORMALISERS):  # those without a normaliser of 
 # hand-written list would silently drop it).
 for _op in ("Cast", "Identity", "DepthToSpace", "SpaceToDepth"):
     NORMALISERS[_op] = _schema_attributes_of_static_tensors
+
+
+# The contractions' normalisers register themselves (their module imports this one's tools)
+from pypto_offline.importer import contractions  # noqa: E402,F401

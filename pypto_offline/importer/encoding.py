@@ -137,8 +137,9 @@ def _group_normalization(p, inputs, opset, const):
     return inputs, {"epsilon": p["epsilon"], "num_groups": p["groups"], **stash}
 
 
-def _pool(p, inputs, opset, const):
-    """The window, strides and explicit pads (``auto_pad`` and ``ceil_mode`` resolved)."""
+def _window(p, inputs, opset, const):
+    """The window, strides and explicit pads (``auto_pad`` and ``ceil_mode`` resolved) of a
+    pooling or a depthwise Conv (with its dilations and group); a 1x1 Conv has none."""
     return inputs, {name: list(value) if isinstance(value, tuple) else value
                     for name, value in p.items()}
 
@@ -162,10 +163,10 @@ def _never_canonical(p, inputs, opset, const):
 # The ops ``same_in_every_opset`` writes: those whose normaliser takes the schema's attributes
 # (canonical.schema_attributes: the elementwise math, Cast, Identity, DepthToSpace,
 # SpaceToDepth), and those whose parameters never moved to inputs (Concat's axis, Transpose's
-# perm, Flatten's axis, Gemm's transposes; a canonical MatMul or Conv has none). Listed rather
+# perm, Flatten's axis, Gemm's transposes; a canonical MatMul has none). Listed rather
 # than a default: an op whose encoding changed at some opset must say so.
 _ATTRIBUTE_OPS = (
-    "Flatten Identity Concat Transpose DepthToSpace SpaceToDepth Cast MatMul Gemm Conv "
+    "Flatten Identity Concat Transpose DepthToSpace SpaceToDepth Cast MatMul Gemm "
     "Abs Neg Not Relu Sigmoid Exp Log Sqrt Reciprocal IsNaN IsInf Floor Ceil Round Sign Sin Cos "
     "LeakyRelu HardSigmoid HardSwish Softsign ThresholdedRelu Shrink Swish Tanh Erf Tan Asin "
     "Acos Atan Sinh Cosh Asinh Acosh Atanh Elu Selu Celu Softplus Gelu Mish "
@@ -179,7 +180,7 @@ ENCODERS: Mapping[str, Callable] = MappingProxyType({
     "Squeeze": _axes, "Unsqueeze": _axes, "Reshape": _reshape, "Gather": _gather, "Clip": _clip,
     "Softmax": _softmax, "LogSoftmax": _softmax, "LayerNormalization": _layer_normalization,
     "InstanceNormalization": _instance_normalization, "GroupNormalization": _group_normalization,
-    **{op: _reduce(op) for op in REDUCE_OPS}, **{op: _pool for op in POOL_OPS},
+    **{op: _reduce(op) for op in REDUCE_OPS}, **{op: _window for op in POOL_OPS}, "Conv": _window,
     **{op: _no_attributes for op in GLOBAL_POOL_OPS}, "BatchNormalization": _never_canonical,
     **{op: same_in_every_opset for op in _ATTRIBUTE_OPS.split()},
 })

@@ -207,9 +207,35 @@ def in_scope(op_type: str, domain: str = "") -> bool:
     return op_def(op_type, domain) is not None
 
 
-def kind_of(op_type: str) -> str | None:
+def is_depthwise_conv(op_type: str, params) -> bool:
+    """A canonical Conv with parameters is depthwise (importer/canonical._conv); a 1x1 one, a
+    matmul, has none."""
+    return op_type == "Conv" and bool(params)
+
+
+def is_pointwise_conv(op_type: str, params) -> bool:
+    """A canonical 1x1 Conv: the cube's ``W[Cout, Cin] @ x[Cin, H*W]``."""
+    return op_type == "Conv" and not params
+
+
+def kind_of(op_type: str, params=None) -> str | None:
+    """The op's kind; with its canonical ``params``, a depthwise Conv's is a window's: each
+    output element a weighted sum of a small window of its own channel, which a rewrite rule
+    writes as the window's taps (fusion/rules.depthwise_conv_as_taps). Without them, a Conv is
+    a matmul (what the cube computes, for the precision modes and the baseline)."""
+    if is_depthwise_conv(op_type, params):
+        return WINDOW
     definition = OPS.get(op_type)
     return definition.kind if definition else None
+
+
+def reads_of(op_type: str, params=None) -> str:
+    """Which input elements the op's outputs read (``OpDef.reads``); a depthwise Conv reads
+    its windows. An op the registry lacks reads part, to keep the cost model's bound a bound."""
+    if is_depthwise_conv(op_type, params):
+        return READS_WINDOW
+    definition = OPS.get(op_type)
+    return definition.reads if definition is not None else READS_PART
 
 
 def names(*kinds: str) -> frozenset[str]:

@@ -330,7 +330,7 @@ def _matmuls_to_split(plan: FusionPlan, kernels: Sequence[Kernel]) -> dict[str, 
         if region.id in failed:
             kernel = failed[region.id]
             for op in region.original:  # a node is known by its first output (classify)
-                if kind_of(op.op_type) == MATMUL:
+                if kind_of(op.op_type, op.params) == MATMUL:
                     split[op.outputs[0]] = (_category(kernel), "its kernel with its epilogue "
                                                                f"failed: {kernel.fallback_reason}")
     return split

@@ -45,9 +45,13 @@ OVERLAY_FOLDER = "platform"  # in a fork server's folder
 STOCK_PLATFORM = "910b"  # Target.pypto_platform of a build compiled as on the 910B
 
 # The figures an overlay writes: the file's key, and the descriptor's figure it comes from.
-# Cube cores: one per AI core, split (910B, 950) or coupled (Kirin) alike.
+# Cube cores: one per AI core, split (910B, 950) or coupled (Kirin) alike. The UB is the one the
+# tiling plans with (the chip's less a margin): PyPTO 0.2.0 packs a kernel's leaves up to the
+# file's ub_size, so under the chip's whole UB a kernel of many live tiles (a depthwise
+# convolution's taps) filled 125-131 KB at every tile size and no candidate fitted the plan; under
+# the plan it takes the same time within it (docs/platform.md, "The UB PyPTO plans with").
 FILE_FIGURES = (("ai_core_cnt", "ai_cores"), ("cube_core_cnt", "ai_cores"),
-                ("vector_core_cnt", "aiv_cores"), ("ub_size", "ub_bytes"),
+                ("vector_core_cnt", "aiv_cores"), ("ub_size", "ub_plan_bytes"),
                 ("l1_size", "l1_bytes"), ("l0_a_size", "l0a_bytes"),
                 ("l0_b_size", "l0b_bytes"), ("l0_c_size", "l0c_bytes"),
                 ("l2_size", "l2_bytes"))

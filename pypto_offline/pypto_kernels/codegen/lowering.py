@@ -1,5 +1,5 @@
 """The one table of lowerings, merged from each op kind's (``movement``, ``elementwise``,
-``reduction``, ``matmul``), and the dispatch through it. An op in two kinds' tables is refused at
+``reduction``, ``matmul``, ``convolution``), and the dispatch through it. An op in two kinds' tables is refused at
 import: which lowering runs must not depend on the order of the merge."""
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from typing import Callable, Mapping
 from pypto_offline.fusion.records import RegionOp
 from pypto_offline.fusion.rules import DECOMPOSED
 from pypto_offline.importer.ops import VIEW_ONLY_OPS
-from pypto_offline.pypto_kernels.codegen import elementwise, matmul, movement, reduction
+from pypto_offline.pypto_kernels.codegen import (convolution, elementwise, matmul, movement,
+                                                 reduction)
 from pypto_offline.pypto_kernels.codegen.writer import CannotExpress, Writer
 
 Lowering = Callable[[Writer, RegionOp], None]
@@ -29,6 +30,7 @@ def merged(tables: Mapping[str, Mapping[str, Lowering]]) -> dict[str, Lowering]:
 LOWERINGS: dict[str, Lowering] = merged({
     "movement": movement.LOWERINGS, "elementwise": elementwise.LOWERINGS,
     "reduction": reduction.LOWERINGS, "matmul": matmul.LOWERINGS,
+    "convolution": convolution.LOWERINGS,
 })
 
 

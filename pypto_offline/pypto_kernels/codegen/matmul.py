@@ -56,7 +56,7 @@ def _matmul(w: Writer, op: RegionOp) -> None:
     w.assign(out, f"pypto.matmul({a}, {b}, {pypto_dtype(w.dtype(out))}{extra})", shapes[2])
 
 
-def _pointwise_conv(w: Writer, op: RegionOp) -> None:
+def pointwise_conv(w: Writer, op: RegionOp) -> None:
     """A 1x1 convolution of one image as ``W[Cout, Cin] @ x[Cin, H*W]`` plus the bias as a
     ``[Cout, 1]`` column (``importer/canonical.py`` admits no other)."""
     image, weights, out = op.inputs[0], op.inputs[1], op.outputs[0]
@@ -205,5 +205,5 @@ def _hold_slice(w: Writer, tensor: str, argument: str, indexes, batch) -> None:
 
 
 LOWERINGS: dict[str, Callable[[Writer, RegionOp], None]] = {
-    "MatMul": _matmul, "Gemm": _matmul, "Conv": _pointwise_conv,
+    "MatMul": _matmul, "Gemm": _matmul,
 }

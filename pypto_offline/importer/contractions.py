@@ -1,0 +1,108 @@
+"""Canonical forms of the contractions: MatMul, Gemm and Conv (1x1 as the cube's matmul, or
+depthwise as its taps). Registered with ``canonical.normaliser`` as the other ops' forms are;
+``canonical`` imports this module so that every normaliser is known wherever it is imported."""
+from __future__ import annotations
+
+from typing import Any
+
+from pypto_offline.importer.canonical import (NodeContext, NotCanonical, as_ints, normaliser,
+                                              window_pads)
+
+MATMUL_FORM = "the kernel generator takes a MatMul of matrices with equal batch axes"
+
+
+# PyPTO 0.2.0's cube takes an ND operand whose inner (last) axis is below 65535 ("inner axis must
+# be less than 65535", CheckOperandShapeBound; docs/pypto-ops.md, "MatMul"). Past it, a 1x1
+# Conv on a 320x320 image (x[16, 102400], ppocrv4_det) recorded and then failed PyPTO's parser
+# (F21004, FFFFFF): such a contraction stays a boundary, with this reason.
+CUBE_INNER_AXIS_LIMIT = 65535
+
+
+def _within_cube_bound(form: str, inner_axes: dict[str, int]) -> None:
+    for operand, extent in inner_axes.items():
+        if extent >= CUBE_INNER_AXIS_LIMIT:
+            raise NotCanonical(f"{form} ({operand}'s inner axis of {extent} is not below "
+                               f"PyPTO's cube limit of {CUBE_INNER_AXIS_LIMIT})")
+
+
+@normaliser("MatMul")
+def _matmul(ctx: NodeContext) -> dict[str, Any]:
+    """Canonical: both operands of rank 2 or more, and the right one 2-D (a weight) or with the
+    left one's batch axes. A 1-D operand or batch axes that broadcast stay a boundary."""
+    left, right = ctx.in_shape(0), ctx.in_shape(1)
+    if len(left) < 2 or len(right) < 2:
+        raise NotCanonical(f"{MATMUL_FORM} (a 1-D operand)")
+    if len(right) > 2 and tuple(left[:-2]) != tuple(right[:-2]):
+        raise NotCanonical(f"{MATMUL_FORM} (batch axes {list(left[:-2])} and "
+                           f"{list(right[:-2])} broadcast)")
+    _within_cube_bound(MATMUL_FORM, {"the left operand": left[-1], "the right operand": right[-1]})
+    return {}
+
+
+GEMM_FORM = "the kernel generator takes a Gemm A @ B(^T) + C with a per-column C"
+
+
+@normaliser("Gemm")
+def _gemm(ctx: NodeContext) -> dict[str, Any]:
+    """Canonical: ``A @ B + C`` or ``A @ B^T + C`` (PyPTO's ``b_trans``), alpha and beta 1, C
+    absent or one value per column (the cube adds it, docs/pypto-ops.md "MatMul"). Parameter:
+    ``transB``, ONNX's own name, so the compiled graph writes the Gemm back as it is."""
+    n = ctx.in_shape(1)[0 if ctx.attr("transB", 0) else 1]
+    bias = ctx.in_shape(2) if len(ctx.node.input) > 2 and ctx.node.input[2] else None
+    if ctx.attr("transA", 0) or ctx.attr("alpha", 1.0) != 1.0 or ctx.attr("beta", 1.0) != 1.0:
+        raise NotCanonical(f"{GEMM_FORM} (transA, alpha or beta)")
+    if bias is not None and (len(bias) not in (1, 2) or bias[-1] != n
+                             or any(d != 1 for d in bias[:-1])):
+        raise NotCanonical(f"{GEMM_FORM} (C of shape {list(bias)})")
+    _within_cube_bound(GEMM_FORM, {"A": ctx.in_shape(0)[-1], "B": ctx.in_shape(1)[-1]})
+    return {"transB": int(ctx.attr("transB", 0))}
+
+
+CONV_FORM = ("the kernel generator takes a convolution of one image: a 1x1 one as a matmul, or "
+             "a depthwise one (a group per channel) as its taps")
+# A depthwise window the kernel writes as its taps (codegen/convolution.py): MobileNet's and
+# PP-LCNet's 3x3 and 5x5, strided and dilated by 2 at most
+DEPTHWISE_LIMITS = {"kernel_shape": 5, "strides": 2, "dilations": 2}
+
+
+@normaliser("Conv")
+def _conv(ctx: NodeContext) -> dict[str, Any]:
+    """Canonical: a convolution of one 2-D image, either 1x1 with unit strides and dilations,
+    no padding and one group (``W[Cout, Cin] @ x[Cin, H*W]``, a matmul: no parameters), or
+    depthwise (a group per input channel, one filter each) with a small window, its strides,
+    dilations, group and explicit pads (``auto_pad`` resolved). PyPTO 0.2.0's own conv is not
+    usable (docs/pypto-ops.md, "Depthwise convolution"): any other stays a boundary."""
+    image, weights = ctx.in_shape(0), ctx.in_shape(1)
+    for name in ctx.node.input[2:]:
+        if name:
+            ctx.shape(name)
+    if len(image) != 4 or image[0] != 1:
+        raise NotCanonical(f"{CONV_FORM} (input {list(image)})")
+    window = {"kernel_shape": tuple(as_ints(ctx.attr("kernel_shape", weights[2:]))),
+              "strides": tuple(as_ints(ctx.attr("strides", [1, 1]))),
+              "dilations": tuple(as_ints(ctx.attr("dilations", [1, 1])))}
+    group = int(ctx.attr("group", 1))
+    if group > 1:
+        return _depthwise_conv(ctx, image, weights, window, group)
+    if any(d != 1 for values in window.values() for d in values) or any(ctx.attr("pads", [0])):
+        raise NotCanonical(f"{CONV_FORM} ({', '.join(f'{k} {list(v)}' for k, v in window.items())}"
+                           f", group {group})")
+    _within_cube_bound(CONV_FORM, {"the weight": weights[1], "the image": image[2] * image[3]})
+    return {}
+
+
+def _depthwise_conv(ctx: NodeContext, image, weights, window: dict, group: int) -> dict:
+    if group != image[1] or weights[0] != image[1] or weights[1] != 1:
+        raise NotCanonical(f"{CONV_FORM} (group {group} of {image[1]} channels, weights "
+                           f"{list(weights)}: grouped, not depthwise)")
+    for name, limit in DEPTHWISE_LIMITS.items():
+        if max(window[name]) > limit:
+            raise NotCanonical(f"{CONV_FORM} (depthwise {name} {list(window[name])}: at most "
+                               f"{limit})")
+    reach = tuple((k - 1) * d + 1 for k, d in zip(window["kernel_shape"], window["dilations"]))
+    pads = window_pads(ctx, image[2:], reach, window["strides"])
+    out = ctx.shape(ctx.node.output[0])[2:]
+    if tuple(out) != tuple((size + begin + end - r) // s + 1 for size, begin, end, r, s in
+                           zip(image[2:], pads[:2], pads[2:], reach, window["strides"])):
+        raise NotCanonical(f"{CONV_FORM} (output {list(out)} does not follow its window)")
+    return {**window, "pads": pads, "group": group}
