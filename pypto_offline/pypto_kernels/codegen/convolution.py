@@ -1,5 +1,5 @@
 """The depthwise convolution: each output channel a weighted sum of a small window of its own
-input channel (``importer/canonical._conv``; a 1x1 convolution is a matmul, ``matmul.py``).
+input channel (``importer/contractions._conv``; a 1x1 convolution is a matmul, ``matmul.py``).
 
 PyPTO 0.2.0 has no usable conv and no strided view (docs/pypto-ops.md, "Depthwise convolution").
 The kernel writes the sum over the window's taps: the input padded once with zeros (``pad``
