@@ -286,12 +286,12 @@ def test_a_concat_runs_under_its_own_tile_after_its_inputs_are_reshaped():
 
 def test_the_biggest_distinct_work_is_compiled_first_and_repeats_last():
     b = GraphBuilder()
-    # 3x3 convolutions: boundaries (a 1x1 one would join its region as a matmul)
-    weights = lambda cout: b.const(np.ones((cout, 8, 3, 3), dtype=np.float32))  # noqa: E731
+    # 7x7 convolutions: boundaries (a smaller one would join its region as its root)
+    weights = lambda cout: b.const(np.ones((cout, 8, 7, 7), dtype=np.float32))  # noqa: E731
     first = b.op("Neg", [b.op("Relu", [b.input("x", [1, 8, 16, 16])])])
-    same = b.op("Neg", [b.op("Relu", [b.op("Conv", [first, weights(8)], pads=[1, 1, 1, 1])])])
+    same = b.op("Neg", [b.op("Relu", [b.op("Conv", [first, weights(8)], pads=[3, 3, 3, 3])])])
     bigger = b.op("Neg", [b.op("Relu", [b.op("Conv", [same, weights(32)],
-                                                 pads=[1, 1, 1, 1])])])  # 4x the bytes
+                                                 pads=[3, 3, 3, 3])])])  # 4x the bytes
     graph, plan = fuse(b.model(bigger))
     assert [len(r.simplified) for r in plan.regions] == [2, 2, 2]
     by_id = {r.id: i for i, r in enumerate(plan.regions)}

@@ -9,6 +9,7 @@ overhead are mostly estimates (see targets/).
 """
 from __future__ import annotations
 
+from math import prod
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -87,8 +88,8 @@ def cube_reread_bytes(ops: Sequence[RegionOp], tensor_types) -> int:
         (left, left_dtype), (right, right_dtype) = (tensor_types[t] for t in op.inputs[:2])
         out = list(tensor_types[op.outputs[0]][0])
         left_bytes, right_bytes = bytes_of((), left_dtype), bytes_of((), right_dtype)
-        if op.op_type == "Conv":  # W[Cout, Cin] @ x[Cin, H*W] (codegen.matmul.pointwise_conv)
-            (m, n), k, slices = matmul_extents("Conv", out, 2), left[1], 1
+        if op.op_type == "Conv":  # W[Cout, Cin·kh·kw] @ columns[Cin·kh·kw, Ho·Wo] (codegen)
+            (m, n), k, slices = matmul_extents("Conv", out, 2), left[1] * prod(right[2:]), 1
             left_bytes, right_bytes = right_bytes, left_bytes
         elif len(right) == 2:  # the left operand's leading axes fold into M
             (m, n), k, slices = matmul_extents(op.op_type, out, 2), left[-1], 1

@@ -35,7 +35,7 @@ import numpy as np
 from pypto_offline.fusion.records import RegionOp
 from pypto_offline.importer.ops import (BROADCAST, ELEMENTWISE, OPS, PER_ROW_PARAMETER_OPS,
                                         POINTWISE_OPS, REDUCTION, ROW_RESULT_OPS, VIEW,
-                                        is_pointwise_conv, kind_of)
+                                        is_cube_conv, kind_of)
 
 FULL, ROW, COLUMN, SCALAR, EXPANDED = "full", "row", "column", "scalar", "expanded"
 
@@ -111,7 +111,7 @@ def conv_rows(ops: Sequence[RegionOp], shapes: Mapping[str, Sequence[int]]
     in 17.7 us (docs/pypto-ops.md, "MatMul"). Any tile fits: nothing reduces a row. None when
     the region holds no convolution, or an op that moves elements across its rows (a Split of
     the channels, a Concat)."""
-    convs = [op for op in ops if is_pointwise_conv(op.op_type, op.params)]
+    convs = [op for op in ops if is_cube_conv(op.op_type, op.params)]
     if len(convs) != 1 or has_reduction(ops):
         return None
     out = tuple(shapes[convs[0].outputs[0]])
@@ -162,7 +162,7 @@ def channel_rows(ops: Sequence[RegionOp], shapes: Mapping[str, Sequence[int]]
 def _channel_gate(op: RegionOp, shapes) -> bool:
     """A 1x1 convolution of a pooled image (1x1 pixels): a squeeze-and-excite branch's, whose
     product is one value per channel."""
-    return is_pointwise_conv(op.op_type, op.params) and prod(shapes[op.outputs[0]][2:]) == 1
+    return is_cube_conv(op.op_type, op.params) and prod(shapes[op.outputs[0]][2:]) == 1
 
 
 def _rows_and_columns(ops, shapes) -> tuple[int, int]:

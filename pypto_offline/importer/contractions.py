@@ -58,20 +58,25 @@ def _gemm(ctx: NodeContext) -> dict[str, Any]:
     return {"transB": int(ctx.attr("transB", 0))}
 
 
-CONV_FORM = ("the kernel generator takes a convolution of one image: a 1x1 one as a matmul, or "
-             "a depthwise one (a group per channel) as its taps")
-# A depthwise window the kernel writes as its taps (codegen/convolution.py): MobileNet's and
-# PP-LCNet's 3x3 and 5x5, strided and dilated by 2 at most
-DEPTHWISE_LIMITS = {"kernel_shape": 5, "strides": 2, "dilations": 2}
+CONV_FORM = ("the kernel generator takes a convolution of one image: a depthwise one (a group "
+             "per channel) as its taps, any other as a matmul of its weights and its taps' "
+             "columns")
+# The window the kernel writes as its taps (codegen/convolution.py): MobileNet's and PP-LCNet's
+# 3x3 and 5x5, strided and dilated by 2 at most
+WINDOW_LIMITS = {"kernel_shape": 5, "strides": 2, "dilations": 2}
+# A grouped convolution that is not depthwise is one matmul of block-diagonal weights (zeros
+# beside each group's block, codegen/convolution.py): the cube does ``groups`` times the work
+MAX_GROUPS = 8
 
 
 @normaliser("Conv")
 def _conv(ctx: NodeContext) -> dict[str, Any]:
-    """Canonical: a convolution of one 2-D image, either 1x1 with unit strides and dilations,
-    no padding and one group (``W[Cout, Cin] @ x[Cin, H*W]``, a matmul: no parameters), or
-    depthwise (a group per input channel, one filter each) with a small window, its strides,
-    dilations, group and explicit pads (``auto_pad`` resolved). PyPTO 0.2.0's own conv is not
-    usable (docs/pypto-ops.md, "Depthwise convolution"): any other stays a boundary."""
+    """Canonical: a convolution of one 2-D image, of one group or depthwise (a group per input
+    channel, one filter each), with a small window. A 1x1 one of one group with unit strides
+    and dilations and no padding has no parameters (``W[Cout, Cin] @ x[Cin, H*W]``); any other
+    has its window, strides, dilations, group and explicit pads (``auto_pad`` resolved).
+    PyPTO 0.2.0's own conv is not usable (docs/pypto-ops.md, "Depthwise convolution"): a
+    grouped convolution that is not depthwise stays a boundary."""
     image, weights = ctx.in_shape(0), ctx.in_shape(1)
     for name in ctx.node.input[2:]:
         if name:
@@ -82,27 +87,24 @@ def _conv(ctx: NodeContext) -> dict[str, Any]:
               "strides": tuple(as_ints(ctx.attr("strides", [1, 1]))),
               "dilations": tuple(as_ints(ctx.attr("dilations", [1, 1])))}
     group = int(ctx.attr("group", 1))
-    if group > 1:
-        return _depthwise_conv(ctx, image, weights, window, group)
-    if any(d != 1 for values in window.values() for d in values) or any(ctx.attr("pads", [0])):
-        raise NotCanonical(f"{CONV_FORM} ({', '.join(f'{k} {list(v)}' for k, v in window.items())}"
-                           f", group {group})")
-    _within_cube_bound(CONV_FORM, {"the weight": weights[1], "the image": image[2] * image[3]})
-    return {}
-
-
-def _depthwise_conv(ctx: NodeContext, image, weights, window: dict, group: int) -> dict:
-    if group != image[1] or weights[0] != image[1] or weights[1] != 1:
-        raise NotCanonical(f"{CONV_FORM} (group {group} of {image[1]} channels, weights "
-                           f"{list(weights)}: grouped, not depthwise)")
-    for name, limit in DEPTHWISE_LIMITS.items():
-        if max(window[name]) > limit:
-            raise NotCanonical(f"{CONV_FORM} (depthwise {name} {list(window[name])}: at most "
-                               f"{limit})")
     reach = tuple((k - 1) * d + 1 for k, d in zip(window["kernel_shape"], window["dilations"]))
     pads = window_pads(ctx, image[2:], reach, window["strides"])
+    if group == 1 and not any(pads) and all(d == 1 for v in window.values() for d in v):
+        _within_cube_bound(CONV_FORM, {"the weight": weights[1], "the image": image[2] * image[3]})
+        return {}
+    depthwise = group == image[1] == weights[0] and weights[1] == 1
+    if group > 1 and not depthwise and group > MAX_GROUPS:
+        raise NotCanonical(f"{CONV_FORM} ({group} groups of {image[1]} channels, not "
+                           f"depthwise: at most {MAX_GROUPS})")
+    for name, limit in WINDOW_LIMITS.items():
+        if max(window[name]) > limit:
+            raise NotCanonical(f"{CONV_FORM} ({name} {list(window[name])}: at most {limit})")
     out = ctx.shape(ctx.node.output[0])[2:]
     if tuple(out) != tuple((size + begin + end - r) // s + 1 for size, begin, end, r, s in
                            zip(image[2:], pads[:2], pads[2:], reach, window["strides"])):
         raise NotCanonical(f"{CONV_FORM} (output {list(out)} does not follow its window)")
-    return {**window, "pads": pads, "group": group}
+    if not depthwise:
+        _within_cube_bound(CONV_FORM, {"the weight": image[1] * weights[2] * weights[3],
+                                       "the columns": out[0] * out[1]})
+    # not an ONNX attribute: which lowering takes it (ops.is_depthwise_conv; encoding drops it)
+    return {**window, "pads": pads, "group": group, "depthwise": int(depthwise)}

@@ -139,9 +139,15 @@ def _group_normalization(p, inputs, opset, const):
 
 def _window(p, inputs, opset, const):
     """The window, strides and explicit pads (``auto_pad`` and ``ceil_mode`` resolved) of a
-    pooling or a depthwise Conv (with its dilations and group); a 1x1 Conv has none."""
+    pooling."""
     return inputs, {name: list(value) if isinstance(value, tuple) else value
                     for name, value in p.items()}
+
+
+def _conv(p, inputs, opset, const):
+    """A Conv's window, strides, dilations, group and pads; ``depthwise`` is the canonical
+    form's own note (importer/contractions.py), not an attribute."""
+    return _window({k: v for k, v in p.items() if k != "depthwise"}, inputs, opset, const)
 
 
 def _no_attributes(p, inputs, opset, const):
@@ -180,7 +186,7 @@ ENCODERS: Mapping[str, Callable] = MappingProxyType({
     "Squeeze": _axes, "Unsqueeze": _axes, "Reshape": _reshape, "Gather": _gather, "Clip": _clip,
     "Softmax": _softmax, "LogSoftmax": _softmax, "LayerNormalization": _layer_normalization,
     "InstanceNormalization": _instance_normalization, "GroupNormalization": _group_normalization,
-    **{op: _reduce(op) for op in REDUCE_OPS}, **{op: _window for op in POOL_OPS}, "Conv": _window,
+    **{op: _reduce(op) for op in REDUCE_OPS}, **{op: _window for op in POOL_OPS}, "Conv": _conv,
     **{op: _no_attributes for op in GLOBAL_POOL_OPS}, "BatchNormalization": _never_canonical,
     **{op: same_in_every_opset for op in _ATTRIBUTE_OPS.split()},
 })

@@ -208,14 +208,16 @@ def in_scope(op_type: str, domain: str = "") -> bool:
 
 
 def is_depthwise_conv(op_type: str, params) -> bool:
-    """A canonical Conv with parameters is depthwise (importer/canonical._conv); a 1x1 one, a
-    matmul, has none."""
-    return op_type == "Conv" and bool(params)
+    """A canonical Conv of a group per channel, one filter each (importer/contractions._conv,
+    which records ``depthwise``): a window op."""
+    return op_type == "Conv" and bool(params) and bool(params.get("depthwise"))
 
 
-def is_pointwise_conv(op_type: str, params) -> bool:
-    """A canonical 1x1 Conv: the cube's ``W[Cout, Cin] @ x[Cin, H*W]``."""
-    return op_type == "Conv" and not params
+def is_cube_conv(op_type: str, params) -> bool:
+    """A canonical Conv the cube computes as ``W[Cout, Cin·kh·kw] @ columns[Cin·kh·kw, Ho·Wo]``:
+    a 1x1 one (no parameters: the columns are the image), or any other that is not depthwise
+    (a grouped one with block-diagonal weights)."""
+    return op_type == "Conv" and not is_depthwise_conv(op_type, params)
 
 
 def kind_of(op_type: str, params=None) -> str | None:

@@ -11,20 +11,99 @@ per-channel row. Everything after it (the activation, a squeeze-and-excite gate,
 the region's epilogue, written by the other lowerings."""
 from __future__ import annotations
 
+from math import prod
 from typing import Callable, Mapping
 
 from pypto_offline.fusion.records import RegionOp
 from pypto_offline.importer.ops import is_depthwise_conv
-from pypto_offline.pypto_kernels.codegen.matmul import pointwise_conv
+from pypto_offline.pypto_kernels.codegen.matmul import conv_product, pointwise_conv
 from pypto_offline.pypto_kernels.codegen.writer import Writer, full, let
 
 
 def _conv(w: Writer, op: RegionOp) -> None:
-    """A depthwise convolution here, a 1x1 one as the cube's matmul."""
+    """A depthwise convolution as its taps, a 1x1 one as the cube's matmul of the image, any
+    other as the cube's matmul of its taps' columns."""
     if is_depthwise_conv(op.op_type, op.params):
         depthwise_conv(w, op)
+    elif op.params:
+        conv_product(w, op, lambda: _block_diagonal(w, op), lambda: _tap_columns(w, op),
+                     _depth(w, op))
     else:
         pointwise_conv(w, op)
+
+
+def _depth(w: Writer, op: RegionOp) -> int:
+    """The contraction's depth: every input channel at every tap of the window."""
+    _, _, kh, kw = w.shape(op.inputs[1])
+    return w.shape(op.inputs[0])[1] * kh * kw
+
+
+def _block_diagonal(w: Writer, op: RegionOp) -> str:
+    """The weights ``[Cout, Cin/groups, kh, kw]`` as ``[Cout, Cin·kh·kw]``: as they are for one
+    group; for several, each group's filters beside zeros for the other groups' channels, so
+    one matmul of every tap's columns computes every group (``groups`` times the work)."""
+    weights, groups = op.inputs[1], op.params["group"]
+    filters, per_group = w.shape(weights)[0], prod(w.shape(weights)[1:])
+    dtype = w.dtype(weights)
+    if groups == 1:
+        return w.value(weights, [filters, per_group])
+    flat, rows = w.value(weights, [filters, per_group]), filters // groups
+    blocks = []
+    for group in range(groups):
+        w.tile([rows, per_group], dtype)
+        block = let(w, f"pypto.view({flat}, [{rows}, {per_group}], [{group * rows}, 0])")
+        before, after = group * per_group, (groups - 1 - group) * per_group
+        parts = ([full(w, [rows, before], 0.0, dtype)] if before else []) + [block] + \
+            ([full(w, [rows, after], 0.0, dtype)] if after else [])
+        w.tile([rows, groups * per_group], dtype, whole_axes=(1,))
+        blocks.append(let(w, f"pypto.concat([{', '.join(parts)}], 1)"))
+    w.tile([filters, groups * per_group], dtype, whole_axes=(0,))
+    return let(w, f"pypto.concat([{', '.join(blocks)}], 0)")
+
+
+def _tap_columns(w: Writer, op: RegionOp) -> str:
+    """The image's columns as the cube multiplies them (implicit GEMM, written out): row
+    ``c * kh * kw + tap`` holds input channel ``c`` as tap ``tap`` reads it at each output pixel,
+    the order of the weights' ``[Cout, Cin, kh, kw]``, so they are the left operand as they
+    are. Each tap is the padded image's view at the tap's offset, strided, laid out as
+    ``[Cin, 1, Ho*Wo]``; the taps are concatenated on that middle axis."""
+    image, out = op.inputs[0], op.outputs[0]
+    p = op.params
+    (kh, kw), (dh, dw) = p["kernel_shape"], p["dilations"]
+    _, _, out_h, out_w = w.shape(out)
+    channels = w.shape(image)[1]
+    dtype = w.dtype(out)
+    padded = _padded(w, image, p["pads"], dtype)
+    pixels = out_h * out_w
+    taps = []
+    for row in range(kh):
+        for column in range(kw):
+            tap = _strided_view(w, padded, [1, channels, out_h, out_w], (row * dh, column * dw),
+                                p["strides"], dtype)
+            w.tile([1, channels, out_h, out_w], dtype)
+            tap = let(w, f"pypto.clone({tap})")  # a reshaped view moves element by element
+            w.tile([channels, 1, pixels], dtype)
+            taps.append(let(w, f"pypto.reshape({tap}, [{channels}, 1, {pixels}])"))
+    w.tile([channels, kh * kw, pixels], dtype, whole_axes=(1,))
+    stacked = let(w, f"pypto.concat([{', '.join(taps)}], 1)")
+    w.tile([channels * kh * kw, pixels], dtype)
+    return let(w, f"pypto.reshape({stacked}, [{channels * kh * kw}, {pixels}])")
+
+
+def _strided_view(w: Writer, padded: str, shape, offsets, strides, dtype: int) -> str:
+    """The padded image's window at ``offsets`` that a tap reads at every output pixel: a view
+    of the rows and columns it spans, then every stride-th of them (``index_select``)."""
+    span = [1, shape[1]] + [(extent - 1) * stride + 1
+                            for extent, stride in zip(shape[2:], strides)]
+    w.tile(span, dtype)
+    value = let(w, f"pypto.view({padded}, {span}, [0, 0, {offsets[0]}, {offsets[1]}])")
+    for axis, stride in ((2, strides[0]), (3, strides[1])):
+        if stride > 1 and shape[axis] > 1:
+            span[axis] = shape[axis]
+            w.tile(span, dtype)
+            value = let(w, f"pypto.index_select({value}, {axis}, "
+                           f"pypto.arange(0, {(shape[axis] - 1) * stride + 1}, {stride}))")
+    return value
 
 
 def depthwise_conv(w: Writer, op: RegionOp) -> None:

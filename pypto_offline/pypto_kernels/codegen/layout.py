@@ -14,7 +14,7 @@ import numpy as np
 from pypto_offline.fusion.classify import FLOAT_DTYPES, kernel_dtype
 from pypto_offline.fusion.records import Region, RegionOp
 from pypto_offline.fusion.rows import NotRows, RowLayout, conv_rows, row_layout
-from pypto_offline.importer.ops import OPS, POINTWISE_OPS, is_pointwise_conv
+from pypto_offline.importer.ops import OPS, POINTWISE_OPS, is_cube_conv
 from pypto_offline.pypto_kernels.folding import fold_broadcast, right_aligned
 from pypto_offline.pypto_kernels.tiling import BLOCK_BYTES, TilePolicy
 from pypto_offline.pypto_kernels.codegen.writer import (MAX_RANK, CannotExpress, Writer,
@@ -51,7 +51,7 @@ def conv_rows_of(region: Region, policy: TilePolicy) -> RowLayout | None:
     if rows is None:
         return None
     product = next(op.outputs[0] for op in region.simplified
-                   if is_pointwise_conv(op.op_type, op.params))
+                   if is_cube_conv(op.op_type, op.params))
     if rows.columns * itemsize_of(region.tensor_types[product][1]) > policy.budget_bytes:
         return replace(rows, split_columns=True)
     return rows

@@ -57,14 +57,25 @@ def _matmul(w: Writer, op: RegionOp) -> None:
 
 
 def pointwise_conv(w: Writer, op: RegionOp) -> None:
-    """A 1x1 convolution of one image as ``W[Cout, Cin] @ x[Cin, H*W]`` plus the bias as a
-    ``[Cout, 1]`` column (``importer/canonical.py`` admits no other)."""
-    image, weights, out = op.inputs[0], op.inputs[1], op.outputs[0]
+    """A 1x1 convolution of one image as ``W[Cout, Cin] @ x[Cin, H*W]``."""
+    image, weights = op.inputs[:2]
     channels = w.shape(image)[1]
+    filters, pixels = matmul_extents("Conv", list(w.shape(op.outputs[0])), 2)
+    conv_product(w, op, lambda: w.value(weights, [filters, channels]),
+                 lambda: w.value(image, [channels, pixels]), channels)
+
+
+def conv_product(w: Writer, op: RegionOp, weights: Callable[[], str],
+                 columns: Callable[[], str], depth: int) -> None:
+    """A convolution's output as ``weights[Cout, depth] @ columns[depth, Ho*Wo]`` plus the bias
+    as a ``[Cout, 1]`` column: the weights and the image as they are for a 1x1 one, the taps'
+    columns (and block-diagonal weights when grouped) for any other (``convolution.py``)."""
+    image, out = op.inputs[0], op.outputs[0]
     filters, pixels = matmul_extents("Conv", list(w.shape(out)), 2)
     shape = [filters, pixels]
-    a, b = w.value(weights, [filters, channels]), w.value(image, [channels, pixels])
-    m_tiles, k_tiles, n_tiles = cube_tiles(filters, channels, pixels,
+    a = weights()
+    b = columns()
+    m_tiles, k_tiles, n_tiles = cube_tiles(filters, depth, pixels,
                                            itemsize_of(w.dtype(image)), w.policy.budget_bytes)
     w.emit(f"pypto.set_cube_tile_shapes({m_tiles}, {k_tiles}, {n_tiles})")
     w.product_rows, w.cube_rows = filters, m_tiles[0]

@@ -15,7 +15,7 @@ import onnx
 from pypto_offline.fusion.classify import BYTE_INTEGERS, kernel_dtype
 from pypto_offline.fusion.records import Region
 from pypto_offline.fusion.rows import RowLayout
-from pypto_offline.importer.ops import is_pointwise_conv
+from pypto_offline.importer.ops import is_cube_conv
 from pypto_offline.pypto_kernels.activations import literal as float_literal
 from pypto_offline.pypto_kernels.tiling import TilePolicy
 
@@ -49,7 +49,7 @@ def is_scalar_constant(tensor: str, constants: Mapping[str, np.ndarray]) -> bool
 
 def has_convolution(region: Region) -> bool:
     """Whether the region holds a 1x1 convolution (the cube's; not a depthwise one)."""
-    return any(is_pointwise_conv(op.op_type, op.params) for op in region.simplified)
+    return any(is_cube_conv(op.op_type, op.params) for op in region.simplified)
 
 
 @dataclass

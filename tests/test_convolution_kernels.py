@@ -1,0 +1,95 @@
+"""Issue 37's convolutions inside kernels (importer/contractions.py,
+pypto_kernels/codegen/convolution.py): a depthwise KxK Conv (stride and dilation up to 2, any
+padding) is a window op the kernel writes as its taps; any other KxK Conv (one group, or a few
+with block-diagonal weights) is a matmul root the cube computes from its taps' columns. Each
+fuses its epilogue, compiles with the real PyPTO 0.2.0 and passes its check against
+onnxruntime. A convolution no lowering takes (a 7x7 window, more than 8 groups that are not
+depthwise) stays a boundary with its reason. Small shapes: a few seconds of compile each."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+
+from pypto_offline.importer.ops import MATMUL, WINDOW, kind_of
+from pypto_offline.pypto_kernels import compile_kernels
+from pypto_offline.runtime import generate_inputs, max_abs_diff, run_model
+from pypto_offline.targets import TARGETS
+from tests.fusion_helpers import fuse
+from tests.onnx_builders import GraphBuilder
+
+RNG = np.random.default_rng(37)
+
+
+def _conv(channels=8, size=16, kernel=3, stride=1, dilation=1, activation="HardSwish",
+          dtype=np.float32, bias=True, groups=None, filters=None):
+    """A Conv of ``groups`` groups (default: depthwise, one per channel) and its activation."""
+    groups = groups or channels
+    filters = filters or channels
+    b = GraphBuilder()
+    elem = onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    x = b.input("x", [1, channels, size, size], elem)
+    shape = (filters, channels // groups, kernel, kernel)
+    inputs = [x, b.const(RNG.standard_normal(shape) * 0.3, dtype)]
+    if bias:
+        inputs.append(b.const(RNG.standard_normal(filters) * 0.3, dtype))
+    pad = dilation * (kernel - 1) // 2
+    conv = b.op("Conv", inputs, group=groups, kernel_shape=[kernel, kernel],
+                strides=[stride, stride], dilations=[dilation, dilation], pads=[pad] * 4)
+    return b.model(b.op(activation, [conv]) if activation else conv)
+
+
+DEPTHWISE = {
+    "depthwise 3x3 s1, bias, HardSwish": dict(),
+    "depthwise 3x3 s2, bias, Relu": dict(stride=2, activation="Relu"),
+    "depthwise 3x3 dilation 2, HardSwish": dict(dilation=2, bias=False),
+    "depthwise 5x5 s1, bias, Relu": dict(kernel=5, activation="Relu"),
+    "depthwise 3x3 s1, bias, Relu, fp16": dict(activation="Relu", dtype=np.float16),
+    "depthwise 3x3 s2 on an odd image, HardSwish, fp16": dict(stride=2, size=15,
+                                                              dtype=np.float16),
+}
+ON_THE_CUBE = {
+    "3x3 16->32, bias, Relu": dict(groups=1, channels=16, filters=32, activation="Relu"),
+    "3x3 16->32, bias, Relu, fp16": dict(groups=1, channels=16, filters=32, activation="Relu",
+                                         dtype=np.float16),
+    "3x3 s2 8->16, HardSwish": dict(groups=1, filters=16, stride=2, bias=False),
+    "3x3 in 4 groups 16->32, bias, Relu": dict(groups=4, channels=16, filters=32,
+                                               activation="Relu"),
+}
+CASES = {**DEPTHWISE, **ON_THE_CUBE}
+
+
+def test_a_convolution_is_a_window_op_or_a_matmul_root_fused_with_its_activation():
+    for name, case in CASES.items():
+        graph, plan = fuse(_conv(**case))
+        (region,) = plan.regions
+        assert [op.op_type for op in region.original] == ["Conv", case.get("activation",
+                                                                             "HardSwish")], name
+        (conv,) = [node for node in graph.nodes if node.op_type == "Conv"]
+        assert kind_of(conv.op_type, conv.params) == (WINDOW if name in DEPTHWISE else MATMUL)
+        assert plan.totals.kernels_after == 1 and not plan.unfused, name
+
+
+@pytest.mark.parametrize("case, reason", [
+    (dict(kernel=7), "kernel_shape [7, 7]: at most 5"),
+    (dict(groups=16, channels=32), "16 groups of 32 channels, not depthwise: at most 8")])
+def test_a_convolution_no_lowering_takes_stays_a_boundary_with_its_reason(case, reason):
+    graph, plan = fuse(_conv(**case))
+    (conv,) = [u for u in plan.unfused if u.op_type == "Conv"]
+    assert reason in conv.reason, conv.reason
+
+
+@pytest.mark.pypto
+@pytest.mark.parametrize("name", list(CASES))
+def test_a_convolution_and_its_epilogue_compile_to_one_kernel_that_checks(name, tmp_path):
+    model = _conv(**CASES[name])
+    graph, plan = fuse(model)
+    (kernel,) = compile_kernels(graph, plan, TARGETS["kirin9050"], cache_dir=tmp_path,
+                                search=False)
+    assert kernel.compiled and kernel.functional_ok, (name, kernel.fallback_reason)
+    assert kernel.tuned_tile.ub_bytes <= TARGETS["kirin9050"].ub_plan_bytes.value
+    # the compiled graph (the region as its ONNX function) computes what the model does
+    feeds = generate_inputs(model, seed=1)
+    expected, actual = run_model(model, feeds), run_model(plan.compiled_model, feeds)
+    for output, want in expected.items():
+        assert max_abs_diff(want, actual[output]) <= 1e-3 * max(1.0, np.abs(want).max())
