@@ -14,7 +14,8 @@ from types import MappingProxyType
 from typing import Mapping
 
 from pypto_offline.fusion.classify import VIEW_ONLY_OPS, node_id, node_tensors, why_not_fusable
-from pypto_offline.fusion.cost import fused_cost, node_cost, time_us, total
+from pypto_offline.fusion.cost import (fused_cost, node_cost, time_us, total,
+                                       why_staging_does_not_pay)
 from pypto_offline.fusion.lower import compiled_model
 from pypto_offline.fusion.partition import partition
 from pypto_offline.fusion.program import Program, build_program
@@ -34,7 +35,7 @@ def plan_fusion(graph: ImportedGraph, target: Target,
                 boundaries: Mapping[str, tuple[str, str]] | None = None) -> FusionPlan:
     """``boundaries``: node id -> (category, reason) for nodes kept out of every region beyond
     what classify says (a matmul whose kernel with its epilogue did not compile)."""
-    verdicts = {node_id(n): why_not_fusable(n, graph, target) for n in graph.nodes}
+    verdicts = _verdicts(graph, target)
     verdicts.update(boundaries or {})
     fusable = {nid for nid, verdict in verdicts.items() if verdict is None}
     nodes = {node_id(n): n for n in graph.nodes}
@@ -56,7 +57,7 @@ def without_regions(plan: FusionPlan, graph: ImportedGraph, target: Target,
                     failed: dict[str, tuple[str, str]]) -> FusionPlan:
     """The plan again with some regions fallen back to unfused ops; ``failed`` maps a region id
     to (category, reason), e.g. a kernel that failed its check."""
-    verdicts = {node_id(n): why_not_fusable(n, graph, target) for n in graph.nodes}
+    verdicts = _verdicts(graph, target)
     refused = {nid: failed[r.id] for r in plan.regions if r.id in failed for nid in r.nodes}
     refused.update({u.node: (u.category, u.reason) for u in plan.unfused
                     if verdicts[u.node] is None})
@@ -146,6 +147,18 @@ def _boundary_tensors(members: list[Node], graph: ImportedGraph,
     written = [name for n in members for name in n.outputs if name in graph_outputs
                or any(reader not in inside for reader in readers.get(name, ()))]
     return tuple(dict.fromkeys(read)), tuple(dict.fromkeys(written))
+
+
+def _verdicts(graph: ImportedGraph, target: Target) -> dict[str, tuple[str, str] | None]:
+    """Node id -> why it cannot join a kernel (``classify``), or does not pay to (a convolution
+    whose kernel stages more through GM than fusing saves, ``cost.why_staging_does_not_pay``);
+    None if it may."""
+    verdicts = {}
+    for n in graph.nodes:
+        verdict = why_not_fusable(n, graph, target)
+        staged = why_staging_does_not_pay(n, graph, target) if verdict is None else None
+        verdicts[node_id(n)] = (DOES_NOT_PAY, staged) if staged else verdict
+    return verdicts
 
 
 def _why_it_does_not_pay(region: Region) -> str | None:

@@ -21,7 +21,7 @@ from pypto_offline.importer import ImportedGraph, Node
 from pypto_offline.importer.input_shapes import tensor_bytes as bytes_of
 from pypto_offline.importer.ops import (MATMUL, POINTWISE_OPS, READS_ALL,
                                         READS_WINDOW, VIEW_ONLY_OPS, kind_of, matmul_extents,
-                                        reads_of)
+                                        is_depthwise_conv, reads_of)
 from pypto_offline.targets import ASCEND910B, Target
 
 # The cube of the 910B that PyPTO 0.2.0 compiles for: product tiles accumulate in fp32 in L0C,
@@ -146,6 +146,45 @@ def cube_handoff_bytes(ops: Sequence[RegionOp], tensor_types) -> int:
         if product in readers or vector_bias:
             handoff += 2 * bytes_of(*tensor_types[product])
     return handoff
+
+
+def staging_bytes(op: RegionOp | Node, shapes, itemsize: int) -> int:
+    """GM bytes a convolution's kernel moves beyond its lower bound because PyPTO 0.2.0 takes
+    no view of a tile in UB (docs/pypto-ops.md, "Depthwise convolution"): the padded image
+    written once and read back by each tap's view, and for a convolution on the cube its taps'
+    columns written and read by the cube; the bound reads the image once. 0 for any other op
+    and for a 1x1 convolution (the image is the cube's operand as it is)."""
+    if op.op_type != "Conv" or not op.params:
+        return 0
+    image, out = shapes[op.inputs[0]], shapes[op.outputs[0]]
+    channels, height, width = image[1:]
+    top, left, bottom, right = op.params["pads"]
+    taps = prod(op.params["kernel_shape"])
+    span = prod((extent - 1) * stride + 1 for extent, stride in zip(out[2:],
+                                                                      op.params["strides"]))
+    moved = taps * channels * span
+    if any(op.params["pads"]):
+        moved += channels * (height + top + bottom) * (width + left + right)
+    if not is_depthwise_conv(op.op_type, op.params):
+        moved += 2 * taps * channels * prod(out[2:])
+    return max(moved - prod(image), 0) * itemsize
+
+
+def why_staging_does_not_pay(node: Node, graph: ImportedGraph, target: Target) -> str | None:
+    """Why a convolution stays out of kernels: what its kernel stages through GM
+    (``staging_bytes``) costs more than the most fusing it saves, a launch and its output's
+    round trip to GM (written by it, read by its epilogue). None when it may pay."""
+    shapes = {name: graph.tensors[name].shape for name in (node.inputs[0], node.outputs[0])}
+    staged = staging_bytes(node, shapes, graph.tensors[node.outputs[0]].np_dtype.itemsize)
+    if not staged:
+        return None
+    cost = time_us(0, staged, target)
+    saved = time_us(1, 2 * graph.tensors[node.outputs[0]].nbytes, target)
+    if cost < saved:
+        return None
+    return (f"its kernel would stage {staged} B through GM ({cost:.1f} us: PyPTO 0.2.0 takes "
+            f"no view of a tile in UB), more than the {saved:.1f} us fusing saves (a launch "
+            "and its output's round trip)")
 
 
 def _immediate(name: str, graph: ImportedGraph) -> bool:

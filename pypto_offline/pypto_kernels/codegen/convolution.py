@@ -93,10 +93,22 @@ def _tap_columns(w: Writer, op: RegionOp) -> str:
 def _strided_view(w: Writer, padded: str, shape, offsets, strides, dtype: int) -> str:
     """The padded image's window at ``offsets`` that a tap reads at every output pixel: a view
     of the rows and columns it spans, then every stride-th of them (``index_select``)."""
-    span = [1, shape[1]] + [(extent - 1) * stride + 1
-                            for extent, stride in zip(shape[2:], strides)]
+    span = _stride_one_span(shape, strides)
     w.tile(span, dtype)
     value = let(w, f"pypto.view({padded}, {span}, [0, 0, {offsets[0]}, {offsets[1]}])")
+    return _every_stride(w, value, shape, strides, dtype)
+
+
+def _stride_one_span(shape, strides) -> list[int]:
+    """The rows and columns an NCHW ``shape`` strided by ``strides`` spans at stride 1."""
+    return [*shape[:2], *((extent - 1) * stride + 1 for extent, stride in zip(shape[2:], strides))]
+
+
+def _every_stride(w: Writer, value: str, shape, strides, dtype: int) -> str:
+    """Every stride-th row and column of ``value`` (held in the stride-1 span of ``shape``), by
+    ``index_select``; an axis of one element needs none (a one-index index_select failed
+    PyPTO's check)."""
+    span = _stride_one_span(shape, strides)
     for axis, stride in ((2, strides[0]), (3, strides[1])):
         if stride > 1 and shape[axis] > 1:
             span[axis] = shape[axis]
@@ -110,11 +122,11 @@ def depthwise_conv(w: Writer, op: RegionOp) -> None:
     image, weights, out = op.inputs[0], op.inputs[1], op.outputs[0]
     p = op.params
     (kh, kw), (sh, sw), (dh, dw) = p["kernel_shape"], p["strides"], p["dilations"]
-    _, channels, out_h, out_w = w.shape(out)
+    _, channels, _, out_w = w.shape(out)
     dtype = w.dtype(out)
     padded = _padded(w, image, p["pads"], dtype)
     # the taps' sum at stride 1 over the rows and columns the strided outputs need
-    span = [1, channels, (out_h - 1) * sh + 1, (out_w - 1) * sw + 1]
+    span = _stride_one_span(w.shape(out), (sh, sw))
     w.tile(span, dtype)
     tile = w.current_tile
     total = None
@@ -126,12 +138,8 @@ def depthwise_conv(w: Writer, op: RegionOp) -> None:
             tap = let(w, f"pypto.view({padded}, {span}, [0, 0, {row * dh}, {column * dw}])")
             product = let(w, f"pypto.mul({tap}, {weight})")
             total = product if total is None else let(w, f"pypto.add({total}, {product})")
-    for axis, stride in ((2, sh), (3, sw)):
-        if stride > 1:
-            span[axis] = (out_h, out_w)[axis - 2]
-            w.tile(span, dtype)
-            total = let(w, f"pypto.index_select({total}, {axis}, "
-                           f"pypto.arange(0, {(span[axis] - 1) * stride + 1}, {stride}))")
+    total = _every_stride(w, total, w.shape(out), (sh, sw), dtype)
+    span = list(w.shape(out))
     if len(op.inputs) > 2 and op.inputs[2]:
         w.tile(span, dtype)
         tile = w.current_tile
