@@ -1,6 +1,7 @@
 """Build ``examples/example.onnx``, the small model the README's first command compiles.
 
-A 3x3 Conv (its kernel's root, issue 37) feeds the anchor chain Slice → Pad → Tile → Transpose → Reshape → Add; the
+A 3x3 Conv feeds the anchor chain Slice → Pad → Tile → Transpose → Reshape → Add (in fp32 the Conv is a
+kernel of its own: its kernel would stage more through GM than fusing saves; in fp16 it roots it); the
 Reshape's target comes from a Shape → Gather → Concat subgraph, as exporters write it, so the
 import has something to fold. Synthetic on purpose: it shows the tool working, it backs no claim.
 Run ``python examples/make_example.py`` to rebuild it (deterministic bytes).
