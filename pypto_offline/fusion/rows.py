@@ -103,8 +103,8 @@ def row_layout(ops: Sequence[RegionOp], shapes: Mapping[str, Sequence[int]]) -> 
 
 def conv_rows(ops: Sequence[RegionOp], shapes: Mapping[str, Sequence[int]]
               ) -> RowLayout | None:
-    """The rows of a 1x1 convolution's region: its product is ``[Cout, H*W]`` as the cube
-    writes it (``codegen.matmul.pointwise_conv``), so its elementwise epilogue runs on those
+    """The rows of a convolution's region on the cube: its product is ``[Cout, H*W]`` as the
+    cube writes it (``codegen.matmul.conv_product``), so its elementwise epilogue runs on those
     rows, a per-channel operand as a ``[Cout, 1]`` row, and the product is reshaped once, at the
     output. Reshaped to 4-D first, PyPTO staged it through GM once more: nudenet's 128x128x400
     Conv with bias and SiLU read 1.30 MB and wrote 1.02 MB in 28.1 us, in rows 0.67 and 0.41 MB

@@ -222,8 +222,8 @@ def is_cube_conv(op_type: str, params) -> bool:
 
 def kind_of(op_type: str, params=None) -> str | None:
     """The op's kind; with its canonical ``params``, a depthwise Conv's is a window's: each
-    output element a weighted sum of a small window of its own channel, which a rewrite rule
-    writes as the window's taps (fusion/rules.depthwise_conv_as_taps). Without them, a Conv is
+    output element a weighted sum of a small window of its own channel, which the kernel
+    writes as the window's taps (pypto_kernels/codegen/convolution.py). Without them, a Conv is
     a matmul (what the cube computes, for the precision modes and the baseline)."""
     if is_depthwise_conv(op_type, params):
         return WINDOW
