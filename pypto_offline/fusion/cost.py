@@ -21,7 +21,7 @@ from pypto_offline.importer import ImportedGraph, Node
 from pypto_offline.importer.input_shapes import tensor_bytes as bytes_of
 from pypto_offline.importer.ops import (MATMUL, POINTWISE_OPS, READS_ALL,
                                         READS_WINDOW, VIEW_ONLY_OPS, kind_of, matmul_extents,
-                                        is_depthwise_conv, reads_of)
+                                        is_depthwise_conv, reads_of, stride_one_span)
 from pypto_offline.targets import ASCEND910B, Target
 
 # The cube of the 910B that PyPTO 0.2.0 compiles for: product tiles accumulate in fp32 in L0C,
@@ -148,7 +148,7 @@ def cube_handoff_bytes(ops: Sequence[RegionOp], tensor_types) -> int:
     return handoff
 
 
-def staging_bytes(op: RegionOp | Node, shapes, itemsize: int) -> int:
+def staging_bytes(op: Node, image, out, itemsize: int) -> int:
     """GM bytes a convolution's kernel moves beyond its lower bound because PyPTO 0.2.0 takes
     no view of a tile in UB (docs/pypto-ops.md, "Depthwise convolution"): the padded image
     written by each padding step and read back by the next and by each tap's view, and for a
@@ -158,12 +158,10 @@ def staging_bytes(op: RegionOp | Node, shapes, itemsize: int) -> int:
     and for a 1x1 convolution (the image is the cube's operand as it is)."""
     if op.op_type != "Conv" or not op.params:
         return 0
-    image, out = shapes[op.inputs[0]], shapes[op.outputs[0]]
     channels, height, width = image[1:]
     top, left, bottom, right = op.params["pads"]
     taps = prod(op.params["kernel_shape"])
-    span = prod((extent - 1) * stride + 1 for extent, stride in zip(out[2:],
-                                                                      op.params["strides"]))
+    span = prod(stride_one_span(out, op.params["strides"])[2:])
     moved = taps * channels * span
     # each padding step (pad the bottom and right, a zero strip to the left, one on top:
     # codegen/convolution._padded) writes the padded image, and the next reads it back
@@ -179,12 +177,13 @@ def why_staging_does_not_pay(node: Node, graph: ImportedGraph, target: Target) -
     """Why a convolution stays out of kernels: what its kernel stages through GM
     (``staging_bytes``) costs more than the most fusing it saves, a launch and its output's
     round trip to GM (written by it, read by its epilogue). None when it may pay."""
-    shapes = {name: graph.tensors[name].shape for name in (node.inputs[0], node.outputs[0])}
-    staged = staging_bytes(node, shapes, graph.tensors[node.outputs[0]].np_dtype.itemsize)
+    out = graph.tensors[node.outputs[0]]
+    staged = staging_bytes(node, graph.tensors[node.inputs[0]].shape, out.shape,
+                           out.np_dtype.itemsize)
     if not staged:
         return None
     cost = time_us(0, staged, target)
-    saved = time_us(1, 2 * graph.tensors[node.outputs[0]].nbytes, target)
+    saved = time_us(1, 2 * out.nbytes, target)
     if cost < saved:
         return None
     return (f"its kernel would stage {staged} B through GM ({cost:.1f} us: PyPTO 0.2.0 takes "

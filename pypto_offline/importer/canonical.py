@@ -403,11 +403,17 @@ def _pool(ctx: NodeContext) -> dict[str, Any]:
         params["count_include_pad"] = int(ctx.attr("count_include_pad", 0))
         if any(pads) and not params["count_include_pad"]:
             raise NotCanonical("an AveragePool that leaves its padding out of the count")
-    out = ctx.shape(ctx.node.output[0])[2:]
-    if tuple(out) != tuple((d + b + e - k) // s + 1 for d, b, e, k, s in
-                           zip(shape[2:], pads[:2], pads[2:], kernel, strides)):
+    if tuple(ctx.shape(ctx.node.output[0])[2:]) != window_extents(shape[2:], pads, kernel,
+                                                                  strides):
         raise NotCanonical("a ceil_mode pooling with a window past the input")
     return params
+
+
+def window_extents(spatial, pads, reach, strides) -> tuple[int, ...]:
+    """The output rows and columns of a window reaching ``reach`` (its dilated size) over
+    ``spatial`` padded by ``pads`` (top, left, bottom, right), at ``strides``, rounded down."""
+    return tuple((size + begin + end - r) // s + 1 for size, begin, end, r, s in
+                 zip(spatial, pads[:2], pads[2:], reach, strides))
 
 
 def window_pads(ctx: NodeContext, spatial, kernel, strides) -> tuple[int, ...]:

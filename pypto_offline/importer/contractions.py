@@ -1,12 +1,12 @@
-"""Canonical forms of the contractions: MatMul, Gemm and Conv (1x1 as the cube's matmul, or
-depthwise as its taps). Registered with ``canonical.normaliser`` as the other ops' forms are;
+"""Canonical forms of the contractions: MatMul, Gemm and Conv (depthwise as its taps, any other
+as the cube's matmul). Registered with ``canonical.normaliser`` as the other ops' forms are;
 ``canonical`` imports this module so that every normaliser is known wherever it is imported."""
 from __future__ import annotations
 
 from typing import Any
 
 from pypto_offline.importer.canonical import (NodeContext, NotCanonical, as_ints, normaliser,
-                                              window_pads)
+                                              window_extents, window_pads)
 
 MATMUL_FORM = "the kernel generator takes a MatMul of matrices with equal batch axes"
 
@@ -75,8 +75,8 @@ def _conv(ctx: NodeContext) -> dict[str, Any]:
     channel, one filter each), with a small window. A 1x1 one of one group with unit strides
     and dilations and no padding has no parameters (``W[Cout, Cin] @ x[Cin, H*W]``); any other
     has its window, strides, dilations, group and explicit pads (``auto_pad`` resolved).
-    PyPTO 0.2.0's own conv is not usable (docs/pypto-ops.md, "Depthwise convolution"): a
-    grouped convolution that is not depthwise stays a boundary."""
+    PyPTO 0.2.0's own conv is not usable (docs/pypto-ops.md, "Depthwise convolution"): a larger
+    window, stride or dilation, or more than ``MAX_GROUPS`` groups, stays a boundary."""
     image, weights = ctx.in_shape(0), ctx.in_shape(1)
     for name in ctx.node.input[2:]:
         if name:
@@ -93,15 +93,14 @@ def _conv(ctx: NodeContext) -> dict[str, Any]:
         _within_cube_bound(CONV_FORM, {"the weight": weights[1], "the image": image[2] * image[3]})
         return {}
     depthwise = group == image[1] == weights[0] and weights[1] == 1
-    if group > 1 and not depthwise and group > MAX_GROUPS:
+    if not depthwise and group > MAX_GROUPS:
         raise NotCanonical(f"{CONV_FORM} ({group} groups of {image[1]} channels, not "
                            f"depthwise: at most {MAX_GROUPS})")
     for name, limit in WINDOW_LIMITS.items():
         if max(window[name]) > limit:
             raise NotCanonical(f"{CONV_FORM} ({name} {list(window[name])}: at most {limit})")
     out = ctx.shape(ctx.node.output[0])[2:]
-    if tuple(out) != tuple((size + begin + end - r) // s + 1 for size, begin, end, r, s in
-                           zip(image[2:], pads[:2], pads[2:], reach, window["strides"])):
+    if tuple(out) != window_extents(image[2:], pads, reach, window["strides"]):
         raise NotCanonical(f"{CONV_FORM} (output {list(out)} does not follow its window)")
     if not depthwise:
         _within_cube_bound(CONV_FORM, {"the weight": image[1] * weights[2] * weights[3],

@@ -199,6 +199,12 @@ def matmul_extents(op_type: str, out_shape, right_rank: int) -> tuple[int, int]:
     return out_shape[-2], out_shape[-1]
 
 
+def stride_one_span(shape, strides) -> list[int]:
+    """The rows and columns an NCHW output ``shape`` strided by ``strides`` spans in its input
+    at stride 1: what a window's tap reads before every stride-th row and column is taken."""
+    return [*shape[:2], *((extent - 1) * stride + 1 for extent, stride in zip(shape[2:], strides))]
+
+
 def op_def(op_type: str, domain: str = "") -> OpDef | None:
     return OPS.get(op_type) if domain in ("", "ai.onnx") else None
 
@@ -210,7 +216,7 @@ def in_scope(op_type: str, domain: str = "") -> bool:
 def is_depthwise_conv(op_type: str, params) -> bool:
     """A canonical Conv of a group per channel, one filter each (importer/contractions._conv,
     which records ``depthwise``): a window op."""
-    return op_type == "Conv" and bool(params) and bool(params.get("depthwise"))
+    return op_type == "Conv" and bool((params or {}).get("depthwise"))
 
 
 def is_cube_conv(op_type: str, params) -> bool:

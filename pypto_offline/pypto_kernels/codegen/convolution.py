@@ -15,8 +15,9 @@ from math import prod
 from typing import Callable, Mapping
 
 from pypto_offline.fusion.records import RegionOp
-from pypto_offline.importer.ops import is_depthwise_conv
+from pypto_offline.importer.ops import is_depthwise_conv, stride_one_span
 from pypto_offline.pypto_kernels.codegen.matmul import conv_product, pointwise_conv
+from pypto_offline.pypto_kernels.codegen.movement import every_step
 from pypto_offline.pypto_kernels.codegen.writer import Writer, full, let
 
 
@@ -93,28 +94,22 @@ def _tap_columns(w: Writer, op: RegionOp) -> str:
 def _strided_view(w: Writer, padded: str, shape, offsets, strides, dtype: int) -> str:
     """The padded image's window at ``offsets`` that a tap reads at every output pixel: a view
     of the rows and columns it spans, then every stride-th of them (``index_select``)."""
-    span = _stride_one_span(shape, strides)
+    span = stride_one_span(shape, strides)
     w.tile(span, dtype)
     value = let(w, f"pypto.view({padded}, {span}, [0, 0, {offsets[0]}, {offsets[1]}])")
     return _every_stride(w, value, shape, strides, dtype)
-
-
-def _stride_one_span(shape, strides) -> list[int]:
-    """The rows and columns an NCHW ``shape`` strided by ``strides`` spans at stride 1."""
-    return [*shape[:2], *((extent - 1) * stride + 1 for extent, stride in zip(shape[2:], strides))]
 
 
 def _every_stride(w: Writer, value: str, shape, strides, dtype: int) -> str:
     """Every stride-th row and column of ``value`` (held in the stride-1 span of ``shape``), by
     ``index_select``; an axis of one element needs none (a one-index index_select failed
     PyPTO's check)."""
-    span = _stride_one_span(shape, strides)
+    span = stride_one_span(shape, strides)
     for axis, stride in ((2, strides[0]), (3, strides[1])):
         if stride > 1 and shape[axis] > 1:
-            span[axis] = shape[axis]
+            length, span[axis] = span[axis], shape[axis]
             w.tile(span, dtype)
-            value = let(w, f"pypto.index_select({value}, {axis}, "
-                           f"pypto.arange(0, {(shape[axis] - 1) * stride + 1}, {stride}))")
+            value = let(w, every_step(value, axis, length, stride))
     return value
 
 
@@ -126,7 +121,7 @@ def depthwise_conv(w: Writer, op: RegionOp) -> None:
     dtype = w.dtype(out)
     padded = _padded(w, image, p["pads"], dtype)
     # the taps' sum at stride 1 over the rows and columns the strided outputs need
-    span = _stride_one_span(w.shape(out), (sh, sw))
+    span = stride_one_span(w.shape(out), (sh, sw))
     w.tile(span, dtype)
     tile = w.current_tile
     total = None

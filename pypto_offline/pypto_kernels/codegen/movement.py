@@ -33,8 +33,13 @@ def _slice(w: Writer, op: RegionOp) -> None:
     for axis, step in enumerate(p["steps"]):
         if step != 1:
             w.tile(shape, w.dtype(out))
-            index = f"pypto.arange(0, {window[axis]}, {step})"
-            current = w.assign(out, f"pypto.index_select({current}, {axis}, {index})")
+            current = w.assign(out, every_step(current, axis, window[axis], step))
+
+
+def every_step(value: str, axis: int, span: int, step: int) -> str:
+    """Every ``step``-th element along ``axis`` of a variable ``span`` long there: PyPTO 0.2.0
+    has no strided view (docs/pypto-ops.md), ``index_select`` takes them."""
+    return f"pypto.index_select({value}, {axis}, pypto.arange(0, {span}, {step}))"
 
 
 def _pad(w: Writer, op: RegionOp) -> None:

@@ -48,7 +48,7 @@ def is_scalar_constant(tensor: str, constants: Mapping[str, np.ndarray]) -> bool
 
 
 def has_convolution(region: Region) -> bool:
-    """Whether the region holds a 1x1 convolution (the cube's; not a depthwise one)."""
+    """Whether the region holds a convolution on the cube (any but a depthwise one)."""
     return any(is_cube_conv(op.op_type, op.params) for op in region.simplified)
 
 
@@ -92,7 +92,8 @@ class Writer:
 
     @cached_property
     def convolution(self) -> bool:
-        """Whether the region holds a 1x1 convolution (``has_convolution``), asked per op."""
+        """Whether the region holds a convolution on the cube (``has_convolution``), asked per
+        op."""
         return has_convolution(self.region)
 
     def flat(self, tensor: str) -> list[int]:
