@@ -268,14 +268,15 @@ def markdown(rows: list[dict], targets: list[str]) -> str:
               "| model | target | kernels ours/ORT-all | ours/IREE | ours/TVM | GM after/LB "
               "| kernels GM < LB | GM before/after | "
               "PyPTO unfused/fused | tiles ≥20% better | median tuned/default | compile s cold / warm "
-              "| onnxslim s | IREE s | ours÷IREE cold / warm | peak MB ours cold / warm / IREE |",
-              "|---" * 16 + "|"]
+              "| onnxslim s | IREE s | ours÷IREE cold / warm | peak MB ours cold / warm / IREE "
+              "| conv kernels: GM/LB |",
+              "|---" * 17 + "|"]
     for r in rows:
         b = r["baselines"]
         for t in (t for t in targets if t in r["targets"]):
             w, c = r["targets"][t]["warm"], r["targets"][t].get("cold")
             if "error" in w:
-                lines.append(f"| {r['model']} | {t} | ✗ {w['error'][:80]} |" + " |" * 13)
+                lines.append(f"| {r['model']} | {t} | ✗ {w['error'][:80]} |" + " |" * 14)
                 continue
             iree = b.get("iree", {})
             lines.append(" | ".join([
@@ -294,8 +295,22 @@ def markdown(rows: list[dict], targets: list[str]) -> str:
                 " / ".join(_ratio(ours_s, iree.get("seconds"))
                            for ours_s in (c.get("seconds") if c else None, w["seconds"])),
                 f"{c['peak_mb'] if c and 'peak_mb' in c else '—'} / {w['peak_mb']} / "
-                f"{iree.get('peak_mb', '—')} |"]))
+                f"{iree.get('peak_mb', '—')}",
+                f"{convolution_cell(w)} |"]))
     return "\n".join(lines)
+
+
+def convolution_cell(warm: dict) -> str:
+    """The kernels holding a windowed convolution: how many, and the least, median and most of
+    their GM bytes over their lower bound (rows measured before issue 37 have none)."""
+    kernels = (warm.get("shipped") or {}).get("convolutions")
+    if kernels is None:
+        return "—"
+    if not kernels:
+        return "0"
+    ratios = sorted(k["gm_bytes"] / k["gm_bytes_lower_bound"] for k in kernels)
+    return (f"{len(kernels)}: {ratios[0]:.2f}x / {statistics.median(ratios):.2f}x / "
+            f"{ratios[-1]:.2f}x")
 
 
 def invariant_broken(rows: list[dict]) -> list[str]:

@@ -58,7 +58,25 @@ def shipped_kernel_figures(message) -> dict:
     return {"kernels": len(shipped), "gm_within_slack": len(within),
             "gm_within_slack_of_platform": len(within_platform), "slower_than_unfused":
             slower, "dropped_as_slower": dropped, "with_matmul": len(with_matmul),
-            "gm_within_slack_without_matmul": len(set(within) - with_matmul)}
+            "gm_within_slack_without_matmul": len(set(within) - with_matmul),
+            "convolutions": convolution_kernels(shipped)}
+
+
+def convolution_kernels(shipped) -> list[dict]:
+    """Each shipped kernel holding a convolution with a window (issue 37: depthwise, or KxK on
+    the cube): the GM bytes PyPTO's program moves against the kernel's lower bound (each input,
+    the image and the weights, read once, each output written once; a tile's halo is not
+    counted: the whole image is read once) and what its staging adds (docs/regions.md)."""
+    rows = []
+    for kernel in shipped:
+        windows = [o for o in kernel.simplified if o.op_type == "Conv"
+                   and "kernel_shape" in json.loads(o.params_json or "{}")]
+        if windows:
+            rows.append({"id": kernel.id, "ops": [o.op_type for o in kernel.original],
+                         "windows": [json.loads(o.params_json)["kernel_shape"] for o in windows],
+                         "gm_bytes": kernel.gm_bytes_read + kernel.gm_bytes_written,
+                         "gm_bytes_lower_bound": kernel.gm_bytes_lower_bound})
+    return rows
 
 
 def invariant_broken(row: dict) -> str | None:

@@ -97,3 +97,33 @@ def test_a_convolution_and_its_epilogue_compile_to_one_kernel_that_checks(name, 
     expected, actual = run_model(model, feeds), run_model(plan.compiled_model, feeds)
     for output, want in expected.items():
         assert max_abs_diff(want, actual[output]) <= 1e-3 * max(1.0, np.abs(want).max())
+
+
+def test_the_compare_table_shows_each_convolution_kernel_against_its_lower_bound():
+    """bench.compare's per-kernel figure (issue 37's must-show): a shipped kernel holding a
+    windowed Conv is listed with its GM bytes and lower bound, a 1x1 one (a matmul) and a
+    fallen-back one are not, and the table's cell gives the count and the spread."""
+    import json
+
+    from bench.compare import convolution_cell
+    from bench.corpus_build import convolution_kernels
+    from pypto_offline.offline_compiler import ptom_pb2
+
+    def kernel(name, params, compiled=True, moved=3000):
+        conv = ptom_pb2.Op(op_type="Conv", params_json=json.dumps(params, sort_keys=True))
+        relu = ptom_pb2.Op(op_type="Relu")
+        return ptom_pb2.Kernel(id=name, compiled=compiled, original=[conv, relu],
+                               simplified=[conv, relu], gm_bytes_read=moved // 2,
+                               gm_bytes_written=moved - moved // 2, gm_bytes_lower_bound=1000)
+
+    shipped = [k for k in (kernel("dw", {"kernel_shape": [3, 3], "group": 8}),
+                           kernel("cube", {"kernel_shape": [3, 3], "group": 1}, moved=1500),
+                           kernel("pointwise", {}),
+                           kernel("fell_back", {"kernel_shape": [3, 3]}, compiled=False))
+               if k.compiled]
+    rows = convolution_kernels(shipped)
+    assert [(r["id"], r["gm_bytes"], r["gm_bytes_lower_bound"], r["windows"]) for r in rows] \
+        == [("dw", 3000, 1000, [[3, 3]]), ("cube", 1500, 1000, [[3, 3]])]
+    assert convolution_cell({"shipped": {"convolutions": rows}}) == "2: 1.50x / 2.25x / 3.00x"
+    assert convolution_cell({"shipped": {"convolutions": []}}) == "0"
+    assert convolution_cell({}) == "—"
