@@ -127,3 +127,28 @@ def test_the_compare_table_shows_each_convolution_kernel_against_its_lower_bound
     assert convolution_cell({"shipped": {"convolutions": rows}}) == "2: 1.50x / 2.25x / 3.00x"
     assert convolution_cell({"shipped": {"convolutions": []}}) == "0"
     assert convolution_cell({}) == "—"
+
+
+def test_a_reduction_joins_a_convolution_s_planes_but_not_a_matmul_s_rows():
+    """A convolution's epilogue may reduce each channel's plane (``fusion/rows._conv_planes``:
+    the cube's product rows are the reduction's rows), a MatMul's epilogue no reduction (a
+    region holds one root and, beside a MatMul, no reduction: unchanged), and a reduction over
+    other rows than the convolution's planes is refused."""
+    def pooled(conv: bool, axes=(2, 3)):
+        b = GraphBuilder()
+        if conv:
+            x = b.input("x", [1, 16, 8, 8])
+            product = b.op("Conv", [x, b.const(RNG.standard_normal((32, 16, 1, 1)) * 0.3)])
+        else:
+            x = b.input("x", [1, 32, 64])
+            product = b.op("MatMul", [x, b.const(RNG.standard_normal((64, 64)) * 0.3)])
+        activated = b.op("Relu", [product])
+        reduced = b.op("ReduceMean", [activated, b.const(list(axes))], keepdims=1)
+        return b.model(b.op("Sigmoid", [reduced]))
+
+    def runs(model):
+        return sorted(tuple(op.op_type for op in r.original) for r in fuse(model)[1].regions)
+
+    assert runs(pooled(conv=True)) == [("Conv", "Relu", "ReduceMean", "Sigmoid")]
+    assert runs(pooled(conv=False, axes=(2,))) == [("MatMul", "Relu"), ("ReduceMean", "Sigmoid")]
+    assert ("Conv", "Relu", "ReduceMean", "Sigmoid") not in runs(pooled(conv=True, axes=(3,)))

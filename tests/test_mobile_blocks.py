@@ -1,6 +1,6 @@
 """Issue 19's and 37's mobile CNN blocks: a MobileNetV3 bottleneck (Conv, BatchNorm, HardSwish
 and a Squeeze-Excitation branch, a projection and the residual) becomes one fused kernel per
-convolution with its epilogue, and the pooling; every kernel compiles with the
+convolution with its epilogue, the pooling in the first; every kernel compiles with the
 real PyPTO 0.2.0 and passes its check, and the compiled graph matches the source model (its
 BatchNorms included) in onnxruntime. Synthetic on purpose: the block is the shape of the real
 models' (ppocr's LCNet, MobileNetV3), small enough to compile in seconds."""
@@ -59,15 +59,16 @@ def _excite_project_add(b: GraphBuilder, activated: str, x: str, channels) -> st
 
 def test_a_mobilenet_v3_block_is_one_kernel_per_convolution(tmp_path):
     """Each convolution is its kernel's root with its epilogue, the 3x3 one too (issue 37: it was
-    a boundary, and its HardSwish shared a kernel with the pooling); the squeeze-and-excite's
-    pooling, between two roots, is a kernel of its own."""
+    a boundary, and its HardSwish shared a kernel with the pooling), and the squeeze-and-excite's
+    pooling reduces the 3x3 convolution's product rows in its kernel (it was a kernel of its
+    own): 4 kernels."""
     model = mobilenet_v3_block()
     graph, plan = fuse(model)
     runs = sorted(tuple(sorted(op.op_type for op in region.original)) for region in plan.regions)
-    assert runs == [("Add", "Conv"), ("Conv", "HardSigmoid", "Mul"), ("Conv", "HardSwish"),
-                    ("Conv", "Relu")], runs
-    assert [u.op_type for u in plan.unfused] == ["GlobalAveragePool"]
-    assert plan.totals.kernels_after == 5  # the BatchNorms are in their convolutions' weights
+    assert runs == [("Add", "Conv"), ("Conv", "GlobalAveragePool", "HardSwish"),
+                    ("Conv", "HardSigmoid", "Mul"), ("Conv", "Relu")], runs
+    assert not plan.unfused
+    assert plan.totals.kernels_after == 4  # the BatchNorms are in their convolutions' weights
     _every_kernel_checks_and_the_graph_matches(model, graph, plan, tmp_path)
 
 
@@ -96,15 +97,45 @@ def _every_kernel_checks_and_the_graph_matches(model, graph, plan, folder) -> No
 
 def test_a_mobilenet_v3_inverted_residual_fuses_its_depthwise_conv_into_the_expansion(tmp_path):
     """The depthwise 3x3 joins the 1x1 expansion's kernel with both HardSwishes (fed from
-    inside it, as an epilogue is); the squeeze-and-excite's pooling is a reduction, which a
-    region holding a window op does not take, so it stays a kernel of its own: 5 kernels where
-    the depthwise convolution outside kernels made 6. Every kernel compiles and checks."""
+    inside it, as an epilogue is), and so does the squeeze-and-excite's pooling, which reduces
+    the depthwise convolution's channel planes as rows (``fusion/rows._conv_planes``): 4
+    kernels where the depthwise convolution outside kernels made 6 and the pooling alone 5.
+    Every kernel compiles and checks. Not one kernel: the excitation's two 1x1 convolutions and
+    the projection are matmul roots of their own (a region holds one)."""
     model = mobilenet_v3_inverted_residual()
     graph, plan = fuse(model)
     runs = [tuple(op.op_type for op in region.original) for region in plan.regions]
-    assert ("Conv", "HardSwish", "Conv", "HardSwish") in runs, runs
-    assert [u.op_type for u in plan.unfused] == ["GlobalAveragePool"]
-    assert plan.totals.kernels_after == 5
+    assert ("Conv", "HardSwish", "Conv", "HardSwish", "GlobalAveragePool") in runs, runs
+    assert not plan.unfused
+    assert plan.totals.kernels_after == 4
+    _every_kernel_checks_and_the_graph_matches(model, graph, plan, tmp_path)
+
+
+def residual_squeeze_excite():
+    """ppocrv4_det's RSE layer, smaller: a 1x1 convolution, then x * SE(x) + x, the SE's pooling
+    reading the convolution's product."""
+    b = GraphBuilder()
+    x = b.input("x", [1, 24, 20, 20])
+    conv = b.op("Conv", [x, b.const(_weights(32, 24, 1, 1))])
+    reduced = b.op("Relu", [b.op("Conv", [b.op("GlobalAveragePool", [conv]),
+                                          b.const(_weights(8, 32, 1, 1)),
+                                          b.const(_weights(8))])])
+    gate = b.op("HardSigmoid", [b.op("Conv", [reduced, b.const(_weights(32, 8, 1, 1)),
+                                              b.const(_weights(32))])], alpha=0.2, beta=0.5)
+    return b.model(b.op("Add", [b.op("Mul", [conv, gate]), conv]))
+
+
+def test_a_squeeze_excite_pooling_joins_the_convolution_it_pools(tmp_path):
+    """The pooling reduces the 1x1 convolution's product rows in the convolution's kernel (it
+    was a kernel of its own beside the convolution alone: ppocrv4_det's three RSE layers on
+    20x20 to 80x80 maps, 96 -> 93 kernels planned); the gate's Mul and Add stay out of it (the
+    path through the excitation would leave the region and come back). Compiles and checks."""
+    model = residual_squeeze_excite()
+    graph, plan = fuse(model)
+    runs = sorted(tuple(op.op_type for op in region.original) for region in plan.regions)
+    assert runs == [("Conv", "GlobalAveragePool"), ("Conv", "HardSigmoid", "Mul", "Add"),
+                    ("Conv", "Relu")], runs
+    assert plan.totals.kernels_after == 3
     _every_kernel_checks_and_the_graph_matches(model, graph, plan, tmp_path)
 
 

@@ -21,8 +21,8 @@ from pypto_offline.fusion.classify import node_id, node_tensors
 from pypto_offline.fusion.program import region_op
 from pypto_offline.fusion.rows import NotRows, reduces_lone_elements, row_layout
 from pypto_offline.importer import ImportedGraph, Node
-from pypto_offline.importer.ops import (MATMUL, REDUCTION, data_inputs, kind_of,
-                                        matmul_extents, op_def)
+from pypto_offline.importer.ops import (MATMUL, REDUCTION, data_inputs, is_cube_conv,
+                                        kind_of, matmul_extents, op_def)
 from pypto_offline.targets import Target
 
 # PyPTO's data-movement tiles need a last dimension of a multiple of 32 bytes.
@@ -135,19 +135,24 @@ def holds_together(graph: ImportedGraph, members: list[Node], target: Target) ->
 
 def _matmul_is_root(graph: ImportedGraph, members: list[Node], target: Target) -> bool:
     """A region holds at most one matmul, as its root (IREE's root op, TVM's kOutEWiseFusable):
-    no reduction beside it, its operands from outside the region, and every other member fed
-    from inside it: its epilogue (bias, activation, residual, output reshape or transpose), or
-    a Cast between float types (of an operand the epilogue reads: GPT-2's past keys, fp32 model inputs cast to fp16
+    no reduction beside it (but a convolution's: a reduction of its channels' planes, the
+    product rows, ``rows._conv_planes``), its operands from outside the region, and every other
+    member fed from inside it: its epilogue (bias, activation, residual, output reshape or
+    transpose), or a Cast between float types (of an operand the epilogue reads: GPT-2's past keys, fp32 model inputs cast to fp16
     for the Concat with the new ones under allow_mix_precision, a kernel of their own before). An
     epilogue reorders axes only after a matmul whose rows and columns PyPTO compiles so
     (``KernelSupport.matmul_reorder_align``)."""
     matmuls = [n for n in members if kind_of(n.op_type, n.params) == MATMUL]
     if not matmuls:
         return True
-    if len(matmuls) > 1 or any(kind_of(n.op_type) == REDUCTION for n in members):
+    if len(matmuls) > 1:
         return False
     produced = {name for n in members for name in n.outputs}
     (root,) = matmuls
+    # a convolution's epilogue may reduce its planes (``rows._conv_planes``); a MatMul's may not
+    if not is_cube_conv(root.op_type, root.params) \
+            and any(kind_of(n.op_type) == REDUCTION for n in members):
+        return False
     if any(name in produced for name in root.inputs):
         return False
     if any(op_def(n.op_type).reorders for n in members) and not _aligned_matmul(graph, root,

@@ -96,7 +96,10 @@ def row_layout(ops: Sequence[RegionOp], shapes: Mapping[str, Sequence[int]]) -> 
     kinds: dict[str, str] = {}
     expanded: dict[str, tuple[int, ...]] = {}
     for op in ops:  # a computed tensor has its producer's kind first: never EXPANDED
-        _assign(op, shapes, rows, columns, kinds, expanded)
+        if op.op_type == "Conv":
+            _conv_planes(op, shapes, rows, columns, kinds)
+        else:
+            _assign(op, shapes, rows, columns, kinds, expanded)
     return RowLayout(rows, columns, MappingProxyType(kinds),
                      expanded=MappingProxyType(expanded))
 
@@ -223,6 +226,19 @@ def _reduction(op: RegionOp, shapes, rows: int, columns: int, kinds: dict) -> No
                               f"for {rows} rows of {columns}")
     out_kind = ROW if op.op_type in ROW_RESULT_OPS else FULL
     _set(kinds, op.outputs[0], out_kind, op)
+
+
+def _conv_planes(op: RegionOp, shapes, rows: int, columns: int, kinds: dict) -> None:
+    """A convolution of one image writes each output channel's plane: on the cube as its
+    ``[Cout, H*W]`` product rows (``codegen.matmul.conv_product``), a depthwise one as its
+    channels' planes (``codegen.convolution``), reshaped to rows once. They are the rows of a
+    reduction over each channel's pixels (a squeeze-and-excite's GlobalAveragePool): FULL. Its
+    operands are read as the lowering takes them, not laid out as rows."""
+    n, filters, *pixels = shapes[op.outputs[0]]
+    if (n, filters, prod(pixels)) != (1, rows, columns):
+        raise NotRows(f"{op.op_type} writes {filters} planes of {prod(pixels)} pixels, not the "
+                      f"{rows}x{columns} rows of the region's reduction")
+    _set(kinds, op.outputs[0], FULL, op)
 
 
 def _frame_kind(shape, rows: int, columns: int, known: list[str], op: RegionOp) -> str:
