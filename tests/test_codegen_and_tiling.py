@@ -530,13 +530,14 @@ def test_a_convolution_and_a_batched_matmul_reread_per_filter_block_and_per_slic
     assert cube_reread_bytes([RegionOp("MatMul", ("q", "k"), ("s",))], wide) == 2 * per_slice
 
 
-def _masked_softmax(mask_shape, computed_mask: bool = False):
+def _masked_softmax(mask_shape, computed_mask: bool = False, mask_returned: bool = False):
     b = GraphBuilder()
     scores, mask = b.input("scores", [1, 8, 64, 128]), b.input("mask", mask_shape)
-    if computed_mask:  # the mask made in the region: a tensor it computes, held as computed
+    if computed_mask:  # the mask made in the region (a precision mode's Cast, here a Neg)
         mask = b.op("Neg", [mask])
     added = b.op("Add", [b.op("Mul", [scores, b.const(np.float32(0.125))]), mask])
-    return fuse(b.model(b.op("Softmax", [added], axis=-1)))
+    outputs = [b.op("Softmax", [added], axis=-1)] + ([mask] if mask_returned else [])
+    return fuse(b.model(*outputs))
 
 
 def test_a_mask_repeated_per_head_is_expanded_to_the_rows_of_its_softmax():
@@ -556,9 +557,24 @@ def test_a_mask_repeated_per_head_is_expanded_to_the_rows_of_its_softmax():
     assert "pypto.expand_clone(in" in source and ", [1, 8, 64, 128])" in source
 
 
-def test_a_computed_tensor_is_not_expanded_across_rows():
-    """A mask the region computes is held as computed, in its own shape: the Softmax stays out
-    of the region of its producers."""
-    _, plan = _masked_softmax([1, 1, 64, 128], computed_mask=True)
+def test_a_tensor_computed_from_a_broadcast_mask_is_expanded_too():
+    """Issue 37: an elementwise op on region inputs broadcast across the rows (a precision
+    mode's Cast of an fp32 mask) is computed on them expanded to its reader's rows, so the
+    Softmax joins (it stayed a kernel of its own); not when its result is read beyond the
+    region, which would have to be written in its own shape."""
+    from pypto_offline.fusion.rows import EXPANDED, row_layout
+    from pypto_offline.pypto_kernels.codegen.layout import shapes_of
+
+    graph, plan = _masked_softmax([1, 1, 64, 128], computed_mask=True)
+    (region,) = plan.regions
+    assert [op.op_type for op in region.original] == ["Neg", "Mul", "Add", "Softmax"]
+    rows = row_layout(region.simplified, shapes_of(region), region.outputs)
+    (negated,) = region.simplified[0].outputs
+    mask = next(name for name in region.inputs if graph.tensors[name].shape == (1, 1, 64, 128))
+    assert rows.kinds[negated] == rows.kinds[mask] == EXPANDED
+    assert rows.expanded[mask] == rows.expanded[negated] == (1, 8, 64, 128)
+    source = kernel_source(region, default_policy(122880), graph.constant_values())
+    assert "pypto.expand_clone(in" in source and ", [1, 8, 64, 128])" in source
+    _, plan = _masked_softmax([1, 1, 64, 128], computed_mask=True, mask_returned=True)
     assert [[op.op_type for op in r.original] for r in plan.regions] == [["Neg", "Mul", "Add"]]
     assert [u.op_type for u in plan.unfused] == ["Softmax"]

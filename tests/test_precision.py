@@ -345,6 +345,28 @@ def test_a_masked_softmax_kernel_compiles_and_verifies_in_fp16(tmp_path, capsys)
 
 
 @pytest.mark.pypto
+def test_a_mask_broadcast_over_heads_and_cast_to_fp16_fuses_with_its_softmax(tmp_path, capsys):
+    """Issue 37's masked softmax ([1, 1, 64, 128] over [1, 8, 64, 128]) with fp32 inputs under
+    both fp16 modes: the mask's Cast joins the region, computed on the mask expanded to the
+    rows (``fusion/rows._on_expanded``), so the whole softmax is one kernel (it was two: the
+    Softmax stayed out); it compiles and the build verifies."""
+    b = GraphBuilder()
+    scores, mask = b.input("scores", [1, 8, 64, 128]), b.input("mask", [1, 1, 64, 128])
+    added = b.op("Add", [b.op("Mul", [scores, b.const(np.float32(0.125))]), mask])
+    model = tmp_path / "masked.onnx"
+    onnx.save(b.model(b.op("Softmax", [added], axis=-1)), model)
+    for mode in (ALLOW_MIX, FORCE_FP16):
+        assert cli.main([str(model), "--target", "kirin9050", "-o", str(tmp_path / f"{mode}.ptom"),
+                         "--json", "--no-report", "--cache-dir", str(tmp_path / "cache"),
+                         "--precision_mode", mode]) == 0
+        summary = json.loads(capsys.readouterr().out)
+        (kernel,) = summary["kernels"]
+        assert kernel["status"] == "compiled", kernel["fallback_reason"]
+        assert {"Cast", "Add", "Softmax"} <= set(kernel["ops"]), kernel["ops"]
+        assert summary["verification"]["status"] == "passed"
+
+
+@pytest.mark.pypto
 def test_an_fp16_attention_mask_added_then_cast_to_fp32_passes_its_check(tmp_path, capsys):
     """BERT's, GPT-2's and Llama's mask under allow_mix_precision (bench/results/precision):
     And, Where(0, -65504), Add, Cast to fp32 failed its functional check by 1.0 and fell back

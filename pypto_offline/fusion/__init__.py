@@ -17,7 +17,7 @@ from pypto_offline.fusion.classify import VIEW_ONLY_OPS, node_id, node_tensors, 
 from pypto_offline.fusion.cost import (fused_cost, node_cost, time_us, total,
                                        why_staging_does_not_pay)
 from pypto_offline.fusion.lower import compiled_model
-from pypto_offline.fusion.partition import partition
+from pypto_offline.fusion.partition import partition, read_beyond, tensor_readers
 from pypto_offline.fusion.program import Program, build_program
 from pypto_offline.fusion.records import (DOES_NOT_PAY, Cost, Cut, FusionPlan, Region, RegionOp,
                                           Totals, Unfused)
@@ -128,25 +128,12 @@ def _program_tensors(program: Program) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def tensor_readers(graph: ImportedGraph) -> dict[str, list[str]]:
-    """Tensor name → the ids of the nodes that take it as an input."""
-    readers: dict[str, list[str]] = {}
-    for n in graph.nodes:
-        for name in n.inputs:
-            readers.setdefault(name, []).append(node_id(n))
-    return readers
-
-
 def _boundary_tensors(members: list[Node], graph: ImportedGraph,
                       readers: Mapping[str, list[str]]):
     produced = {name for n in members for name in n.outputs}
-    inside = {node_id(n) for n in members}
     read = [name for n in members for name in node_tensors(n)
             if name not in produced and name not in n.outputs]
-    graph_outputs = set(graph.outputs)
-    written = [name for n in members for name in n.outputs if name in graph_outputs
-               or any(reader not in inside for reader in readers.get(name, ()))]
-    return tuple(dict.fromkeys(read)), tuple(dict.fromkeys(written))
+    return tuple(dict.fromkeys(read)), read_beyond(members, graph, readers)
 
 
 def _verdicts(graph: ImportedGraph, target: Target) -> dict[str, tuple[str, str] | None]:

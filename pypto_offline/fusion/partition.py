@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections import deque
 from math import prod
+from typing import Mapping
 
 import networkx as nx
 import numpy as np
@@ -60,6 +61,7 @@ class Partition:
         self.constrained = {nid: int(nid in fusable and _constrains(graph, self.nodes[nid]))
                             for nid in self.order}  # how many members constrain a merge
         self.quotient = _node_graph(graph, self.position)
+        self.readers = tensor_readers(graph)
         self.steps = 0
         for consumer in self.order:
             if consumer in fusable:
@@ -85,7 +87,7 @@ class Partition:
             if self.constrained[a] + self.constrained[b]:
                 merged = [self.nodes[m] for m in self.members[a] + self.members[b]]
                 if not _matmul_is_root(self.graph, merged, self.target) \
-                        or not _rows_agree(self.graph, merged):
+                        or not _rows_agree(self.graph, merged, self.readers):
                     continue
             self._merge(a, b)
 
@@ -126,11 +128,32 @@ class Partition:
         self.constrained[a] += self.constrained.pop(b)
 
 
-def holds_together(graph: ImportedGraph, members: list[Node], target: Target) -> bool:
+def holds_together(graph: ImportedGraph, members: list[Node], target: Target,
+                   readers: Mapping[str, list[str]]) -> bool:
     """Whether these nodes may be one region as far as their ops go: a matmul is its root and a
     reduction's rows agree (what ``Partition`` checks of a merge; convexity and UB aside). A
-    part of a cut region is checked so (``fusion.split``)."""
-    return _matmul_is_root(graph, members, target) and _rows_agree(graph, members)
+    part of a cut region is checked so (``fusion.split``). ``readers``: ``tensor_readers``."""
+    return _matmul_is_root(graph, members, target) and _rows_agree(graph, members, readers)
+
+
+def tensor_readers(graph: ImportedGraph) -> dict[str, list[str]]:
+    """Tensor name → the ids of the nodes that take it as an input."""
+    readers: dict[str, list[str]] = {}
+    for n in graph.nodes:
+        for name in n.inputs:
+            readers.setdefault(name, []).append(node_id(n))
+    return readers
+
+
+def read_beyond(members: list[Node], graph: ImportedGraph,
+                readers: Mapping[str, list[str]]) -> tuple[str, ...]:
+    """The tensors these nodes write that a node beyond them reads, or the graph returns: a
+    region's outputs."""
+    inside = {node_id(n) for n in members}
+    graph_outputs = set(graph.outputs)
+    return tuple(dict.fromkeys(
+        name for n in members for name in n.outputs if name in graph_outputs
+        or any(reader not in inside for reader in readers.get(name, ()))))
 
 
 def _matmul_is_root(graph: ImportedGraph, members: list[Node], target: Target) -> bool:
@@ -175,7 +198,8 @@ def _aligned_matmul(graph: ImportedGraph, matmul: Node, target: Target) -> bool:
     return rows % align == 0 and columns % align == 0
 
 
-def _rows_agree(graph: ImportedGraph, members: list[Node]) -> bool:
+def _rows_agree(graph: ImportedGraph, members: list[Node],
+                readers: Mapping[str, list[str]]) -> bool:
     """A region with a reduction must run as rows (``rows``): a merge that breaks that is
     refused, as one that overflows UB is. Most merges hold no reduction: ``Partition`` tells
     them by its count of members that ``_constrains`` and calls this for the others only."""
@@ -185,7 +209,7 @@ def _rows_agree(graph: ImportedGraph, members: list[Node]) -> bool:
     shapes = {name: graph.tensors[name].shape for op in ops for name in op.inputs + op.outputs
               if name}
     try:
-        row_layout(ops, shapes)
+        row_layout(ops, shapes, read_beyond(members, graph, readers))
     except NotRows:
         return False
     return True

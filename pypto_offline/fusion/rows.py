@@ -11,7 +11,9 @@ its elementwise producers and consumers). Each tensor of the region is then one 
     SCALAR [1, 1]  a one-element tensor
     EXPANDED [R, C]  a region input broadcast over other axes than the rows' or the columns'
                    alone, expanded in UB to full rows: an attention mask [1, 1, S, S] over
-                   [B, H, S, S] scores (``RowLayout.expanded``)
+                   [B, H, S, S] scores (``RowLayout.expanded``); or an elementwise op on such
+                   inputs alone, computed on them expanded (a precision mode's Cast of the
+                   mask, ``_on_expanded``)
 
 so every op is a 2-D op broadcasting along at most one axis, which PyPTO does in place, and every
 tile covers whole rows (``docs/pypto-ops.md``, "Reductions": a split reduced axis is 1.5-2x
@@ -28,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from math import prod
 from types import MappingProxyType
-from typing import Mapping, Sequence
+from typing import Collection, Mapping, Sequence
 
 import numpy as np
 
@@ -90,18 +92,60 @@ def reduced_rows(op: RegionOp, shape: Sequence[int]) -> tuple[int, int]:
     return prod(shape[:start]) * groups, prod(shape[start:]) // groups
 
 
-def row_layout(ops: Sequence[RegionOp], shapes: Mapping[str, Sequence[int]]) -> RowLayout:
-    """The rows a program with reductions runs on; ``NotRows`` if it cannot."""
+def row_layout(ops: Sequence[RegionOp], shapes: Mapping[str, Sequence[int]],
+               outputs: Collection[str] = ()) -> RowLayout:
+    """The rows a program with reductions runs on; ``NotRows`` if it cannot. ``outputs``: the
+    tensors read beyond the program, which an op on EXPANDED operands may not write
+    (``_on_expanded``)."""
     rows, columns = _rows_and_columns(ops, shapes)
     kinds: dict[str, str] = {}
     expanded: dict[str, tuple[int, ...]] = {}
-    for op in ops:  # a computed tensor has its producer's kind first: never EXPANDED
+    sources: dict[str, list[str]] = {}  # an op on EXPANDED operands: its output → its operands
+    for op in ops:  # a computed tensor has its producer's kind first
         if op.op_type == "Conv":
             _conv_planes(op, shapes, rows, columns, kinds)
-        else:
+        elif not _on_expanded(op, shapes, rows, columns, kinds, sources):
             _assign(op, shapes, rows, columns, kinds, expanded)
+    _expand_sources(sources, expanded, outputs)
     return RowLayout(rows, columns, MappingProxyType(kinds),
                      expanded=MappingProxyType(expanded))
+
+
+def _on_expanded(op: RegionOp, shapes, rows: int, columns: int, kinds: dict,
+                 sources: dict) -> bool:
+    """An elementwise op on region inputs (or on such ops' results) none of whose tensors is
+    a row layout: EXPANDED too, computed on its operands expanded to the rows of its reader
+    (``_expand_sources``). Under a precision mode an attention mask ``[1, 1, S, S]`` arrives
+    fp32 and its Cast to fp16 joins the region: without this the Softmax stayed a kernel of
+    its own (issue 37)."""
+    if op.op_type not in POINTWISE_OPS or op.op_type == "Expand":
+        return False
+    operands = [name for name in op.inputs if name and prod(shapes[name]) > 1]
+    if not operands or any(name in kinds and name not in sources for name in operands):
+        return False
+    try:
+        _frame_kind(shapes[op.outputs[0]], rows, columns, [], op)
+        return False  # laid out as rows as it is
+    except NotRows:
+        pass
+    for name in [*operands, op.outputs[0]]:
+        _set(kinds, name, EXPANDED, op)
+    sources[op.outputs[0]] = operands
+    return True
+
+
+def _expand_sources(sources: dict, expanded: dict, outputs: Collection[str]) -> None:
+    """Each operand of an op on EXPANDED operands broadcast to the shape its result is read
+    in, the chain back to the region's inputs; ``NotRows`` for a result read beyond the
+    program (it would be written in its rows) or read by nothing that broadcasts it."""
+    for result in reversed(list(sources)):  # a chain's last op first
+        if result in outputs or result not in expanded:
+            raise NotRows(f"{result!r} is computed from tensors broadcast across rows and "
+                          "read in its own shape")
+        for name in sources[result]:
+            if expanded.setdefault(name, expanded[result]) != expanded[result]:
+                raise NotRows(f"{name!r} is broadcast to {list(expanded[name])} and to "
+                              f"{list(expanded[result])}")
 
 
 def conv_rows(ops: Sequence[RegionOp], shapes: Mapping[str, Sequence[int]]

@@ -17,7 +17,7 @@ from typing import Mapping, Sequence
 
 from pypto_offline.fusion.classify import node_id
 from pypto_offline.fusion.cost import tensor_bytes
-from pypto_offline.fusion.partition import holds_together
+from pypto_offline.fusion.partition import holds_together, tensor_readers
 from pypto_offline.fusion.records import Cut
 from pypto_offline.importer import ImportedGraph, Node
 from pypto_offline.importer.ops import data_inputs
@@ -34,6 +34,7 @@ def cut_in_two(region_id: str, members: Sequence[Node], reason: str, graph: Impo
     """The cut of a region of these nodes (graph order) that moves the fewest bytes, or None
     when no prefix leaves two parts that may each be a region (a region of one node)."""
     best: tuple[tuple[int, int], Cut] | None = None
+    readers = tensor_readers(graph)
     for split in range(1, len(members)):
         first, second = list(members[:split]), list(members[split:])
         tensors = _handed_over(first, second)
@@ -41,7 +42,8 @@ def cut_in_two(region_id: str, members: Sequence[Node], reason: str, graph: Impo
         rank = (moved, abs(len(members) - 2 * split))
         if best is not None and rank >= best[0]:
             continue
-        if not (holds_together(graph, first, target) and holds_together(graph, second, target)):
+        if not (holds_together(graph, first, target, readers)
+                and holds_together(graph, second, target, readers)):
             continue
         best = rank, Cut(region_id, reason, (_ids(first), _ids(second)), tensors, moved)
     return None if best is None else best[1]

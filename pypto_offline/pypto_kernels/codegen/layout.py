@@ -36,7 +36,7 @@ def shapes_of(region: Region) -> dict[str, tuple[int, ...]]:
 def row_layout_of(region: Region) -> RowLayout:
     """The rows a region with reductions runs on, or ``CannotExpress``."""
     try:
-        return row_layout(region.simplified, shapes_of(region))
+        return row_layout(region.simplified, shapes_of(region), region.outputs)
     except NotRows as why:
         raise CannotExpress(f"a reduction region that does not run as rows: {why}") from None
 
