@@ -578,3 +578,23 @@ def test_a_tensor_computed_from_a_broadcast_mask_is_expanded_too():
     _, plan = _masked_softmax([1, 1, 64, 128], computed_mask=True, mask_returned=True)
     assert [[op.op_type for op in r.original] for r in plan.regions] == [["Neg", "Mul", "Add"]]
     assert [u.op_type for u in plan.unfused] == ["Softmax"]
+
+def _silu_split(channels: int = 256, parts=(128, 128)):
+    """nudenet's C2f start at 10x10 (SPPF's input): SiLU, then its channels split in two."""
+    b = GraphBuilder()
+    x = b.input("x", [1, channels, 10, 10])
+    silu = b.op("Mul", [x, b.op("Sigmoid", [x])])
+    return fuse(b.model(*b.op("Split", [silu, b.const(list(parts))], outputs=len(parts),
+                                axis=1)))
+
+
+@pytest.mark.parametrize("budget", [4096, 8192, 16384, 32768, 65536])
+def test_no_tile_straddles_two_parts_of_a_split(budget):
+    """Every tile of the Split's source along its axis divides the parts' sizes (a tile of 12
+    of 256 channels split at 128 failed PyPTO's compile or took 287 us)."""
+    graph, plan = _silu_split()
+    (region,) = plan.regions
+    source = kernel_source(region, TilePolicy(budget), graph.constant_values())
+    tiles = {line.strip() for line in source.splitlines() if "set_vec_tile_shapes" in line}
+    channels = [int(t.split("(")[1].split(",")[1]) for t in tiles]
+    assert channels and all(128 % c == 0 for c in channels), tiles

@@ -345,3 +345,17 @@ def test_a_small_region_checks_its_first_round_and_ships_what_a_checked_final_co
     same = ("tuned_tile", "default_tile", "functional_ok", "max_abs_diff", "verdicts",
             "gm_bytes_read", "gm_bytes_written", "source", "artifacts")
     assert {f: getattr(checked, f) for f in same} == {f: getattr(unchecked, f) for f in same}
+
+
+@pytest.mark.pypto
+def test_a_split_s_source_tiled_within_its_parts_compiles_and_checks(tmp_path):
+    """nudenet's SiLU of 1x256x10x10 split into two 128-channel halves: under the tile that
+    straddled the halves PyPTO failed (FFFFFF); under one that divides them it compiles and
+    passes its check (docs/pypto-ops.md, "Split")."""
+    from tests.test_codegen_and_tiling import _silu_split
+
+    graph, plan = _silu_split()
+    (kernel,) = compile_kernels(graph, plan, TARGETS["kirin9050"], cache_dir=tmp_path,
+                                search=False)
+    assert kernel.compiled and kernel.functional_ok, kernel.fallback_reason
+    assert kernel.gm_bytes_read == kernel.gm_bytes_written == 256 * 10 * 10 * 4

@@ -212,7 +212,37 @@ class Writer:
             shape, whole_axes = (self.rows.rows, self.rows.columns), (1,)
         split = self.rows is not None and self.rows.split_columns and len(shape) == 2
         tile = self.policy.tile(tuple(shape), itemsize_of(dtype), tuple(whole_axes), split)
+        tile = self._within_split_parts(tuple(shape), tile)
         self.set_tile(self._rows_within_cube_tile(tuple(shape), tile))
+
+    @cached_property
+    def _split_parts(self) -> dict[tuple[tuple[int, ...], int], int]:
+        """(a Split's source shape with its axis zeroed, the axis) → the greatest common
+        divisor of its parts' sizes."""
+        parts = {}
+        for op in self.region.simplified:
+            if op.op_type == "Split":
+                shape = list(self.shape(op.inputs[0]))
+                axis = op.params["axis"] % len(shape)
+                shape[axis] = 0
+                key = (tuple(shape), axis)
+                parts[key] = int(np.gcd.reduce([parts.get(key, 0), *op.params["sizes"]]))
+        return parts
+
+    def _within_split_parts(self, shape: tuple[int, ...], tile: tuple[int, ...]
+                            ) -> tuple[int, ...]:
+        """A tile of a tensor shaped as a Split's source (its split axis aside), cut along that
+        axis to a divisor of the parts' sizes, so no tile straddles two parts: nudenet's
+        1x256x10x10 SiLU split into two 128-channel halves, under tiles of 12 channels, failed
+        PyPTO's compile (FFFFFF) or, at other budgets, took 287 us; under 16 or 32 channels
+        21.3 and 14.4 us (docs/pypto-ops.md, "Split")."""
+        for (frame, axis), step in self._split_parts.items():
+            if len(frame) != len(shape) or tile[axis] >= shape[axis] or step % tile[axis] == 0 \
+                    or any(d != f for a, (d, f) in enumerate(zip(shape, frame)) if a != axis):
+                continue
+            divisor = next(d for d in range(tile[axis], 0, -1) if step % d == 0)
+            tile = (*tile[:axis], divisor, *tile[axis + 1:])
+        return tile
 
     def _rows_within_cube_tile(self, shape: tuple[int, ...], tile: tuple[int, ...]
                                ) -> tuple[int, ...]:
