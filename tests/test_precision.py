@@ -330,18 +330,28 @@ def test_a_masked_softmax_kernel_compiles_and_verifies_in_fp16(tmp_path, capsys)
     thresholds, as the mask saturates to -65504 and the kernel subtracts the row's largest
     logit; PyPTO's own check of an fp16 kernel held to fp16's tolerance, not its 1e-3, which
     failed it (docs/precision.md)."""
-    model = tmp_path / "softmax.onnx"
-    onnx.save(masked_softmax(64, scale=40.0), model)
+    for summary, kernel in _one_kernel_in_fp16_modes(masked_softmax(64, scale=40.0), tmp_path,
+                                                     capsys):
+        assert kernel["precision"]["cosine"] >= MIN_COSINE[ALLOW_MIX]
+        (clamped,) = summary["precision"]["clamped"]
+        assert clamped["largest"] == 1e9 and summary["verification"]["status"] == "passed"
+
+
+def _one_kernel_in_fp16_modes(model: onnx.ModelProto, tmp_path, capsys):
+    """The model built under allow_mix_precision and force_fp16 (exit 0): each build's summary
+    and its one kernel, compiled."""
+    path = tmp_path / "model.onnx"
+    onnx.save(model, path)
+    builds = []
     for mode in (ALLOW_MIX, FORCE_FP16):
-        assert cli.main([str(model), "--target", "kirin9050", "-o", str(tmp_path / f"{mode}.ptom"),
+        assert cli.main([str(path), "--target", "kirin9050", "-o", str(tmp_path / f"{mode}.ptom"),
                          "--json", "--no-report", "--cache-dir", str(tmp_path / "cache"),
                          "--precision_mode", mode]) == 0
         summary = json.loads(capsys.readouterr().out)
         (kernel,) = summary["kernels"]
         assert kernel["status"] == "compiled", kernel["fallback_reason"]
-        assert kernel["precision"]["cosine"] >= MIN_COSINE[ALLOW_MIX]
-        (clamped,) = summary["precision"]["clamped"]
-        assert clamped["largest"] == 1e9 and summary["verification"]["status"] == "passed"
+        builds.append((summary, kernel))
+    return builds
 
 
 @pytest.mark.pypto
@@ -353,15 +363,8 @@ def test_a_mask_broadcast_over_heads_and_cast_to_fp16_fuses_with_its_softmax(tmp
     b = GraphBuilder()
     scores, mask = b.input("scores", [1, 8, 64, 128]), b.input("mask", [1, 1, 64, 128])
     added = b.op("Add", [b.op("Mul", [scores, b.const(np.float32(0.125))]), mask])
-    model = tmp_path / "masked.onnx"
-    onnx.save(b.model(b.op("Softmax", [added], axis=-1)), model)
-    for mode in (ALLOW_MIX, FORCE_FP16):
-        assert cli.main([str(model), "--target", "kirin9050", "-o", str(tmp_path / f"{mode}.ptom"),
-                         "--json", "--no-report", "--cache-dir", str(tmp_path / "cache"),
-                         "--precision_mode", mode]) == 0
-        summary = json.loads(capsys.readouterr().out)
-        (kernel,) = summary["kernels"]
-        assert kernel["status"] == "compiled", kernel["fallback_reason"]
+    model = b.model(b.op("Softmax", [added], axis=-1))
+    for summary, kernel in _one_kernel_in_fp16_modes(model, tmp_path, capsys):
         assert {"Cast", "Add", "Softmax"} <= set(kernel["ops"]), kernel["ops"]
         assert summary["verification"]["status"] == "passed"
 
