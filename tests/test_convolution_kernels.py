@@ -152,3 +152,41 @@ def test_a_reduction_joins_a_convolution_s_planes_but_not_a_matmul_s_rows():
     assert runs(pooled(conv=True)) == [("Conv", "Relu", "ReduceMean", "Sigmoid")]
     assert runs(pooled(conv=False, axes=(2,))) == [("MatMul", "Relu"), ("ReduceMean", "Sigmoid")]
     assert ("Conv", "Relu", "ReduceMean", "Sigmoid") not in runs(pooled(conv=True, axes=(3,)))
+
+
+def test_several_convolutions_share_a_region_only_around_a_reduction():
+    """A squeeze-and-excite block's convolutions share the pooling's region, each product laid
+    out in the pooling's rows (FULL), one value per row (ROW) or in its own rows (OWN); two
+    1x1 convolutions in a row without a reduction stay a kernel each (a region holds one
+    matmul), and so do two MatMuls around a reduction (only convolutions of one image)."""
+    from pypto_offline.fusion.rows import FULL, OWN, ROW, row_layout
+    from pypto_offline.pypto_kernels.codegen.layout import shapes_of
+    from tests.test_mobile_blocks import mobilenet_v3_inverted_residual
+
+    _, plan = fuse(mobilenet_v3_inverted_residual())
+    (region,) = plan.regions
+    rows = row_layout(region.simplified, shapes_of(region), region.outputs)
+    assert (rows.rows, rows.columns) == (64, 256)
+    products = [op.outputs[0] for op in region.simplified if op.op_type == "Conv"]
+    assert [rows.kinds[p] for p in products] == [FULL, FULL, OWN, ROW, OWN]
+    assert [rows.shape(p) for p in products] == [[64, 256], [64, 256], [16, 1], [64, 1],
+                                                 [16, 256]]
+
+    def chain(op_type: str, reduce: bool):
+        b = GraphBuilder()
+        if op_type == "Conv":
+            x = b.input("x", [1, 16, 8, 8])
+            weights = [RNG.standard_normal((16, 16, 1, 1)) * 0.3 for _ in range(2)]
+        else:
+            x = b.input("x", [1, 16, 64])
+            weights = [RNG.standard_normal((64, 64)) * 0.3 for _ in range(2)]
+        first = b.op("Relu", [b.op(op_type, [x, b.const(weights[0])])])
+        if reduce:
+            first = b.op("Mul", [first, b.op("ReduceMean", [first, b.const([-1])], keepdims=1)])
+        return b.model(b.op(op_type, [first, b.const(weights[1])]))
+
+    def regions(model):
+        return [[op.op_type for op in r.original] for r in fuse(model)[1].regions]
+
+    assert regions(chain("Conv", reduce=False)) == [["Conv", "Relu"]]
+    assert all(r.count("MatMul") <= 1 for r in regions(chain("MatMul", reduce=True)))

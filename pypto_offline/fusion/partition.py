@@ -157,8 +157,9 @@ def read_beyond(members: list[Node], graph: ImportedGraph,
 
 
 def _matmul_is_root(graph: ImportedGraph, members: list[Node], target: Target) -> bool:
-    """A region holds at most one matmul, as its root (IREE's root op, TVM's kOutEWiseFusable):
-    no reduction beside it (but a convolution's: a reduction of its channels' planes, the
+    """A region holds at most one matmul, as its root (IREE's root op, TVM's kOutEWiseFusable),
+    or several convolutions with a reduction (``_convolutions_with_a_reduction``): no
+    reduction beside it (but a convolution's: a reduction of its channels' planes, the
     product rows, ``rows._conv_planes``), its operands from outside the region, and every other
     member fed from inside it: its epilogue (bias, activation, residual, output reshape or
     transpose), or a Cast between float types (of an operand the epilogue reads: GPT-2's past keys, fp32 model inputs cast to fp16
@@ -168,9 +169,9 @@ def _matmul_is_root(graph: ImportedGraph, members: list[Node], target: Target) -
     matmuls = [n for n in members if kind_of(n.op_type, n.params) == MATMUL]
     if not matmuls:
         return True
-    if len(matmuls) > 1:
-        return False
     produced = {name for n in members for name in n.outputs}
+    if len(matmuls) > 1:
+        return _convolutions_with_a_reduction(graph, members, matmuls)
     (root,) = matmuls
     # a convolution's epilogue may reduce its planes (``rows._conv_planes``); a MatMul's may not
     if not is_cube_conv(root.op_type, root.params) \
@@ -183,6 +184,19 @@ def _matmul_is_root(graph: ImportedGraph, members: list[Node], target: Target) -
         return False
     return all(any(name in produced for name in data_inputs(n.op_type, n.inputs))
                or _float_cast(graph, n) for n in members if n is not root)
+
+
+def _convolutions_with_a_reduction(graph: ImportedGraph, members: list[Node],
+                                   matmuls: list[Node]) -> bool:
+    """Several convolutions on the cube in one region: a squeeze-and-excite block (expansion,
+    pooling, excitation, gate, projection), whose pooling's rows (``rows.row_layout``) hold
+    every product, as those rows, one value per row, or in its own rows (OWN): every matmul a
+    convolution of one image, a reduction among the members, and nothing that reorders axes.
+    A MobileNetV3 inverted residual was 4 kernels, 101.6 us summed; as one, 99.2 us
+    (docs/regions.md)."""
+    return all(is_cube_conv(n.op_type, n.params) for n in matmuls) and any(
+        kind_of(n.op_type) == REDUCTION for n in members) and not any(
+        op_def(n.op_type).reorders for n in members)
 
 
 def _float_cast(graph: ImportedGraph, node: Node) -> bool:

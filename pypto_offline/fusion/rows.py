@@ -9,6 +9,9 @@ its elementwise producers and consumers). Each tensor of the region is then one 
     ROW [R, 1]     a reduction's result (kept dims or not): a mean, a variance, a row maximum
     COLUMN [1, C]  a per-channel parameter: LayerNorm's gamma and beta, an attention mask row
     SCALAR [1, 1]  a one-element tensor
+    OWN [Cout, H*W]  a convolution's product on the cube in its own rows, beside the region's
+                   (a squeeze-and-excite's projection), and elementwise ops on it
+                   (``RowLayout.own``, ``_on_own``)
     EXPANDED [R, C]  a region input broadcast over other axes than the rows' or the columns'
                    alone, expanded in UB to full rows: an attention mask [1, 1, S, S] over
                    [B, H, S, S] scores (``RowLayout.expanded``); or an elementwise op on such
@@ -39,7 +42,7 @@ from pypto_offline.importer.ops import (BROADCAST, ELEMENTWISE, OPS, PER_ROW_PAR
                                         POINTWISE_OPS, REDUCTION, ROW_RESULT_OPS, VIEW,
                                         is_cube_conv, kind_of)
 
-FULL, ROW, COLUMN, SCALAR, EXPANDED = "full", "row", "column", "scalar", "expanded"
+FULL, ROW, COLUMN, SCALAR, EXPANDED, OWN = "full", "row", "column", "scalar", "expanded", "own"
 
 
 class NotRows(Exception):
@@ -56,9 +59,13 @@ class RowLayout:
     # each EXPANDED tensor → the shape it is broadcast to (its reader's output) before it is
     # laid out as rows
     expanded: Mapping[str, tuple[int, ...]] = field(default_factory=lambda: MappingProxyType({}))
+    # each OWN tensor → its own [Cout, H*W] rows (a convolution's product beside the region's)
+    own: Mapping[str, tuple[int, int]] = field(default_factory=lambda: MappingProxyType({}))
 
     def shape(self, tensor: str) -> list[int]:
         kind = self.kinds[tensor]
+        if kind == OWN:
+            return list(self.own[tensor])
         return [self.rows if kind in (FULL, ROW, EXPANDED) else 1,
                 self.columns if kind in (FULL, COLUMN, EXPANDED) else 1]
 
@@ -101,14 +108,51 @@ def row_layout(ops: Sequence[RegionOp], shapes: Mapping[str, Sequence[int]],
     kinds: dict[str, str] = {}
     expanded: dict[str, tuple[int, ...]] = {}
     sources: dict[str, list[str]] = {}  # an op on EXPANDED operands: its output → its operands
+    own: dict[str, tuple[int, int]] = {}
     for op in ops:  # a computed tensor has its producer's kind first
         if op.op_type == "Conv":
-            _conv_planes(op, shapes, rows, columns, kinds)
+            _conv_planes(op, shapes, rows, columns, kinds, own)
+        elif _on_own(op, shapes, kinds, own):
+            continue
         elif not _on_expanded(op, shapes, rows, columns, kinds, sources):
             _assign(op, shapes, rows, columns, kinds, expanded)
     _expand_sources(sources, expanded, outputs)
     return RowLayout(rows, columns, MappingProxyType(kinds),
-                     expanded=MappingProxyType(expanded))
+                     expanded=MappingProxyType(expanded), own=MappingProxyType(own))
+
+
+def _on_own(op: RegionOp, shapes, kinds: dict, own: dict) -> bool:
+    """An elementwise op or a reshape of a convolution's product in its own rows (OWN): the
+    same rows, its other operands of the same shape (read in those rows) or scalars; any other
+    op on it: ``NotRows``."""
+    held = [name for name in op.inputs if name and kinds.get(name) == OWN]
+    if not held:
+        return False
+    frame = own[held[0]]
+    if kind_of(op.op_type, op.params) == VIEW:  # the same elements in the same order
+        _set(kinds, op.outputs[0], OWN, op)
+        own[op.outputs[0]] = frame
+        return True
+    if op.op_type not in POINTWISE_OPS or op.op_type == "Expand":
+        raise NotRows(f"{op.op_type} on a convolution's product in its own rows")
+    out_shape = tuple(shapes[op.outputs[0]])
+    if prod(out_shape) != prod(frame):
+        raise NotRows(f"{op.op_type} broadcasts a convolution's product beyond its rows")
+    for name in op.inputs:
+        if not name or name in held:
+            continue
+        size = prod(shapes[name])
+        if size == 1:
+            _set(kinds, name, SCALAR, op)
+        elif tuple(shapes[name]) == out_shape:
+            _set(kinds, name, OWN, op)
+            own[name] = frame
+        else:
+            raise NotRows(f"{op.op_type} broadcasts {list(shapes[name])} over a convolution's "
+                          f"product rows")
+    _set(kinds, op.outputs[0], OWN, op)
+    own[op.outputs[0]] = frame
+    return True
 
 
 def _on_expanded(op: RegionOp, shapes, rows: int, columns: int, kinds: dict,
@@ -272,17 +316,27 @@ def _reduction(op: RegionOp, shapes, rows: int, columns: int, kinds: dict) -> No
     _set(kinds, op.outputs[0], out_kind, op)
 
 
-def _conv_planes(op: RegionOp, shapes, rows: int, columns: int, kinds: dict) -> None:
+def _conv_planes(op: RegionOp, shapes, rows: int, columns: int, kinds: dict,
+                 own: dict) -> None:
     """A convolution of one image writes each output channel's plane: on the cube as its
     ``[Cout, H*W]`` product rows (``codegen.matmul.conv_product``), a depthwise one as its
-    channels' planes (``codegen.convolution``), reshaped to rows once. They are the rows of a
-    reduction over each channel's pixels (a squeeze-and-excite's GlobalAveragePool): FULL. Its
-    operands are read as the lowering takes them, not laid out as rows."""
+    channels' planes (``codegen.convolution``), reshaped to rows once. When they are the rows
+    of a reduction over each channel's pixels (a squeeze-and-excite's GlobalAveragePool),
+    FULL; one pixel per row of them (the excitation's last 1x1 convolution), ROW; any other
+    product on the cube keeps its own rows (OWN). Its operands are read as the lowering takes
+    them, not laid out as rows."""
     n, filters, *pixels = shapes[op.outputs[0]]
-    if (n, filters, prod(pixels)) != (1, rows, columns):
-        raise NotRows(f"{op.op_type} writes {filters} planes of {prod(pixels)} pixels, not the "
+    pixels = prod(pixels)
+    if n == 1 and (filters, pixels) == (rows, columns):
+        _set(kinds, op.outputs[0], FULL, op)
+    elif n == 1 and (filters, pixels) == (rows, 1):
+        _set(kinds, op.outputs[0], ROW, op)
+    elif n == 1 and is_cube_conv(op.op_type, op.params):
+        _set(kinds, op.outputs[0], OWN, op)
+        own[op.outputs[0]] = (filters, pixels)
+    else:
+        raise NotRows(f"{op.op_type} writes {filters} planes of {pixels} pixels, not the "
                       f"{rows}x{columns} rows of the region's reduction")
-    _set(kinds, op.outputs[0], FULL, op)
 
 
 def _frame_kind(shape, rows: int, columns: int, known: list[str], op: RegionOp) -> str:

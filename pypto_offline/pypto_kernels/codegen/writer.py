@@ -206,9 +206,11 @@ class Writer:
         self.lines.append("    " * self.indent + line)
 
     def tile(self, shape, dtype: int, whole_axes=()) -> None:
-        if self.rows is not None and self.rows.whole_rows and len(shape) == 2:
+        if self.rows is not None and self.rows.whole_rows and len(shape) == 2 \
+                and tuple(shape) not in self.rows.own.values():
             # one tile of whole rows for every op of a row region, the reduced results
-            # included: a reduction never splits its axis (fusion/rows.py)
+            # included: a reduction never splits its axis (fusion/rows.py); a convolution's
+            # product in its own rows (OWN) is tiled as any 2-D tensor
             shape, whole_axes = (self.rows.rows, self.rows.columns), (1,)
         split = self.rows is not None and self.rows.split_columns and len(shape) == 2
         tile = self.policy.tile(tuple(shape), itemsize_of(dtype), tuple(whole_axes), split)
