@@ -3,9 +3,10 @@ pypto_kernels/codegen/convolution.py): a depthwise KxK Conv (stride and dilation
 padding) is a window op the kernel writes as its taps; any other KxK Conv (one group, or a few
 with block-diagonal weights) is a matmul root the cube computes from its taps' columns. Each
 fuses its epilogue, compiles with the real PyPTO 0.2.0 and passes its check against
-onnxruntime. A convolution no lowering takes (a 7x7 window, more than 8 groups that are not
+onnxruntime, in fp32 and fp16. A convolution no lowering takes (a 7x7 window, more than 8 groups that are not
 depthwise) stays a boundary with its reason, and one whose kernel would stage more through GM
-than fusing saves stays out as not paying (fusion/cost.why_staging_does_not_pay). Small shapes: a few seconds of compile each."""
+than fusing saves stays out as not paying (fusion/cost.why_staging_does_not_pay). Small
+shapes: a few seconds of compile each."""
 from __future__ import annotations
 
 import numpy as np
@@ -48,6 +49,7 @@ DEPTHWISE = {
     "depthwise 3x3 s1, bias, Relu, fp16": dict(activation="Relu", dtype=np.float16),
     "depthwise 3x3 s2 on an odd image, HardSwish, fp16": dict(stride=2, size=15,
                                                               dtype=np.float16),
+    "depthwise 3x3 dilation 2, HardSwish, fp16": dict(dilation=2, bias=False, dtype=np.float16),
 }
 ON_THE_CUBE = {
     "3x3 16->32, bias, Relu": dict(groups=1, channels=16, filters=32, activation="Relu"),
@@ -56,6 +58,8 @@ ON_THE_CUBE = {
     "3x3 s2 8->16, HardSwish": dict(groups=1, filters=16, stride=2, bias=False),
     "3x3 in 4 groups 16->32, bias, Relu": dict(groups=4, channels=16, filters=32,
                                                activation="Relu"),
+    "3x3 in 4 groups 16->32, bias, Relu, fp16": dict(groups=4, channels=16, filters=32,
+                                                     activation="Relu", dtype=np.float16),
 }
 CASES = {**DEPTHWISE, **ON_THE_CUBE}
 
