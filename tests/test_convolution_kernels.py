@@ -3,10 +3,10 @@ pypto_kernels/codegen/convolution.py): a depthwise KxK Conv (stride and dilation
 padding) is a window op the kernel writes as its taps; any other KxK Conv (one group, or a few
 with block-diagonal weights) is a matmul root the cube computes from its taps' columns. Each
 fuses its epilogue, compiles with the real PyPTO 0.2.0 and passes its check against
-onnxruntime, in fp32 and fp16. A convolution no lowering takes (a 7x7 window, more than 8 groups that are not
-depthwise) stays a boundary with its reason, and one whose kernel would stage more through GM
-than fusing saves stays out as not paying (fusion/cost.why_staging_does_not_pay). Small
-shapes: a few seconds of compile each."""
+onnxruntime, in fp32 and fp16. A convolution no lowering takes (a 7x7 window, more than 8
+groups that are not depthwise) stays a boundary with its reason, and one whose kernel would
+stage more through GM than fusing saves stays out as not paying
+(fusion/cost.why_staging_does_not_pay). Small shapes: a few seconds of compile each."""
 from __future__ import annotations
 
 import numpy as np
