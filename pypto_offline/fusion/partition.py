@@ -169,9 +169,9 @@ def _matmul_is_root(graph: ImportedGraph, members: list[Node], target: Target) -
     matmuls = [n for n in members if kind_of(n.op_type, n.params) == MATMUL]
     if not matmuls:
         return True
-    produced = {name for n in members for name in n.outputs}
     if len(matmuls) > 1:
-        return _convolutions_with_a_reduction(graph, members, matmuls)
+        return _convolutions_with_a_reduction(members, matmuls)
+    produced = {name for n in members for name in n.outputs}
     (root,) = matmuls
     # a convolution's epilogue may reduce its planes (``rows._conv_planes``); a MatMul's may not
     if not is_cube_conv(root.op_type, root.params) \
@@ -186,8 +186,7 @@ def _matmul_is_root(graph: ImportedGraph, members: list[Node], target: Target) -
                or _float_cast(graph, n) for n in members if n is not root)
 
 
-def _convolutions_with_a_reduction(graph: ImportedGraph, members: list[Node],
-                                   matmuls: list[Node]) -> bool:
+def _convolutions_with_a_reduction(members: list[Node], matmuls: list[Node]) -> bool:
     """Several convolutions on the cube in one region: a squeeze-and-excite block (expansion,
     pooling, excitation, gate, projection), whose pooling's rows (``rows.row_layout``) hold
     every product, as those rows, one value per row, or in its own rows (OWN): every matmul a
