@@ -35,6 +35,12 @@ def test_an_int64_attention_mask_is_one_kernel_holding_it_as_int32(tmp_path):
                                 search=False)
     assert kernel.compiled and kernel.functional_ok, (kernel.fallback_reason, kernel.verdicts)
     assert "pypto.DT_INT32" in kernel.source and "DT_INT64" not in kernel.source
+    # the lower bound counts the int64 mask at the 4 bytes a kernel moves it in, the 16
+    # fp32 output at 4: the kernel measures no fewer (asr_frontend_kaldi's int64 index
+    # arithmetic measured half its bound when it counted 8; bench.compare flagged it)
+    (region,) = plan.regions
+    assert region.fused.gm_bytes == 16 * 4 + 16 * 4
+    assert kernel.gm_bytes_read + kernel.gm_bytes_written >= region.fused.gm_bytes
     assert_compiled_matches(graph, plan)
 
 
