@@ -194,3 +194,18 @@ def test_several_convolutions_share_a_region_only_around_a_reduction():
 
     assert regions(chain("Conv", reduce=False)) == [["Conv", "Relu"]]
     assert all(r.count("MatMul") <= 1 for r in regions(chain("MatMul", reduce=True)))
+
+
+def test_an_input_cast_read_by_a_block_and_its_residual_joins_the_block():
+    """Under force_fp16 the model input's Cast feeds the block's first convolution and its
+    residual Add: refused at first (with the block not yet one region, the merge made a
+    cycle), then tried again once the block and the Add are one (``Partition._grow``)."""
+    from pypto_offline import import_model
+    from pypto_offline.fusion import plan_fusion
+    from pypto_offline.importer.precision import FORCE_FP16, to_half
+    from tests.test_mobile_blocks import mobilenet_v3_inverted_residual
+
+    half, _ = to_half(import_model(mobilenet_v3_inverted_residual()).model, FORCE_FP16)
+    plan = plan_fusion(import_model(half), TARGETS["kirin9050"])
+    (region,) = plan.regions
+    assert [op.op_type for op in region.original].count("Cast") == 2 and not plan.unfused

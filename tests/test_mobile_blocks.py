@@ -167,3 +167,21 @@ def test_a_region_no_tile_fits_under_pypto_s_merging_ships_with_the_merge_capped
     assert f"vec_nbuffer_setting={{-1: {kernel.tuned_tile.vec_merge}}}" in kernel.source
     (again,) = compile_kernels(graph, plan, target, cache_dir=tmp_path)
     assert again.from_cache and again.pypto_compiles == 0 and again.source == kernel.source
+
+
+def test_the_inverted_residual_is_one_kernel_in_fp16_too(tmp_path):
+    """Under force_fp16 (the phone's precision, docs/precision.md) the block is still one
+    kernel, the model input's Cast to fp16 in it (read by the expansion and by the residual:
+    ``partition.Partition._grow`` tries it again once they are one region), and it compiles
+    and passes its check at fp16's tolerance."""
+    from pypto_offline import import_model
+    from pypto_offline.fusion import plan_fusion
+    from pypto_offline.importer.precision import FORCE_FP16, to_half
+
+    half, _ = to_half(import_model(mobilenet_v3_inverted_residual()).model, FORCE_FP16)
+    graph = import_model(half)
+    plan = plan_fusion(graph, TARGETS["kirin9050"])
+    assert plan.totals.kernels_after == 1, [r.original for r in plan.regions]
+    (kernel,) = compile_kernels(graph, plan, TARGETS["kirin9050"], cache_dir=tmp_path)
+    assert kernel.compiled and kernel.functional_ok, kernel.fallback_reason
+    assert "pypto.DT_FP16" in kernel.source

@@ -73,7 +73,16 @@ class Partition:
         return sorted(regions, key=lambda r: self.position[r[0]])
 
     def _grow(self, consumer: str) -> None:
-        """Merge the consumer's region with each producer's region that keeps it fusable."""
+        """Merge the consumer's region with each producer's region that keeps it fusable; once
+        more over the producers refused where a merge changed the region (a producer that
+        fed both the region and the consumer made a cycle until they were one: a precision
+        mode's input Cast read by a block's first convolution and by its residual Add)."""
+        while self._merge_producers(consumer):
+            pass
+
+    def _merge_producers(self, consumer: str) -> bool:
+        """One pass of ``_grow``: whether it merged a producer and refused another."""
+        merged = refused = False
         for producer in list(self.quotient.predecessors(self.region_of[consumer])):
             a, b = producer, self.region_of[consumer]
             # A region of several nodes holds fusable nodes only (merges join no other), so
@@ -83,13 +92,16 @@ class Partition:
             if self.working[a] + self.working[b] > self.target.ub_plan_bytes.value:
                 continue
             if self._creates_cycle(a, b, self.position[consumer]):
+                refused = True
                 continue
             if self.constrained[a] + self.constrained[b]:
-                merged = [self.nodes[m] for m in self.members[a] + self.members[b]]
-                if not _matmul_is_root(self.graph, merged, self.target) \
-                        or not _rows_agree(self.graph, merged, self.readers):
+                members = [self.nodes[m] for m in self.members[a] + self.members[b]]
+                if not _matmul_is_root(self.graph, members, self.target) \
+                        or not _rows_agree(self.graph, members, self.readers):
                     continue
             self._merge(a, b)
+            merged = True
+        return merged and refused
 
     def _creates_cycle(self, a: str, b: str, consumer: int) -> bool:
         """Merging producer region ``a`` into consumer region ``b`` (an edge a → b) makes a

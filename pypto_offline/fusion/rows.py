@@ -112,7 +112,7 @@ def row_layout(ops: Sequence[RegionOp], shapes: Mapping[str, Sequence[int]],
     for op in ops:  # a computed tensor has its producer's kind first
         if op.op_type == "Conv":
             _conv_planes(op, shapes, rows, columns, kinds, own)
-        elif _on_own(op, shapes, kinds, own):
+        elif _on_own(op, shapes, kinds, own, sources):
             continue
         elif not _on_expanded(op, shapes, rows, columns, kinds, sources):
             _assign(op, shapes, rows, columns, kinds, expanded)
@@ -121,7 +121,20 @@ def row_layout(ops: Sequence[RegionOp], shapes: Mapping[str, Sequence[int]],
                      expanded=MappingProxyType(expanded), own=MappingProxyType(own))
 
 
-def _on_own(op: RegionOp, shapes, kinds: dict, own: dict) -> bool:
+def _own_from(name: str, frame: tuple[int, int], shapes, kinds: dict, own: dict,
+              sources: dict, op: RegionOp) -> None:
+    """An op on region inputs alone, taken for EXPANDED (``_on_expanded``) until a
+    convolution's product in its own rows read it at that product's shape, in those rows
+    instead, with its inputs (a precision mode's Cast of the model input that the block's
+    residual adds back)."""
+    for source in sources.pop(name, []):
+        if prod(shapes[source]) != prod(frame):
+            raise NotRows(f"{source!r} broadcasts into {name!r}, read in a product's rows")
+        _own_from(source, frame, shapes, kinds, own, sources, op)
+    kinds[name], own[name] = OWN, frame
+
+
+def _on_own(op: RegionOp, shapes, kinds: dict, own: dict, sources: dict) -> bool:
     """An elementwise op or a reshape of a convolution's product in its own rows (OWN): the
     same rows, its other operands of the same shape (read in those rows) or scalars; any other
     op on it: ``NotRows``."""
@@ -144,6 +157,8 @@ def _on_own(op: RegionOp, shapes, kinds: dict, own: dict) -> bool:
         size = prod(shapes[name])
         if size == 1:
             _set(kinds, name, SCALAR, op)
+        elif name in sources and tuple(shapes[name]) == out_shape:
+            _own_from(name, frame, shapes, kinds, own, sources, op)
         elif tuple(shapes[name]) == out_shape:
             _set(kinds, name, OWN, op)
             own[name] = frame
