@@ -69,11 +69,12 @@ def convolution_kernels(shipped) -> list[dict]:
     counted: the whole image is read once) and what its staging adds (docs/regions.md)."""
     rows = []
     for kernel in shipped:
-        windows = [o for o in kernel.simplified if o.op_type == "Conv"
-                   and "kernel_shape" in json.loads(o.params_json or "{}")]
+        params = [json.loads(o.params_json or "{}") for o in kernel.simplified
+                  if o.op_type == "Conv"]
+        windows = [p["kernel_shape"] for p in params if "kernel_shape" in p]
         if windows:
             rows.append({"id": kernel.id, "ops": [o.op_type for o in kernel.original],
-                         "windows": [json.loads(o.params_json)["kernel_shape"] for o in windows],
+                         "windows": windows,
                          "gm_bytes": kernel.gm_bytes_read + kernel.gm_bytes_written,
                          "gm_bytes_lower_bound": kernel.gm_bytes_lower_bound})
     return rows

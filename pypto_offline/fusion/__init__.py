@@ -82,7 +82,7 @@ def with_parts(plan: FusionPlan, graph: ImportedGraph, target: Target,
     parts: list[Region] = []
     for region in to_cut:
         cut = cut_in_two(region.id, [nodes[nid] for nid in region.nodes],
-                         cannot_ship[region.id], graph, target)
+                         cannot_ship[region.id], graph, target, readers)
         if cut is None:
             continue
         cuts.append(cut)

@@ -13,7 +13,6 @@ from math import prod
 from typing import Iterable, Sequence
 
 import numpy as np
-import onnx
 
 from pypto_offline.fusion.classify import kernel_dtype, node_tensors
 from pypto_offline.fusion.records import Cost, RegionOp
@@ -68,19 +67,19 @@ def fused_cost(inputs: Iterable[str], outputs: Iterable[str], graph: ImportedGra
     outputs = list(outputs)
     read = [name for name in inputs if not _immediate(name, graph)]
     needed = needed_elements(ops, read, outputs, graph)
-    gm_bytes = sum(needed[name] * kernel_itemsize(graph, name) for name in read
-                   if name in needed) \
-        + sum(prod(graph.tensors[name].shape) * kernel_itemsize(graph, name) for name in outputs
+    gm_bytes = sum(kernel_bytes(graph, name, needed[name]) for name in read if name in needed) \
+        + sum(kernel_bytes(graph, name) for name in outputs
               if name in graph.tensors and graph.tensors[name].shape is not None)
     return Cost(1, gm_bytes, time_us(1, gm_bytes, target))
 
 
-def kernel_itemsize(graph: ImportedGraph, name: str) -> int:
-    """Bytes of one element as a kernel moves it: an int64 tensor as int32
-    (``classify.kernel_dtype``). asr_frontend_kaldi's index arithmetic on int64 [1, 200]
-    tensors moved 3,204 B against a lower bound of 6,408 counted at 8 bytes an element."""
-    elem_type = kernel_dtype(graph.tensors[name].dtype)
-    return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type)).itemsize
+def kernel_bytes(graph: ImportedGraph, name: str, elements: int | None = None) -> int:
+    """Bytes of ``elements`` of the tensor (all of them by default) as a kernel moves them: an
+    int64 tensor as int32 (``classify.kernel_dtype``). asr_frontend_kaldi's index arithmetic on
+    int64 [1, 200] tensors moved 3,204 B against a lower bound of 6,408 counted at 8 bytes an
+    element."""
+    info = graph.tensors[name]
+    return bytes_of(info.shape if elements is None else (elements,), kernel_dtype(info.dtype))
 
 
 def cube_reread_bytes(ops: Sequence[RegionOp], tensor_types) -> int:

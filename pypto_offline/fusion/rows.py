@@ -122,7 +122,7 @@ def row_layout(ops: Sequence[RegionOp], shapes: Mapping[str, Sequence[int]],
 
 
 def _own_from(name: str, frame: tuple[int, int], shapes, kinds: dict, own: dict,
-              sources: dict, op: RegionOp) -> None:
+              sources: dict) -> None:
     """An op on region inputs alone, taken for EXPANDED (``_on_expanded``) until a
     convolution's product in its own rows read it at that product's shape, in those rows
     instead, with its inputs (a precision mode's Cast of the model input that the block's
@@ -130,7 +130,7 @@ def _own_from(name: str, frame: tuple[int, int], shapes, kinds: dict, own: dict,
     for source in sources.pop(name, []):
         if prod(shapes[source]) != prod(frame):
             raise NotRows(f"{source!r} broadcasts into {name!r}, read in a product's rows")
-        _own_from(source, frame, shapes, kinds, own, sources, op)
+        _own_from(source, frame, shapes, kinds, own, sources)
     kinds[name], own[name] = OWN, frame
 
 
@@ -143,8 +143,7 @@ def _on_own(op: RegionOp, shapes, kinds: dict, own: dict, sources: dict) -> bool
         return False
     frame = own[held[0]]
     if kind_of(op.op_type, op.params) == VIEW:  # the same elements in the same order
-        _set(kinds, op.outputs[0], OWN, op)
-        own[op.outputs[0]] = frame
+        _set_own(op.outputs[0], frame, kinds, own, op)
         return True
     if op.op_type not in POINTWISE_OPS or op.op_type == "Expand":
         raise NotRows(f"{op.op_type} on a convolution's product in its own rows")
@@ -158,16 +157,19 @@ def _on_own(op: RegionOp, shapes, kinds: dict, own: dict, sources: dict) -> bool
         if size == 1:
             _set(kinds, name, SCALAR, op)
         elif name in sources and tuple(shapes[name]) == out_shape:
-            _own_from(name, frame, shapes, kinds, own, sources, op)
+            _own_from(name, frame, shapes, kinds, own, sources)
         elif tuple(shapes[name]) == out_shape:
-            _set(kinds, name, OWN, op)
-            own[name] = frame
+            _set_own(name, frame, kinds, own, op)
         else:
             raise NotRows(f"{op.op_type} broadcasts {list(shapes[name])} over a convolution's "
                           f"product rows")
-    _set(kinds, op.outputs[0], OWN, op)
-    own[op.outputs[0]] = frame
+    _set_own(op.outputs[0], frame, kinds, own, op)
     return True
+
+
+def _set_own(tensor: str, frame: tuple[int, int], kinds: dict, own: dict, op: RegionOp) -> None:
+    _set(kinds, tensor, OWN, op)
+    own[tensor] = frame
 
 
 def _on_expanded(op: RegionOp, shapes, rows: int, columns: int, kinds: dict,
@@ -347,8 +349,7 @@ def _conv_planes(op: RegionOp, shapes, rows: int, columns: int, kinds: dict,
     elif n == 1 and (filters, pixels) == (rows, 1):
         _set(kinds, op.outputs[0], ROW, op)
     elif n == 1 and is_cube_conv(op.op_type, op.params):
-        _set(kinds, op.outputs[0], OWN, op)
-        own[op.outputs[0]] = (filters, pixels)
+        _set_own(op.outputs[0], (filters, pixels), kinds, own, op)
     else:
         raise NotRows(f"{op.op_type} writes {filters} planes of {pixels} pixels, not the "
                       f"{rows}x{columns} rows of the region's reduction")

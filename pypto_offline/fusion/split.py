@@ -17,7 +17,7 @@ from typing import Mapping, Sequence
 
 from pypto_offline.fusion.classify import node_id
 from pypto_offline.fusion.cost import tensor_bytes
-from pypto_offline.fusion.partition import holds_together, tensor_readers
+from pypto_offline.fusion.partition import holds_together
 from pypto_offline.fusion.records import Cut
 from pypto_offline.importer import ImportedGraph, Node
 from pypto_offline.importer.ops import data_inputs
@@ -30,11 +30,11 @@ def part_id(region_id: str, index: int) -> str:
 
 
 def cut_in_two(region_id: str, members: Sequence[Node], reason: str, graph: ImportedGraph,
-               target: Target) -> Cut | None:
+               target: Target, readers: Mapping[str, list[str]]) -> Cut | None:
     """The cut of a region of these nodes (graph order) that moves the fewest bytes, or None
-    when no prefix leaves two parts that may each be a region (a region of one node)."""
+    when no prefix leaves two parts that may each be a region (a region of one node).
+    ``readers``: ``partition.tensor_readers(graph)``."""
     best: tuple[tuple[int, int], Cut] | None = None
-    readers = tensor_readers(graph)
     for split in range(1, len(members)):
         first, second = list(members[:split]), list(members[split:])
         tensors = _handed_over(first, second)

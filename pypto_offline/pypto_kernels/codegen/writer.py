@@ -242,8 +242,7 @@ class Writer:
             if len(frame) != len(shape) or tile[axis] >= shape[axis] or step % tile[axis] == 0 \
                     or any(d != f for a, (d, f) in enumerate(zip(shape, frame)) if a != axis):
                 continue
-            divisor = next(d for d in range(tile[axis], 0, -1) if step % d == 0)
-            tile = (*tile[:axis], divisor, *tile[axis + 1:])
+            tile = (*tile[:axis], _largest_divisor(step, tile[axis]), *tile[axis + 1:])
         return tile
 
     def _rows_within_cube_tile(self, shape: tuple[int, ...], tile: tuple[int, ...]
@@ -256,9 +255,7 @@ class Writer:
         if self.cube_rows is None or len(shape) != 2 or shape[0] != self.product_rows \
                 or tile[0] >= shape[0] or self.cube_rows % tile[0] == 0:
             return tile
-        rows = next(d for d in range(min(tile[0], self.cube_rows), 0, -1)
-                    if self.cube_rows % d == 0)
-        return (rows, *tile[1:])
+        return (_largest_divisor(self.cube_rows, tile[0]), *tile[1:])
 
     def set_tile(self, tile: tuple[int, ...]) -> None:
         """Emit ``tile`` as the vector tile of the ops that follow (not a transpose result's)."""
@@ -288,6 +285,12 @@ class Writer:
         if self._following:  # its result comes in the same tile: whoever reads it follows too
             self.tiles[name] = self.current_tile
         return name
+
+
+def _largest_divisor(number: int, at_most: int) -> int:
+    """The largest divisor of ``number`` not above ``at_most``: a tile side that does not
+    straddle two blocks of ``number`` (a cube tile's rows, a Split's parts)."""
+    return next(d for d in range(min(at_most, number), 0, -1) if number % d == 0)
 
 
 def let(w: Writer, expression: str) -> str:
