@@ -186,18 +186,24 @@ def staging_bytes(op: Node, image, out, itemsize: int) -> int:
 def why_staging_does_not_pay(node: Node, graph: ImportedGraph, target: Target) -> str | None:
     """Why a convolution stays out of kernels: what its kernel stages through GM
     (``staging_bytes``) costs more than the most fusing it saves, a launch and its output's
-    round trip to GM (written by it, read by its epilogue). None when it may pay."""
+    round trip to GM (written by it, read by its epilogue). None when it may pay.
+
+    The staging is costed at one AI core's GM port, not the chip's bandwidth: PyPTO's cost
+    model moves it at 8-17 GB/s on kirin9050 and 9-25 GB/s on the 910B (staged bytes over the
+    whole kernel's time, so a ceiling), where the chip's figures say 50 and 1,420 GB/s; at the
+    chip's rate fp16 halved the estimate and fused convolutions whose kernels then cost more
+    than the fp32 build's (docs/regions.md, "Whether it pays")."""
     out = graph.tensors[node.outputs[0]]
     staged = staging_bytes(node, graph.tensors[node.inputs[0]].shape, out.shape,
                            out.np_dtype.itemsize)
     if not staged:
         return None
-    cost = time_us(0, staged, target)
+    cost = target.seconds_for_bytes_on_one_core(staged) * 1e6
     saved = time_us(1, 2 * out.nbytes, target)
     if cost < saved:
         return None
-    return (f"its kernel would stage {staged} B through GM ({cost:.1f} us: PyPTO 0.2.0 takes "
-            f"no view of a tile in UB), more than the {saved:.1f} us fusing saves (a launch "
+    return (f"its kernel would stage {staged} B through GM ({cost:.1f} us at one core's GM "
+            f"port: PyPTO 0.2.0 takes no view of a tile in UB), more than the {saved:.1f} us fusing saves (a launch "
             "and its output's round trip)")
 
 

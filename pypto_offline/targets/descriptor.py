@@ -50,7 +50,8 @@ class Target:
     dtypes: Figure  # element types a kernel may read or write (numpy names)
     kernels: KernelSupport
     notes: str = ""
-    # The rest of each chip's description: described, not yet used by a cost figure.
+    # The rest of each chip's description (one core's GM port, gm_bytes_per_cycle_per_core at
+    # clock_mhz, costs a convolution's staging: fusion/cost.why_staging_does_not_pay).
     cce_arch: Figure | None = None
     aiv_cores: Figure | None = None
     ai_cpus: Figure | None = None  # the AI CPUs that schedule its tasks (0: none on the chip)
@@ -85,3 +86,10 @@ class Target:
 
     def seconds_for_bytes(self, nbytes: int) -> float:
         return nbytes / (self.gm_bandwidth_gbps.value * 1e9)
+
+    def seconds_for_bytes_on_one_core(self, nbytes: int) -> float:
+        """At one AI core's GM port (its bytes per cycle at its clock), where the chip gives
+        both; else at the chip's bandwidth."""
+        if self.gm_bytes_per_cycle_per_core is None or self.clock_mhz is None:
+            return self.seconds_for_bytes(nbytes)
+        return nbytes / (self.gm_bytes_per_cycle_per_core.value * self.clock_mhz.value * 1e6)
