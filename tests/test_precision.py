@@ -536,3 +536,15 @@ def test_the_bench_s_model_time_counts_every_kernel_once_whatever_pypto_compared
                "est_time_us_after": time_us(1, 4096, target) + time_us(1, 8192, target) + unfused}
     assert model_us(summary, "kirin9050") == pytest.approx(
         7.0 + target.launch_overhead_us.value + time_us(1, 8192, target) + unfused, abs=1e-3)
+
+
+def test_a_part_of_a_region_that_fell_back_in_fp32_does_not_count_as_falling_back_in_fp16():
+    """bench.precision's "fall back only here": whisper80's normalisation falls back in fp32
+    and, cut in parts with the conversion's Casts, in fp16: none of those is new; a region
+    whose ops never fell back in fp32 is."""
+    from bench.precision import fell_back_only_here
+
+    fp32 = ["Max+Add", "Sub+Max+Add+Div+Transpose"]
+    fp16 = ["Max+Cast", "Max+Cast+Add", "Sub+Cast+Max+Cast+Add+Div+Transpose+Cast",
+            "LayerNormalization+Cast", "Max+Max+Add"]
+    assert fell_back_only_here(fp16, fp32) == ["LayerNormalization+Cast", "Max+Max+Add"]
