@@ -5,6 +5,7 @@ import itertools
 import math
 
 import numpy as np
+import onnx
 import pytest
 
 from pypto_offline.pypto_kernels.codegen import float_literal, flat_row, kernel_source, swaps_for
@@ -453,9 +454,31 @@ def test_a_batched_matmul_is_a_loop_of_2d_matmuls_assembled_into_the_output():
     assert "pypto.assemble(t3, [0 * 16, b1 * 8], out0)" in source
 
 
+def attention_scores_cast_to_fp32():
+    """Llama's attention scores under allow_mix_precision: an fp16 batched MatMul, its scale,
+    the mask broadcast over heads, and the Cast back to fp32 the conversion adds."""
+    b = GraphBuilder()
+    half = onnx.TensorProto.FLOAT16
+    q, k = b.input("q", [1, 4, 4, 16], half), b.input("k", [1, 4, 16, 16], half)
+    scores = b.op("Mul", [b.op("MatMul", [q, k]), b.const(0.25, np.float16)])
+    masked = b.op("Add", [scores, b.input("mask", [1, 1, 4, 16], half)])
+    return b.model(b.op("Cast", [masked], to=onnx.TensorProto.FLOAT))
+
+
+def test_a_batched_matmul_s_epilogue_may_end_in_a_cast():
+    """The Cast an fp16 mode adds after the epilogue stays in the loop: one 2-D matmul per
+    head, the slice cast in UB and assembled as fp32 (as one 4-D matmul PyPTO took 12.0 us
+    against the loop's 7.7, docs/pypto-ops.md, "MatMul")."""
+    region, constants = _only_region(attention_scores_cast_to_fp32())
+    source = kernel_source(region, TilePolicy(8192), constants)
+    compile(source, "kernel.py", "exec")
+    assert "for b1 in range(4):" in source and source.count("pypto.matmul(") == 1
+    assert "pypto.cast(" in source and "out0: pypto.Tensor((16, 16), pypto.DT_FP32)" in source
+
+
 def test_a_batched_matmul_whose_epilogue_the_loop_cannot_hold_stays_one_matmul():
     """Erf has a lowering of its own (a polynomial), not a PyPTO elementwise call: the 4-D form
-    stays (codegen.batched_matmul_loop takes UNARY and BINARY ops only)."""
+    stays (codegen.batched_matmul_loop takes UNARY and BINARY ops and Casts only)."""
     b = GraphBuilder()
     q, k = b.input("q", [1, 2, 16, 16]), b.input("k", [1, 2, 16, 16])
     region, constants = _only_region(b.model(b.op("Erf", [b.op("MatMul", [q, k])])))

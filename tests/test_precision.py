@@ -390,6 +390,22 @@ def test_an_fp16_attention_mask_added_then_cast_to_fp32_passes_its_check(tmp_pat
     assert kernel["ops"] == ["And", "Where", "Add", "Cast"]
 
 
+@pytest.mark.pypto
+def test_attention_scores_cast_to_fp32_compile_as_a_loop_and_check(tmp_path):
+    """Llama's and GPT-2's mixed-precision attention scores (an fp16 batched MatMul, scale,
+    mask, Cast to fp32) compile as the loop of 2-D matmuls the fp32 build has, and pass the
+    kernel's check."""
+    from pypto_offline.pypto_kernels import compile_kernels
+    from pypto_offline.targets import TARGETS
+    from tests.fusion_helpers import fuse
+    from tests.test_codegen_and_tiling import attention_scores_cast_to_fp32
+
+    graph, plan = fuse(attention_scores_cast_to_fp32())
+    (kernel,) = compile_kernels(graph, plan, TARGETS["kirin9050"], cache_dir=tmp_path)
+    assert kernel.compiled and kernel.functional_ok, kernel.fallback_reason
+    assert "for b1 in range(4):" in kernel.source and "pypto.cast(" in kernel.source
+
+
 def test_an_fp16_region_s_reference_overflows_where_fp16_arithmetic_does():
     """onnxruntime keeps the fp16 sum of squares it runs in fp32 unrounded; each op in its
     declared type (onnx's reference evaluator) makes it infinity and the rows 0, as the kernel
