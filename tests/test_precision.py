@@ -275,11 +275,12 @@ def test_a_mixed_precision_build_moves_fewer_bytes_and_verifies_against_the_orig
     assert (tmp_path / f"{MUST_KEEP}.ptom").read_bytes() == (tmp_path / "None.ptom").read_bytes()
     assert kept["precision_mode"] == MUST_KEEP and kept["precision"] is None
     assert mixed["precision_mode"] == ALLOW_MIX and mixed["fused_kernels"] >= 1
-    # fp16 halves what a kernel must move; measured, the mixed build's 3x3 convolution joins
-    # its kernel (in fp16 its staging through GM pays: fusion/cost.why_staging_does_not_pay)
-    # and stages its columns, so the saving is smaller but still a saving
-    assert mixed["gm_bytes_lower_bound"] < 0.7 * kept["gm_bytes_lower_bound"]
-    assert mixed["gm_bytes_after"] < kept["gm_bytes_after"]
+    # fp16 halves what a kernel must move but the model's output, which stays fp32 (ATC keeps
+    # the model's types): 524,288 B of the fp32 kernels' 1,038,528 B bound; the 3x3
+    # convolution stays out of kernels in both (fusion/cost.why_staging_does_not_pay) and the
+    # input's cast to fp16 is a kernel of its own
+    assert mixed["gm_bytes_lower_bound"] < 0.85 * kept["gm_bytes_lower_bound"]
+    assert mixed["gm_bytes_after"] < 0.65 * kept["gm_bytes_after"]
     # PyPTO's cost is compared with no unfused baseline for a region holding a convolution
     # (docs/baseline.md), so the build's own estimate (launches and bytes) says it
     assert mixed["est_time_us_after"] < kept["est_time_us_after"]
