@@ -11,7 +11,8 @@ kernel's PyPTO time and bytes, the regions that fell back, each output's metrics
 original model and each kernel's on its values, the verdict. ``--table`` writes ``NAME.md``: per
 model, each fp16 mode against must_keep_origin_dtype (bytes; the whole model's time: each
 kernel's launch with its PyPTO time, the build's estimate for the rest; the regions that fall
-back only in fp16, ``fell_back_only_here``; the least cosine of an output and of a kernel). Not part of the test run.
+back only in fp16, ``fell_back_only_here``; the least cosine of an output and of a kernel).
+Not part of the test run.
 """
 from __future__ import annotations
 

@@ -203,8 +203,8 @@ def why_staging_does_not_pay(node: Node, graph: ImportedGraph, target: Target) -
     if cost < saved:
         return None
     return (f"its kernel would stage {staged} B through GM ({cost:.1f} us at one core's GM "
-            f"port: PyPTO 0.2.0 takes no view of a tile in UB), more than the {saved:.1f} us fusing saves (a launch "
-            "and its output's round trip)")
+            f"port: PyPTO 0.2.0 takes no view of a tile in UB), more than the {saved:.1f} us "
+            "fusing saves (a launch and its output's round trip)")
 
 
 def _immediate(name: str, graph: ImportedGraph) -> bool:
