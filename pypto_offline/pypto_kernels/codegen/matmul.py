@@ -87,6 +87,11 @@ def conv_product(w: Writer, op: RegionOp, weights: Callable[[], str],
     w.assign(out, value, shape)
 
 
+# What a batched matmul's loop applies to each slice in UB: PyPTO elementwise calls, and the
+# Cast an fp16 mode adds after them
+LOOP_EPILOGUE_OPS = frozenset({*UNARY, *BINARY, "Cast"})
+
+
 @dataclass(frozen=True)
 class BatchedLoop:
     """A region that is one batched MatMul of two region inputs, an elementwise epilogue on
@@ -119,8 +124,7 @@ def batched_matmul_loop(region: Region, constants: Mapping[str, np.ndarray]
         return None
     current, product_shape, epilogue = ops[0].outputs[0], shapes[ops[0].outputs[0]], []
     rest = ops[1:]
-    while rest and (rest[0].op_type in UNARY or rest[0].op_type in BINARY
-                    or rest[0].op_type == "Cast"):
+    while rest and rest[0].op_type in LOOP_EPILOGUE_OPS:
         op = rest.pop(0)
         others = [t for t in op.inputs if t != current]
         if op.inputs.count(current) != 1 or shapes[op.outputs[0]] != product_shape or not all(
@@ -182,7 +186,7 @@ def lower_batched_loop(w: Writer, loop: BatchedLoop, inputs: Mapping[str, str],
     w.assign(product, f"pypto.matmul({a}, {b}, {pypto_dtype(w.dtype(product))})", (m, n))
     for tensor in sorted(operands):
         _hold_slice(w, tensor, inputs[tensor], indexes, batch)
-    for op in loop.epilogue:  # UNARY, BINARY and Cast only (``batched_matmul_loop``)
+    for op in loop.epilogue:  # LOOP_EPILOGUE_OPS only (``batched_matmul_loop``)
         w.sliced[op.outputs[0]] = (m, n)
         elementwise.LOWERINGS[op.op_type](w, op)
     last = loop.epilogue[-1].outputs[0] if loop.epilogue else product
