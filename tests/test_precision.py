@@ -392,6 +392,33 @@ def test_an_fp16_attention_mask_added_then_cast_to_fp32_passes_its_check(tmp_pat
 
 
 @pytest.mark.pypto
+def test_causal_scores_past_fp16_s_range_pass_their_check_under_force_fp16(tmp_path, capsys):
+    """GPT-2's and Llama's scores: q @ k^T scaled (to logits of tens, as theirs are), plus a
+    causal mask of float32's minimum, then the softmax, which a MatMul's epilogue does not
+    take: the masked scores are a kernel's output. The original model holds -3.4e38 there,
+    the fp16 kernel -inf (-65,504 plus a logit below -16 rounds past fp16's largest): both
+    builds failed on that kernel (cosine 0; bench/results/precision run4) while every output
+    matched. Checked as fp16 can tell them, the build passes; the mask is reported as
+    saturated (docs/precision.md)."""
+    b = GraphBuilder()
+    q, keys = b.input("q", [1, 4, 16, 16]), b.input("kt", [1, 4, 16, 16])
+    scores = b.op("Mul", [b.op("MatMul", [q, keys]), b.const(np.float32(10.0))])
+    causal = np.triu(np.full((16, 16), np.finfo(np.float32).min, np.float32), 1)
+    masked = b.op("Add", [scores, b.const(causal[None, None])])
+    path = tmp_path / "scores.onnx"
+    onnx.save(b.model(b.op("Softmax", [masked], axis=-1)), path)
+    assert cli.main([str(path), "--target", "kirin9050", "-o", str(tmp_path / "s.ptom"),
+                     "--json", "--no-report", "--cache-dir", str(tmp_path / "cache"),
+                     "--precision_mode", FORCE_FP16]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    (kernel,) = [k for k in summary["kernels"] if "MatMul" in k["ops"]]
+    assert kernel["status"] == "compiled" and kernel["ops"][-1] == "Add", kernel
+    assert kernel["precision"]["cosine"] >= MIN_COSINE[FORCE_FP16]
+    assert summary["verification"]["status"] == "passed"
+    assert summary["precision"]["clamped"][0]["largest"] == pytest.approx(3.4028235e38)
+
+
+@pytest.mark.pypto
 def test_attention_scores_cast_to_fp32_compile_as_a_loop_and_check(tmp_path):
     """Llama's and GPT-2's mixed-precision attention scores (an fp16 batched MatMul, scale,
     mask, Cast to fp32) compile as the loop of 2-D matmuls the fp32 build has, and pass the
@@ -492,6 +519,26 @@ def test_the_kernel_check_s_bound_grows_with_the_reference_s_magnitude():
     assert not within_tolerance(1.0, TOLERANCE["float16"], 0.5)  # values near 1: as before
     masked = kernel_check([np.array([-np.inf, 2.0], np.float32)], [np.array([-np.inf, 2.0])])
     assert masked["magnitude"] == 2.0  # an attention mask's -inf makes no bound infinite
+
+
+def test_an_fp16_output_is_checked_against_the_original_as_fp16_can_tell_them():
+    """GPT-2's causal mask adds float32's minimum to the scores: the model holds -3.4e38
+    where an fp16 kernel can hold at best -65,504 and holds -inf, the same to the softmax
+    that reads it. Against the original model (``saturating``) both are clipped to fp16's
+    range; an fp16 value that is wrong within it, and an fp32 output, are not excused."""
+    from pypto_offline.runtime import kernel_check
+
+    minimum = np.finfo(np.float32).min
+    want = np.array([minimum, 0.5, -0.25], np.float32)
+    masked = np.array([-np.inf, 0.5, -0.25], np.float16)
+    assert kernel_check([want], [masked], saturating=True)["metrics"]["cosine"] == 1.0
+    assert kernel_check([want], [masked])["metrics"]["cosine"] == 0.0  # the model's outputs
+    assert kernel_check([want], [masked.astype(np.float32)],
+                        saturating=True)["metrics"]["cosine"] == 0.0
+    wrong = np.array([-np.inf, -0.5, -0.25], np.float16)
+    assert kernel_check([want], [wrong], saturating=True)["metrics"]["max_abs"] == 1.0
+    overflowed = np.array([np.inf, 0.5, -0.25], np.float16)  # the wrong sign is not saturation
+    assert kernel_check([want], [overflowed], saturating=True)["metrics"]["cosine"] < 0.5
 
 
 def test_a_converted_graph_s_tensors_name_the_original_ones():

@@ -29,6 +29,7 @@ from onnx import numpy_helper
 
 from pypto_offline.errors import UsageError
 from pypto_offline.importer.ops import MATMUL, data_inputs, kind_of, op_def
+from pypto_offline.runtime import FP16_MAX
 
 FORCE_FP16 = "force_fp16"
 ALLOW_FP32_TO_FP16 = "allow_fp32_to_fp16"
@@ -40,7 +41,6 @@ MODES = (FORCE_FP16, ALLOW_FP32_TO_FP16, MUST_KEEP, ALLOW_MIX)  # ATC's order
 # (docs/precision.md): force_fp16's error is what it is, 0.99 marks a model it broke.
 MIN_COSINE = {FORCE_FP16: 0.99, ALLOW_FP32_TO_FP16: 0.999, ALLOW_MIX: 0.999}
 
-FP16_MAX = 65504.0
 _FLOAT = onnx.TensorProto.FLOAT
 # A --keep_dtype file names nodes of one model: a million names fit in 16 MiB
 MAX_KEEP_DTYPE_BYTES = 16 << 20

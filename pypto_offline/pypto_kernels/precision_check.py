@@ -92,7 +92,7 @@ def _run(kernel: Kernel, region: Region, setup: Setup, arrays, expected) -> tupl
     try:
         result = run_region_job(setup, staged / "precision", region, {policy: kernel.source},
                                 kernel.cache_key, arrays, expected, verify=True,
-                                pypto_golden=False)
+                                original_reference=True)
     finally:
         shutil.rmtree(staged, ignore_errors=True)
     answer = result.candidates[0] if result.candidates else None

@@ -162,10 +162,12 @@ class Job:
     folder: str | None = None
     host_compiler_cache: str | None = None
     cache_group: int | None = None
-    # With ``verify``, PyPTO's own check compares the kernel's outputs with the reference's
-    # (its tolerance 1e-3); off for a reference in another precision, which only the build
-    # compares (pypto_kernels/precision_check.py), or PyPTO stops the run at the difference.
-    pypto_golden: bool = True
+    # The reference is the original model's values, in another precision than the kernel's
+    # (pypto_kernels/precision_check.py): PyPTO's own check is not given it (its tolerance,
+    # 1e-3, would stop the run at the first difference), and an fp16 output is compared with
+    # it as fp16 can tell them (``runtime.saturated_fp16``). Else, with ``verify``, PyPTO
+    # compares the kernel's outputs with the reference's too.
+    original_reference: bool = False
 
     def to_dict(self) -> dict:
         data = {"function": self.function, "verify": self.verify}
@@ -177,8 +179,8 @@ class Job:
             data.update(folder=self.folder, host_compiler_cache=self.host_compiler_cache)
         if self.cache_group is not None:  # only then: a job of one's own cache reads as before
             data["cache_group"] = self.cache_group
-        if not self.pypto_golden:
-            data["pypto_golden"] = False
+        if self.original_reference:
+            data["original_reference"] = True
         return data
 
     def to_json(self) -> str:
@@ -191,7 +193,7 @@ class Job:
                    tuple(Candidate.from_dict(c) for c in data["candidates"]),
                    tuple(data.get("outputs", ())), data.get("parallel"), data.get("folder"),
                    data.get("host_compiler_cache"), data.get("cache_group"),
-                   data.get("pypto_golden", True))
+                   bool(data.get("original_reference", False)))
 
     def rest(self, done: int) -> Job:
         """The job less its first ``done`` candidates (a child stops at its first failed
