@@ -191,6 +191,23 @@ def model_path(name: str) -> Path:
     return target
 
 
+DYNAMIC_PAST = ("tf_gpt2_decoder_kv", "tf_llama_decoder_kv")
+
+
+def dynamic_past_path(name: str) -> Path:
+    """A corpus decoder exported with its past length symbolic (``past``), for gears
+    (bench.gears); exported into the cache when missing, checked against PyTorch there."""
+    if name not in DYNAMIC_PAST:
+        raise CorpusError(f"{name!r} has no dynamic-past export; those that do: "
+                          f"{', '.join(DYNAMIC_PAST)}")
+    target = cache_dir() / f"{name}.dynamic_past.onnx"
+    if not target.exists():
+        from bench.export_transformers import export_model  # needs the `corpus` extra
+
+        export_model(name, target, dynamic_past=True)
+    return target
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("names", nargs="*", help="corpus models (default: all)")

@@ -20,17 +20,23 @@ TOLERANCE = 1e-4
 SEQ, PAST = 4, 12
 
 
-def _configs():
+# The past lengths a decoder exported with a dynamic past takes (bench.gears: 16 to 128), and
+# the positions its config must then hold (the past and the new tokens)
+MAX_PAST = 252
+DYNAMIC_PAST_POSITIONS = 256
+
+
+def _configs(positions: int = 64):
     import transformers as tf
 
     return {
         "tf_llama_decoder_kv": lambda: tf.LlamaForCausalLM(tf.LlamaConfig(
             vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=positions,
             attn_implementation="eager")),
         "tf_gpt2_decoder_kv": lambda: tf.GPT2LMHeadModel(tf.GPT2Config(
-            vocab_size=512, n_embd=64, n_layer=2, n_head=4, n_positions=64, bos_token_id=0, eos_token_id=0,
-            attn_implementation="eager")),
+            vocab_size=512, n_embd=64, n_layer=2, n_head=4, n_positions=positions,
+            bos_token_id=0, eos_token_id=0, attn_implementation="eager")),
         "tf_bert_encoder": lambda: tf.BertModel(tf.BertConfig(
             vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
             intermediate_size=128, attn_implementation="eager"), add_pooling_layer=False),
@@ -78,7 +84,10 @@ def _wrap(name: str, model, torch):
     return wrapper.eval()
 
 
-def export_model(name: str, target: Path) -> None:
+def export_model(name: str, target: Path, dynamic_past: bool = False) -> None:
+    """``dynamic_past``: a KV-cache decoder whose past length is a symbolic dimension ``past``
+    (the mask's ``past + 4``), with positions for a past up to ``MAX_PAST``: the model gears
+    are built from (bench.gears, docs/gears.md)."""
     import onnx_ir as ir
     import onnxruntime as ort
     import torch
@@ -87,7 +96,7 @@ def export_model(name: str, target: Path) -> None:
 
     spec = MODELS[name]
     torch.manual_seed(0)
-    model = _configs()[name]().eval()
+    model = _configs(DYNAMIC_PAST_POSITIONS if dynamic_past else 64)[name]().eval()
     wrapper = _wrap(name, model, torch)
     feeds = spec.make_inputs(seed=0)
     args = tuple(torch.from_numpy(feeds[key]) for key in spec.inputs)
@@ -95,7 +104,9 @@ def export_model(name: str, target: Path) -> None:
         expected = wrapper(*args)
     expected = expected if isinstance(expected, tuple) else (expected,)
     program = torch.onnx.export(wrapper, args, dynamo=True, opset_version=18,
-                                input_names=list(spec.inputs), verbose=False)
+                                input_names=list(spec.inputs), verbose=False,
+                                dynamic_shapes=_past_shapes(spec, torch) if dynamic_past
+                                else None)
     proto = _strip_local_paths(program.model_proto, ir)
     session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
     got = session.run(None, feeds)
@@ -106,6 +117,13 @@ def export_model(name: str, target: Path) -> None:
     with tempfile.NamedTemporaryFile(dir=target.parent, suffix=".tmp", delete=False) as tmp:
         tmp.write(proto.SerializeToString())
     os.replace(tmp.name, target)
+
+
+def _past_shapes(spec, torch) -> tuple:
+    """torch.export's dynamic shapes of a decoder's inputs: the past keys' and values' length
+    axis is ``past``, the mask's ``past`` plus the new tokens."""
+    past = torch.export.Dim("past", min=2, max=MAX_PAST)
+    return (None, {1: past + SEQ}, tuple({2: past} for _ in list(spec.inputs)[2:]))
 
 
 def _strip_local_paths(proto, ir):

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -24,10 +24,11 @@ import onnx
 from pypto_offline.errors import UsageError
 from pypto_offline.importer.input_shapes import check_given_inputs
 from pypto_offline.offline_compiler import BuildOptions, blob, build, ptom_pb2
+from pypto_offline.offline_compiler import gears as gear_table
 from pypto_offline.offline_compiler.source_check import SourceCheck, recheck_sources
 from pypto_offline.offline_compiler.summary import summarise
 from pypto_offline.progress import SILENT, Progress, Timings
-from pypto_offline.runtime import finite, in_input_types
+from pypto_offline.runtime import finite, in_input_types, run_model
 from pypto_offline.targets import Target, known_names, resolve_target
 from pypto_offline.importer.precision import (MIN_COSINE, MUST_KEEP, check_mode, half_io,
                                               read_keep_dtype)
@@ -51,6 +52,8 @@ class CompiledModel:
                  timings: Timings | None = None, loaded_from: Path | None = None):
         self.message = message
         self._reference: onnx.ModelProto | None = None
+        # A build of gears: each gear's graph in its own precision (``_reference`` per gear)
+        self._gear_references: list[onnx.ModelProto | None] | None = None
         # The blob's path for a loaded blob (None for a build): its sources are then no build's
         # of this process, and ``verify`` derives them again.
         self.loaded_from = loaded_from
@@ -105,8 +108,58 @@ class CompiledModel:
     def to_bytes(self) -> bytes:
         return blob.to_bytes(self.message)
 
+    @property
+    def gear_count(self) -> int:
+        return gear_table.gear_count(self.message)
+
+    def gear(self, index: int) -> CompiledModel:
+        """Gear ``index`` (in the order built) as a model of its own: its whole build, checked
+        against its own reference (docs/gears.md)."""
+        self._check_gear(index)
+        if not self.message.gears:
+            return self
+        one = CompiledModel(gear_table.gear_build(self.message, index),
+                            loaded_from=self.loaded_from)
+        one._reference = self._gear_references[index] if self._gear_references \
+            else self._reference
+        return one
+
+    def _check_gear(self, index: int) -> int:
+        if not 0 <= index < self.gear_count:
+            raise UsageError(f"--gear {index}: the blob has {self.gear_count} gear(s)",
+                             where=self.label, fix=f"give 0 to {self.gear_count - 1}")
+        return index
+
+    def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The compiled graph of the gear whose input shapes ``inputs`` match exactly, run in
+        onnxruntime (a kernel as its ops); inputs of any other shapes are refused with the
+        gears listed: the run-time contract (docs/gears.md)."""
+        index = gear_table.pick(self.message, {n: np.shape(v) for n, v in inputs.items()})
+        graph = onnx.load_from_string(gear_table.gear_build(self.message, index).onnx_model)
+        return run_model(graph, in_input_types(graph, inputs))
+
     def verify(self, inputs: Mapping[str, np.ndarray] | None = None, seed: int = 0,
-               sources: bool | None = None) -> Checked:
+               sources: bool | None = None, gear: int | None = None) -> Checked:
+        """Every gear checked (``gear``: that one only) as ``verify_shape`` checks a blob of
+        one shape, each verdict recorded in its gear's build; the result of the last one
+        failed, else of the last one checked."""
+        if not self.message.gears:
+            self._check_gear(gear or 0)
+            return self.verify_shape(inputs, seed, sources)
+        results = []
+        for index in range(self.gear_count) if gear is None else [self._check_gear(gear)]:
+            one = self.gear(index)
+            shapes = gear_table.shapes_of(self.message)[index]
+            results.append(one.verify_shape(gear_inputs(inputs or {}, shapes), seed, sources))
+            gear_table.build_of(self.message, index).verification.CopyFrom(
+                one.message.verification)
+            if index == 0 or results[-1].status == "failed":
+                self.source_check = one.source_check
+        failed = [r for r in results if r.status == "failed"]
+        return (failed or results)[-1]
+
+    def verify_shape(self, inputs: Mapping[str, np.ndarray] | None = None, seed: int = 0,
+                     sources: bool | None = None) -> Checked:
         """Check the model now (docs/outputs.md, "What verify re-checks"). First the build's
         memory limits on both graphs, before any input is made. Then the compiled graph and the
         imported graph run in onnxruntime on the same inputs (``inputs`` by name, the rest
@@ -214,7 +267,8 @@ def compile(model, target: str = "kirin9050",  # noqa: A001 - the API's verb
             dims: Mapping[str, int] | None = None, executor=None,
             compare_platform: bool = False, precision_mode: str = MUST_KEEP,
             keep_dtype=None, input_fp16_nodes: str | None = None,
-            output_type: str | None = None) -> CompiledModel:
+            output_type: str | None = None,
+            gears: Sequence[Mapping[str, Sequence[int]]] | None = None) -> CompiledModel:
     """Compile ``model`` for ``target``. ``inputs``: real values of some inputs, checked against
     the model and used to find the shapes that depend on them. ``verify``: also run the
     onnxruntime check (with ``inputs``), and refuse up front a model it could not run.
@@ -231,7 +285,10 @@ def compile(model, target: str = "kirin9050",  # noqa: A001 - the API's verb
     (docs/platform.md). ``precision_mode``: ATC's ``--precision_mode`` (``must_keep_origin_dtype``
     compiles the graph in the types it came with); ``keep_dtype``: ATC's ``--keep_dtype`` file of
     ops kept in their precision; ``input_fp16_nodes`` (``"a;b"``) and ``output_type``
-    (``"FP16"``): ATC's spellings for fp16 model inputs and outputs (docs/precision.md)."""
+    (``"FP16"``): ATC's spellings for fp16 model inputs and outputs (docs/precision.md).
+    ``gears``: each gear's input shapes (``importer.gears.resolve`` gives them from ATC's
+    options or ``--dim`` lists), two or more: one blob of every gear, built in one pool on one
+    kernel cache, each verified with ``verify`` (docs/gears.md)."""
     check_limits(jobs, kernel_timeout)
     check_mode(precision_mode)
     keep = read_keep_dtype(keep_dtype) if keep_dtype else None
@@ -246,6 +303,11 @@ def compile(model, target: str = "kirin9050",  # noqa: A001 - the API's verb
                            **({"keep_dtype": keep} if keep else {}),
                            half_io=half_io(input_fp16_nodes, output_type),
                            **({"kernel_timeout_s": kernel_timeout} if kernel_timeout else {}))
+    if gears is not None:
+        if len(gears) < 2:
+            raise UsageError(f"{len(gears)} gear(s): a blob of gears has two or more",
+                             fix="give one shape as input_shapes")
+        return _compile_gears(model, get_target(target), options, gears, progress)
     timings = Timings()
     result = build(model, get_target(target), options, progress, timings)
     compiled_model = CompiledModel(result.message, result.kernel_cache(), timings)
@@ -254,6 +316,38 @@ def compile(model, target: str = "kirin9050",  # noqa: A001 - the API's verb
         progress.stage("verifying against onnxruntime")
         compiled_model.verify(inputs)
     return compiled_model
+
+
+def _compile_gears(model, target: Target, options: BuildOptions,
+                   shapes: Sequence[Mapping[str, Sequence[int]]], progress) -> CompiledModel:
+    """Each gear built in turn in one worker pool on one kernel cache (a kernel the gears
+    share compiles once), verified, then packed into one message (docs/gears.md)."""
+    from pypto_offline.pypto_kernels.jobs.pool import in_shared_pool
+
+    timings, results = Timings(), []
+    with nullcontext() if in_shared_pool() else shared_workers(options.jobs):
+        for index, gear in enumerate(shapes):
+            progress.stage(f"gear {index}: {gear_table.shapes_text(gear)}")
+            gear_options = replace(options, input_shapes=dict(gear), dims={},
+                                   inputs=gear_inputs(options.inputs, gear))
+            results.append(build(model, target, gear_options, progress, timings))
+    cache = [r.kernel_cache() for r in results]
+    compiled_model = CompiledModel(
+        gear_table.pack([(gear, r.message) for gear, r in zip(shapes, results)]),
+        {key: sum(c[key] for c in cache) for key in cache[0]}, timings)
+    compiled_model._gear_references = [r.original for r in results]
+    if options.verify:
+        progress.stage("verifying every gear against onnxruntime")
+        compiled_model.verify(options.inputs)
+    return compiled_model
+
+
+def gear_inputs(inputs: Mapping[str, np.ndarray], shapes: Mapping[str, Sequence[int]]
+                ) -> dict[str, np.ndarray]:
+    """The given inputs a gear takes: those of its shapes (``--inputs`` of one size serve the
+    gear of that size; the other gears' inputs are generated)."""
+    return {name: value for name, value in inputs.items()
+            if name not in shapes or tuple(np.shape(value)) == tuple(shapes[name])}
 
 
 # More PyPTO workers than this only queue on any machine this runs on, and each holds its own

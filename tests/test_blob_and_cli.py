@@ -132,7 +132,7 @@ def test_every_json_output_follows_the_schema(builds, tmp_path):
     for kind, output in outputs.items():
         errors = [e.message for e in schema_validator(kind).iter_errors(output)]
         assert not errors, (kind, errors[:3])
-        assert output["schema_version"] == 5
+        assert output["schema_version"] == 6
     (kernel,) = compiled["kernels"]
     assert kernel["status"] == "compiled" and kernel["fallback_category"] is None
     broken = {**compiled, "kernels": [{**kernel, "status": "maybe"}]}
@@ -216,7 +216,7 @@ def test_real_inputs_from_npz_and_their_errors(builds, tmp_path, capfd):
 def test_targets_lists_every_chip_with_sources(capfd):
     assert cli.main(["targets", "--json"]) == 0
     printed = json.loads(capfd.readouterr().out)
-    assert printed["schema_version"] == 5
+    assert printed["schema_version"] == 6
     listing = printed["targets"]
     assert set(listing) == set(TARGETS)
     for name, figures in listing.items():

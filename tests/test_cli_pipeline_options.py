@@ -23,7 +23,8 @@ import pypto_offline
 from pypto_offline import api, cli, import_model
 from pypto_offline.cli import builds
 from pypto_offline.errors import UsageError
-from pypto_offline.importer.input_shapes import parse_atc_shapes, parse_dim_option
+from pypto_offline.importer.gears import parse_dim_values
+from pypto_offline.importer.input_shapes import parse_atc_shapes
 from pypto_offline.pypto_kernels import cache as kernel_cache
 from pypto_offline.pypto_kernels import cache_maintenance
 from pypto_offline.pypto_kernels.cache import KernelCache
@@ -172,10 +173,11 @@ def test_atc_input_shape_parses_several_inputs():
 
 
 def test_dim_parses_and_refuses_what_is_no_size():
-    assert parse_dim_option("batch=1") == ("batch", 1)
-    for bad in ("batch", "=1", "batch=x", "batch=1,2"):
+    assert parse_dim_values("batch=1") == ("batch", (1,))
+    assert parse_dim_values("past=16,32") == ("past", (16, 32))  # two gears
+    for bad in ("batch", "=1", "batch=x", "batch=1,,2"):
         with pytest.raises(UsageError, match="--dim"):
-            parse_dim_option(bad)
+            parse_dim_values(bad)
 
 
 def test_dim_fixes_a_symbolic_dimension_in_every_input_and_input_shape_wins():

@@ -27,7 +27,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from pypto_offline import __version__
-from pypto_offline.cli.builds import Build, builds_of, dims, make_output_dir, report_path
+from pypto_offline.cli.builds import (Build, builds_of, gear_request, make_output_dir,
+                                      report_path)
 from pypto_offline.cli.text import (human_cache_clean, human_cache_info, human_summary,
                                     op_types_text, print_fallbacks, print_summary, printable,
                                     progress_on_stderr)
@@ -102,10 +103,23 @@ def compile_parser() -> argparse.ArgumentParser:
                         metavar='"NAME:D0,D1,...;NAME:..."',
                         help="ATC's spelling: the shapes of several inputs, ';'-separated "
                              "(with --input-shape too, each input once)")
-    parser.add_argument("--dim", action="append", default=[], metavar="NAME=VALUE",
+    parser.add_argument("--dim", action="append", default=[], metavar="NAME=V[,V...]",
                         help="fix a symbolic dimension by its name in every input that has it, "
                              "e.g. --dim batch=1 --dim seq=128 (repeatable; --input-shape wins "
-                             "for the inputs it names)")
+                             "for the inputs it names); several values are gears, one blob for "
+                             "them all: --dim past=16,32,64. Several --dim with values: the "
+                             "gears are their i-th values together (as ATC's --dynamic_dims), "
+                             "every combination with --gear-product (docs/gears.md)")
+    parser.add_argument("--gear-product", action="store_true",
+                        help="the gears are every combination of the --dim values")
+    from pypto_offline.importer.gears import MAX_GEARS
+
+    for option, example in (("dynamic_batch_size", '"1,2,4"'),
+                            ("dynamic_image_size", '"320,320;640,640"'),
+                            ("dynamic_dims", '"20,20;40,40"')):
+        parser.add_argument(f"--{option}", metavar=example,
+                            help=f"ATC's gears for the -1 dimensions of --input_shape, e.g. "
+                                 f"--{option} {example}; at most {MAX_GEARS} gears")
     parser.add_argument("--inputs", help=".npz of real inputs for the check, by input name")
     parser.add_argument("--cache-dir", help=CACHE_DIR_HELP)
     parser.add_argument("--cache-trust-group", metavar="GROUP", help=CACHE_GROUP_HELP)
@@ -211,9 +225,14 @@ def _run_build(build: Build, args, inputs: dict, progress, executor) -> tuple[in
     from pypto_offline import api
     from pypto_offline.pypto_kernels.jobs import pool
 
+    from pypto_offline.importer.gears import plan
+    from pypto_offline.offline_compiler.summary import verification_failed
+
     started = time.perf_counter()
     try:
-        compiled = api.compile(build.model, build.target, build.shapes, dims=dims(args),
+        shapes = plan(build.model, gear_request(build, args), build.model)
+        compiled = api.compile(build.model, build.target, shapes.input_shapes, dims=shapes.dims,
+                               gears=shapes.gears or None,
                                cache_dir=args.cache_dir,
                                cache_trust_group=args.cache_trust_group, jobs=args.jobs,
                                tile_search=not args.no_tile_search,
@@ -246,8 +265,7 @@ def _run_build(build: Build, args, inputs: dict, progress, executor) -> tuple[in
     if args.fail_on_fallback and fell_back:
         print_fallbacks(build, fell_back, len(summary["kernels"]))
         return EXIT_VERIFY_FAILED, summary
-    return (EXIT_VERIFY_FAILED if summary["verification"]["status"] == "failed" else EXIT_OK,
-            summary)
+    return EXIT_VERIFY_FAILED if verification_failed(summary) else EXIT_OK, summary
 
 
 def _failure(build: Build, err: PyptoOfflineError) -> dict:
@@ -305,12 +323,13 @@ def _blob_parser(prog: str, description: str) -> argparse.ArgumentParser:
 def run_inspect(argv: list[str]) -> int:
     args = _blob_parser("pypto-offline inspect", "Show what a blob holds.").parse_args(argv)
     from pypto_offline import api
-    from pypto_offline.offline_compiler import FORMAT_VERSION
+    from pypto_offline.offline_compiler.blob import format_version
     from pypto_offline.offline_compiler.summary import provenance, shown
 
     compiled = api.load(args.blob)
     summary = {**compiled.summary(), "blob": args.blob,
-               "format_version": FORMAT_VERSION, "provenance": provenance(compiled.message)}
+               "format_version": format_version(compiled.message),
+               "provenance": provenance(compiled.message)}
 
     def human(s):
         lines = [human_summary(s), "  kernels:"]
@@ -334,16 +353,19 @@ def run_verify(argv: list[str]) -> int:
     parser.add_argument("--onnx", help="check against this original model instead of the "
                                        "imported graph stored in the blob")
     parser.add_argument("--inputs", help=".npz of real inputs, by input name")
+    parser.add_argument("--gear", type=int, metavar="N",
+                        help="check gear N only (0 the first; default: every gear)")
     args = parser.parse_args(argv)
     from pypto_offline import api
+    from pypto_offline.offline_compiler.summary import verification_failed
 
     compiled = api.load(args.blob)
     if args.onnx:
         compiled.use_reference(args.onnx)
-    compiled.verify(_load_inputs(args.inputs))
+    compiled.verify(_load_inputs(args.inputs), gear=args.gear)
     summary = {**compiled.summary(), "blob": args.blob}
     print_summary(summary, args, human_summary)
-    return EXIT_VERIFY_FAILED if summary["verification"]["status"] == "failed" else EXIT_OK
+    return EXIT_VERIFY_FAILED if verification_failed(summary) else EXIT_OK
 
 
 def run_report(argv: list[str]) -> int:

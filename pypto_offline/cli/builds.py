@@ -20,11 +20,6 @@ def input_shapes(args) -> dict[str, list[int]]:
     return once(given, "--input-shape/--input_shape", "give each input once")
 
 
-def dims(args) -> dict[str, int]:
-    from pypto_offline.importer.input_shapes import parse_dim_option
-
-    return once([parse_dim_option(text) for text in args.dim], "--dim",
-                 "give each dimension once")
 
 
 def once(pairs: list[tuple], option: str, fix: str) -> dict:
@@ -53,6 +48,23 @@ class Build:
                  shapes: dict[str, list[int]]):
         self.model, self.target, self.output, self.report = model, target, output, report
         self.shapes = shapes
+
+
+def gear_request(build: Build, args):
+    """The shapes and gears a build's options ask for (``importer.gears``): --input-shape and
+    --input_shape (-1 where a gear decides), --dim (several values: gears), ATC's gear options,
+    --gear-product."""
+    from pypto_offline.importer.gears import (ATC_OPTIONS, ONE_WAY, GearRequest,
+                                              parse_atc_gears, parse_dim_values)
+
+    dims = once([parse_dim_values(text) for text in args.dim], "--dim",
+                "give each dimension once")
+    atc = [(option, getattr(args, option)) for option in ATC_OPTIONS
+           if getattr(args, option) is not None]
+    if len(atc) > 1:
+        raise UsageError(f"--{atc[0][0]} and --{atc[1][0]} both give gears", fix=ONE_WAY)
+    return GearRequest(build.shapes, dims, (atc[0][0], parse_atc_gears(*atc[0])) if atc
+                       else None, args.gear_product)
 
 
 def shapes_per_model(args) -> dict[str, dict[str, list[int]]]:

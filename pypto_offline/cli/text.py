@@ -135,12 +135,29 @@ def human_summary(s: dict) -> str:
         f"  PyPTO: {s['pypto']['compiled']} kernels compiled, {s['pypto']['fell_back']} fell "
         f"back; {cost_model_text(s['pypto'])}",
         *verification_text(s),
+        *gears_text(s),
     ]
     if "compile_seconds" in s:
         lines.append(f"  compiled in {s['compile_seconds']:.1f} s" + timings_text(s))
     if s.get("report"):
         lines.append(f"  report: {s['report']}")
     return "\n".join(lines)
+
+
+def gears_text(s: dict) -> list[str]:
+    """A blob of gears: each gear's inputs, kernels (those an earlier gear stores) and check;
+    the lines above are the first gear's (docs/gears.md)."""
+    if len(s["gears"]) < 2:
+        return []
+    lines = [f"  {len(s['gears'])} gears (the figures above: gear 0's):"]
+    for gear in s["gears"]:
+        inputs = "; ".join(f"{name}={','.join(map(str, dims))}"
+                           for name, dims in gear["inputs"].items())
+        lines.append(f"    gear {gear['index']}: {printable(inputs)} — {gear['kernels_after']} "
+                     f"kernels ({gear['kernels_referenced']} shared with an earlier gear), "
+                     f"GM {gear['gm_bytes_after'] / 1e6:.2f} MB, verification "
+                     f"{gear['verification']}")
+    return lines
 
 
 def platform_text(s: dict) -> list[str]:

@@ -5,6 +5,9 @@ The memory limits are explained in docs/outputs.md ("Resource limits").
 """
 from __future__ import annotations
 
+import ast
+import operator
+
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -48,19 +51,6 @@ def parse_atc_shapes(text: str) -> list[tuple[str, list[int]]]:
     if not shapes:
         raise UsageError(f"--input_shape {text!r} names no input", fix=example)
     return shapes
-
-
-def parse_dim_option(text: str) -> tuple[str, int]:
-    """``NAME=VALUE`` (the CLI's ``--dim``, a symbolic dimension by name) → (name, value)."""
-    name, sep, value = text.partition("=")
-    example = "for example --dim batch=1"
-    if not sep or not name.strip():
-        raise UsageError(f"--dim {text!r} is not NAME=VALUE", fix=example)
-    try:
-        return name.strip(), int(value)
-    except ValueError:
-        raise UsageError(f"--dim {text!r}: the value must be a whole number",
-                         fix=example) from None
 
 
 def _whole_numbers(text: str, option: str, example: str) -> list[int]:
@@ -176,11 +166,64 @@ def _check_not_empty(dims: Sequence[int], where: str) -> None:
 
 def symbolic_dims(value: onnx.ValueInfoProto) -> list[str]:
     """The names of an input's symbolic dimensions, in order, each once (those ``--dim`` can
-    fix: not an exporter's -1 nor a dimension without a name)."""
+    fix: not an exporter's -1 nor a dimension without a name; for an expression of names, as
+    ``past + 4``, the names in it)."""
     shape = value.type.tensor_type.shape
-    return list(dict.fromkeys(d.dim_param for d in shape.dim
+    return list(dict.fromkeys(name for d in shape.dim
                               if not d.HasField("dim_value") and d.dim_param
-                              and d.dim_param != UNNAMED))
+                              and d.dim_param != UNNAMED for name in _names_in(d.dim_param)))
+
+
+# An exporter's expression of dimensions: torch.export names a mask over the past and the new
+# tokens ``past + 4``. Longer text is a name, not parsed (a hostile model's nesting is no load).
+MAX_EXPRESSION = 100
+_ARITHMETIC = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
+               ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod}
+
+
+def dim_size(param: str, dims: Mapping[str, int]) -> int | None:
+    """A symbolic dimension's size from the named ones (``--dim``): by its name, or the value
+    of an expression of names and whole numbers with ``+ - * // %``; None when it needs a
+    name not given."""
+    if param in dims:
+        return int(dims[param])
+    tree = _expression(param)
+    return None if tree is None else _evaluate(tree, dims)
+
+
+def _expression(param: str):
+    if len(param) > MAX_EXPRESSION:
+        return None
+    try:
+        return ast.parse(param, mode="eval").body
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+
+
+def _names_in(param: str) -> list[str]:
+    tree = _expression(param)
+    if tree is None or _evaluate(tree, None) is None:
+        return [param]
+    return [node.id for node in ast.walk(tree) if isinstance(node, ast.Name)]
+
+
+def _evaluate(node, dims: Mapping[str, int] | None) -> int | None:
+    """The expression's value; with ``dims`` None, 0 where it is one of names and numbers at
+    all (a check of its form)."""
+    if isinstance(node, ast.Constant) and type(node.value) is int:
+        return node.value
+    if isinstance(node, ast.Name):
+        return 0 if dims is None else (int(dims[node.id]) if node.id in dims else None)
+    if isinstance(node, ast.BinOp) and type(node.op) in _ARITHMETIC:
+        left, right = _evaluate(node.left, dims), _evaluate(node.right, dims)
+        if left is None or right is None:
+            return None
+        if dims is None:
+            return 0
+        if isinstance(node.op, (ast.FloorDiv, ast.Mod)) and right == 0:
+            return None
+        return _ARITHMETIC[type(node.op)](left, right)
+    return None
 
 
 def symbolic_input_error(value: onnx.ValueInfoProto, label: str) -> UsageError:
@@ -220,8 +263,9 @@ def _check_named_dims(inputs, dims: Mapping[str, int], label: str) -> None:
 
 def _fix_named_dims(shape: onnx.TensorShapeProto, dims: Mapping[str, int]) -> None:
     for dim in shape.dim:
-        if not dim.HasField("dim_value") and dim.dim_param in dims:
-            dim.dim_value = int(dims[dim.dim_param])  # clears dim_param: one of the two is set
+        size = None if dim.HasField("dim_value") else dim_size(dim.dim_param, dims)
+        if size is not None:
+            dim.dim_value = size  # clears dim_param: one of the two is set
 
 
 def _check_keeps_static_dims(shape: onnx.TensorShapeProto, dims: Sequence[int],

@@ -19,16 +19,24 @@ import onnx
 from google.protobuf.message import DecodeError
 
 from pypto_offline.errors import ModelError, UsageError
-from pypto_offline.offline_compiler import ptom_pb2
+from pypto_offline.offline_compiler import gears, ptom_pb2
 
 MAGIC = b"PTOM"
 FORMAT_VERSION = 1
+# A blob of several gears (CompiledModel.gears, docs/gears.md); one of a single shape stays
+# version 1, byte for byte what it was.
+FORMAT_VERSION_GEARS = 2
 HEADER = struct.Struct("<4sI32s")  # magic, format version, sha256(payload)
+
+
+def format_version(message: ptom_pb2.CompiledModel) -> int:
+    return FORMAT_VERSION_GEARS if message.gears else FORMAT_VERSION
 
 
 def to_bytes(message: ptom_pb2.CompiledModel) -> bytes:
     payload = message.SerializeToString(deterministic=True)
-    return HEADER.pack(MAGIC, FORMAT_VERSION, hashlib.sha256(payload).digest()) + payload
+    return HEADER.pack(MAGIC, format_version(message),
+                       hashlib.sha256(payload).digest()) + payload
 
 
 def from_bytes(data: bytes, where: str = "<bytes>",
@@ -40,9 +48,9 @@ def from_bytes(data: bytes, where: str = "<bytes>",
     magic, version, digest = HEADER.unpack_from(data)
     if magic != MAGIC:
         raise ModelError("not a .ptom blob (wrong magic bytes)", where=where, fix=fix)
-    if version != FORMAT_VERSION:
-        raise ModelError(f"blob format version {version}, this pypto-offline reads version "
-                         f"{FORMAT_VERSION}", where=where, fix=fix)
+    if version not in (FORMAT_VERSION, FORMAT_VERSION_GEARS):
+        raise ModelError(f"blob format version {version}, this pypto-offline reads versions "
+                         f"{FORMAT_VERSION} and {FORMAT_VERSION_GEARS}", where=where, fix=fix)
     payload = data[HEADER.size:]
     if hashlib.sha256(payload).digest() != digest:
         raise ModelError("blob is damaged: its content does not match its digest (truncated or "
@@ -53,6 +61,9 @@ def from_bytes(data: bytes, where: str = "<bytes>",
     except DecodeError:
         raise ModelError("blob payload does not parse", where=where, fix=fix) from None
     _check_content(message, where, fix)
+    gears.check(message, version == FORMAT_VERSION_GEARS, where, fix)
+    for gear in message.gears[1:]:
+        _check_content(gear.build, where, fix)
     if expected_target and message.target.name != expected_target:
         raise ModelError(f"blob is compiled for {message.target.name!r}, not {expected_target!r}",
                          where=where, fix=f"compile the model with --target {expected_target}")

@@ -9,6 +9,7 @@ import math
 import sys
 
 from pypto_offline.importer.precision import MUST_KEEP
+from pypto_offline.offline_compiler import gears as gear_table
 from pypto_offline.offline_compiler import ptom_pb2
 from pypto_offline.offline_compiler.source_check import SourceCheck
 from pypto_offline.pypto_kernels.records import legacy_fallback_kind
@@ -16,7 +17,7 @@ from pypto_offline.pypto_kernels.records import legacy_fallback_kind
 NOT_MEASURED = "not measured"
 # The version of every JSON output's keys (``summary.schema.json``, in this folder): a change of
 # a key or of its meaning bumps it (docs/outputs.md, "JSON output").
-SCHEMA_VERSION = 5  # 5: a kernel's cut; 4: precision mode and verification metrics; 3: the platform the kernels compiled under; 2: verification's checks run
+SCHEMA_VERSION = 6  # 6: gears; 5: a kernel's cut; 4: precision mode and verification metrics; 3: the platform the kernels compiled under; 2: verification's checks run
 # now apart from the build's record
 
 
@@ -52,8 +53,10 @@ def kernels_below_lower_bound(message: ptom_pb2.CompiledModel) -> list[str]:
 
 
 def summarise(message: ptom_pb2.CompiledModel, sources: SourceCheck | None = None) -> dict:
-    """``sources``: the kernel sources as ``verify`` derived them again (None: not derived)."""
-    m, t = message, message.totals
+    """``sources``: the kernel sources as ``verify`` derived them again (None: not derived).
+    A blob of gears: the first gear's figures, and each gear's in ``gears``."""
+    m = gear_table.gear_build(message, 0)
+    t = m.totals
     checked = [k for k in m.kernels if k.verdicts]
     return {
         "schema_version": SCHEMA_VERSION,
@@ -80,7 +83,36 @@ def summarise(message: ptom_pb2.CompiledModel, sources: SourceCheck | None = Non
         "build_record": {"kernels_checked": len(checked),
                          "kernels_passed": sum(k.functional_ok for k in checked)},
         "kernels": [kernel_summary(k) for k in m.kernels],
+        "gears": gears_summary(message),
     }
+
+
+def gears_summary(message: ptom_pb2.CompiledModel) -> list[dict]:
+    """Each gear's input shapes and figures, in the order built (a blob of one shape: one);
+    ``kernels_stored``: the kernels its build holds, ``kernels_referenced``: those it shares
+    with an earlier gear, which stores them (docs/gears.md)."""
+    return [_gear_summary(message, index, shapes)
+            for index, shapes in enumerate(gear_table.shapes_of(message))]
+
+
+def _gear_summary(message: ptom_pb2.CompiledModel, index: int, shapes: dict) -> dict:
+    build, own = gear_table.gear_build(message, index), gear_table.build_of(message, index)
+    t = build.totals
+    referenced = sum(k.HasField("stored_in_gear") for k in own.kernels) if index else 0
+    return {"index": index, "inputs": {name: list(dims) for name, dims in shapes.items()},
+            "kernels_after": t.kernels_after, "fused_kernels": t.fused_kernels,
+            "gm_bytes_after": t.gm_bytes_after,
+            "est_time_us_after": round(t.est_time_us_after, 3),
+            "cost_us_fused": measured(t, "cost_us_fused"),
+            "kernels_stored": len(own.kernels) - referenced,
+            "kernels_referenced": referenced,
+            "verification": build.verification.status or "skipped"}
+
+
+def verification_failed(summary: dict) -> bool:
+    """Whether the check failed, of any gear."""
+    return summary["verification"]["status"] == "failed" or any(
+        gear["verification"] == "failed" for gear in summary["gears"])
 
 
 def precision_summary(message: ptom_pb2.CompiledModel) -> dict | None:

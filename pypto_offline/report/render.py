@@ -4,6 +4,7 @@ Kernel sources are shown as plain text: highlighted, they tripled the bytes of a
 of 300 kernels went past its 5 MB bound (docs/report.md)."""
 from __future__ import annotations
 
+import base64
 import re
 from functools import lru_cache
 from pathlib import Path
@@ -11,9 +12,10 @@ from pathlib import Path
 import jinja2
 from markupsafe import Markup
 
+from pypto_offline.offline_compiler import gears as gear_table
 from pypto_offline.offline_compiler import ptom_pb2
 from pypto_offline.offline_compiler.blob import write_atomically
-from pypto_offline.offline_compiler.summary import shown
+from pypto_offline.offline_compiler.summary import shown, summarise
 from pypto_offline.report.content import context
 
 TEMPLATES = Path(__file__).with_name("templates")
@@ -41,8 +43,28 @@ def script_text(markup: str) -> Markup:
 
 
 def render_report(message: ptom_pb2.CompiledModel) -> str:
+    """The page of a blob; of a blob of gears, a page that selects among each gear's page."""
+    if message.gears:
+        return _gears_page(message)
     template = _environment().get_template("report.html.j2")
     return template.render(**context(message))
+
+
+def _gears_page(message: ptom_pb2.CompiledModel) -> str:
+    """Each gear's figures and the kernels it shares with an earlier gear, and each gear's own
+    page (headline, graph, kernel table and cards) in a frame of its own, one shown at a time
+    (docs/report.md, "Gears"): a data: URL, so that each page keeps its ids and script."""
+    figures = summarise(message)["gears"]
+    gears = []
+    for index, gear in enumerate(figures):
+        own = gear_table.build_of(message, index)
+        page = render_report(gear_table.gear_build(message, index)).encode()
+        gears.append({**gear, "inputs": gear_table.shapes_text(gear["inputs"]),
+                      "shared": [{"id": k.id, "gear": k.stored_in_gear} for k in own.kernels
+                                 if index and k.HasField("stored_in_gear")],
+                      "page": base64.b64encode(page).decode()})
+    return _environment().get_template("gears.html.j2").render(
+        model=message.provenance.model_name, target=message.target.name, gears=gears)
 
 
 def write_report(path: Path, message: ptom_pb2.CompiledModel) -> Path:

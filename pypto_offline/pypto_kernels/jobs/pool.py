@@ -72,6 +72,11 @@ class Pool:
 _shared: Pool | None = None  # the pool of a batch of builds (``shared_pool``), if any
 
 
+def in_shared_pool() -> bool:
+    """Whether a ``shared_pool`` block is open (its builds share it; blocks do not nest)."""
+    return _shared is not None
+
+
 @contextlib.contextmanager
 def shared_pool(jobs: int) -> Iterator[None]:
     """One pool of ``jobs`` threads and fork servers for every build in the block (a batch of

@@ -1,0 +1,242 @@
+"""Gears: the input sizes one blob is compiled for (docs/gears.md).
+
+    plan = plan(model, GearRequest(shapes, dims, atc, product), label)
+
+ATC's three spellings take ``-1`` dimensions in ``--input_shape`` and give their values per gear:
+``--dynamic_batch_size "1,2,4"`` (every ``-1`` takes the gear's one value),
+``--dynamic_image_size "320,320;640,640"`` (each input's two ``-1``, its height and width, take the
+gear's pair) and ``--dynamic_dims "20,20,1;40,40,2"`` (the ``-1`` of every input, in the order the
+shapes are given, take the gear's values in order). Ours names a symbolic dimension of the model:
+``--dim NAME=V1,V2,...``, repeatable; the gears are the listed values taken together, the i-th of
+each (as ``--dynamic_dims`` lists them), or with ``--gear-product`` every combination.
+
+``plan`` gives each gear as the full static shape of every model input: the build of a gear
+does not depend on how its gears were spelled, so two spellings of the same gears give the same
+blob. One gear is no gears: its shapes are an ordinary build's ``--input-shape``.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+import onnx
+
+from pypto_offline.errors import UsageError
+from pypto_offline.importer.input_shapes import dim_size, graph_inputs, symbolic_input_error
+
+# ATC's limit on the gears of one model (--dynamic_batch_size and the others: at most 100)
+MAX_GEARS = 100
+ATC_OPTIONS = ("dynamic_batch_size", "dynamic_image_size", "dynamic_dims")
+DYNAMIC = -1  # ATC's dimension of a gear in --input_shape
+ONE_WAY = ("give gears one way: -1 dimensions in --input_shape with one of --dynamic_batch_size, "
+           "--dynamic_image_size and --dynamic_dims, or --dim NAME=V1,V2,...")
+
+
+@dataclass(frozen=True)
+class GearRequest:
+    """The gears the options ask for, before the model is read: ``shapes`` (``--input-shape``
+    and ``--input_shape``, ``-1`` where a gear decides), ``dims`` (``--dim``, a tuple of values
+    each), ``atc`` (which of ATC's options and its gears' values)."""
+
+    shapes: Mapping[str, Sequence[int]] = field(default_factory=dict)
+    dims: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    atc: tuple[str, tuple[tuple[int, ...], ...]] | None = None
+    product: bool = False
+
+    @property
+    def geared_dims(self) -> dict[str, tuple[int, ...]]:
+        return {name: values for name, values in self.dims.items() if len(values) > 1}
+
+    @property
+    def static_dims(self) -> dict[str, int]:
+        return {name: values[0] for name, values in self.dims.items() if len(values) == 1}
+
+
+def parse_atc_gears(option: str, text: str) -> tuple[tuple[int, ...], ...]:
+    """One of ATC's gear options' text → each gear's values: ``"1,2,4"`` for
+    ``dynamic_batch_size`` (a value a gear), ``"H,W;H,W"`` and ``"a,b,c;a,b,c"`` for the others
+    (a gear between semicolons)."""
+    example = {"dynamic_batch_size": '--dynamic_batch_size "1,2,4"',
+               "dynamic_image_size": '--dynamic_image_size "320,320;640,640"',
+               "dynamic_dims": '--dynamic_dims "20,20,1;40,40,2"'}[option]
+    parts = text.split(",") if option == "dynamic_batch_size" else text.split(";")
+    try:
+        gears = tuple(tuple(int(v) for v in part.split(",")) for part in parts if part.strip())
+    except ValueError:
+        raise UsageError(f"--{option} {text!r}: the values must be whole numbers",
+                         fix=f"for example {example}") from None
+    if not gears:
+        raise UsageError(f"--{option} {text!r} gives no gear", fix=f"for example {example}")
+    if option == "dynamic_image_size" and any(len(g) != 2 for g in gears):
+        raise UsageError(f"--{option} {text!r}: each gear is a height and a width",
+                         fix=f"for example {example}")
+    return gears
+
+
+def parse_dim_values(text: str) -> tuple[str, tuple[int, ...]]:
+    """``NAME=V1,V2,...`` (``--dim``) → (name, values); one value fixes the dimension."""
+    name, sep, values = text.partition("=")
+    example = "for example --dim batch=1, or --dim past=16,32,64 for three gears"
+    if not sep or not name.strip():
+        raise UsageError(f"--dim {text!r} is not NAME=VALUE or NAME=V1,V2,...", fix=example)
+    try:
+        return name.strip(), tuple(int(v) for v in values.split(","))
+    except ValueError:
+        raise UsageError(f"--dim {text!r}: the values must be whole numbers",
+                         fix=example) from None
+
+
+def gear_values(request: GearRequest) -> list[dict]:
+    """Each gear as the values it gives: {input: its -1 dims' values} for ATC's spellings,
+    {dimension name: value} for ``--dim``; one empty gear when none is asked for."""
+    dynamic = {name: [a for a, d in enumerate(dims) if d == DYNAMIC]
+               for name, dims in request.shapes.items() if DYNAMIC in dims}
+    geared = request.geared_dims
+    if request.atc and geared:
+        raise UsageError("both ATC's gears and --dim with several values", fix=ONE_WAY)
+    if request.product and not geared:
+        raise UsageError("--gear-product takes the --dim values with several values each",
+                         fix="give two --dim NAME=V1,V2,... or leave --gear-product out")
+    if request.atc:
+        gears = _atc_gears(request.atc, dynamic)
+    elif dynamic:
+        raise UsageError(f"--input_shape gives input {next(iter(dynamic))!r} a -1 dimension, "
+                         f"the mark of a gear, and no gears", fix=ONE_WAY)
+    else:
+        gears = _dim_gears(geared, request.product)
+    _check_count(gears)
+    return gears
+
+
+def _atc_gears(atc, dynamic: Mapping[str, list[int]]) -> list[dict]:
+    option, values = atc
+    if not dynamic:
+        raise UsageError(f"--{option} gives gears, and --input_shape no -1 dimension for them",
+                         fix='mark the dimensions with -1, e.g. --input_shape "x:-1,3,224,224"')
+    count = sum(len(axes) for axes in dynamic.values())
+    gears = []
+    for gear in values:
+        if option == "dynamic_batch_size":
+            gears.append({name: [gear[0]] * len(axes) for name, axes in dynamic.items()})
+            continue
+        if option == "dynamic_image_size":
+            wrong = [name for name, axes in dynamic.items() if len(axes) != 2]
+            if wrong:
+                raise UsageError(f"--dynamic_image_size gives a height and a width, and input "
+                                 f"{wrong[0]!r} has {len(dynamic[wrong[0]])} -1 dimension(s)",
+                                 fix="mark an image's height and width with -1")
+            gears.append({name: list(gear) for name in dynamic})
+            continue
+        if len(gear) != count:
+            raise UsageError(f"--dynamic_dims gear {','.join(map(str, gear))} has {len(gear)} "
+                             f"value(s), and --input_shape {count} -1 dimension(s)",
+                             fix="give each gear a value for every -1, in the order of the shapes")
+        values_left = iter(gear)
+        gears.append({name: [next(values_left) for _ in axes] for name, axes in dynamic.items()})
+    return gears
+
+
+def _dim_gears(geared: Mapping[str, tuple[int, ...]], product: bool) -> list[dict]:
+    if not geared:
+        return [{}]
+    names = list(geared)
+    if product:
+        return [dict(zip(names, combination))
+                for combination in itertools.product(*geared.values())]
+    counts = {len(values) for values in geared.values()}
+    if len(counts) > 1:
+        listed = ", ".join(f"{name} {len(values)}" for name, values in geared.items())
+        raise UsageError(f"--dim lists gears of different counts ({listed}): the gears are "
+                         f"their i-th values taken together",
+                         fix="give each the same number of values, or add --gear-product for "
+                             "every combination")
+    return [dict(zip(names, combination)) for combination in zip(*geared.values())]
+
+
+def _check_count(gears: list[dict]) -> None:
+    if len(gears) > MAX_GEARS:
+        raise UsageError(f"{len(gears)} gears: at most {MAX_GEARS} (ATC's limit)",
+                         fix="build fewer gears, or several blobs")
+    seen = set()
+    for gear in gears:
+        key = repr(sorted(gear.items()))
+        if key in seen:
+            raise UsageError(f"the gear {_gear_text(gear)} is given twice",
+                             fix="give each gear once")
+        seen.add(key)
+
+
+def _gear_text(gear: Mapping) -> str:
+    return ", ".join(f"{k}={','.join(map(str, v)) if isinstance(v, list) else v}"
+                     for k, v in gear.items())
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a command's shape options build: one shape (``input_shapes`` and ``dims``, as an
+    ordinary build takes them) or, with two gears or more, each gear's every input shape."""
+
+    input_shapes: dict[str, list[int]]
+    dims: dict[str, int]
+    gears: list[dict[str, list[int]]]
+
+
+def plan(source, request: GearRequest, label: str) -> Plan:
+    """The build or the gears ``request`` asks for. One gear is an ordinary build: its ``-1``
+    dims filled, its ``--dim`` values as ``dims``; it does not read the model, and its blob is
+    the one the same shapes given without gears make. Two or more: each gear as every model
+    input's full shape, in the order given, each checked against the model's declared shapes
+    before any work (a gear that contradicts a static dimension is refused as a shape is)."""
+    values = gear_values(request)
+    if len(values) == 1:
+        (gear,) = values
+        return Plan(_filled(request, gear), {**request.static_dims,
+                                             **({} if request.atc else gear)}, [])
+    from pypto_offline.importer.input_shapes import fix_input_shapes
+    from pypto_offline.importer.loading import load_model
+
+    inputs = _inputs_only(load_model(source)[0])
+    gears = [_shapes_of(inputs, request, gear, label) for gear in values]
+    for gear in gears:
+        checked = onnx.ModelProto()
+        checked.CopyFrom(inputs)
+        fix_input_shapes(checked, gear, label)
+    return Plan({}, {}, gears)
+
+
+def _filled(request: GearRequest, gear: Mapping) -> dict[str, list[int]]:
+    """The given shapes with their -1 dims the gear's values (ATC's spellings)."""
+    filled = {}
+    for name, dims in request.shapes.items():
+        values = iter(gear.get(name, []) if request.atc else [])
+        filled[name] = [next(values, DYNAMIC) if d == DYNAMIC else d for d in dims]
+    return filled
+
+
+def _inputs_only(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The model's inputs alone (no initializer, no node): what a gear's shapes are checked
+    against, copied once per gear."""
+    light = onnx.ModelProto()
+    light.graph.input.extend(graph_inputs(model))
+    return light
+
+
+def _shapes_of(model, request: GearRequest, gear: Mapping, label: str) -> dict[str, list[int]]:
+    """One gear's shape of every input: given (its -1 dims the gear's values), or declared
+    with its symbolic dims named by the gear or by a one-value ``--dim``."""
+    named = {**request.static_dims, **(gear if not request.atc else {})}
+    shapes = {}
+    for value in graph_inputs(model):
+        if not value.type.HasField("tensor_type"):
+            continue
+        if value.name in request.shapes:
+            shapes[value.name] = _filled(request, gear)[value.name]
+            continue
+        dims = value.type.tensor_type.shape.dim
+        shape = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0
+                 else dim_size(d.dim_param, named) for d in dims]
+        if any(d is None for d in shape) or not value.type.tensor_type.HasField("shape"):
+            raise symbolic_input_error(value, label)
+        shapes[value.name] = shape
+    return shapes

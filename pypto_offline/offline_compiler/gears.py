@@ -1,0 +1,148 @@
+"""A blob of gears (docs/gears.md): the builds of one model at several input sizes in one
+message, a kernel identical across gears stored once, and the run-time contract that picks a
+gear by the inputs' shapes (an exact match, as ATC's loader does).
+
+    message = pack([(shapes, build.message) for shapes, build in gears])
+    build = gear_build(message, index)      # one gear's whole build, its kernels resolved
+    index = pick(message, {"x": (1, 3, 320, 320)})
+"""
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+from pypto_offline.errors import ModelError, UsageError
+from pypto_offline.offline_compiler import ptom_pb2
+
+
+def pack(builds: Sequence[tuple[Mapping[str, Sequence[int]], ptom_pb2.CompiledModel]]
+         ) -> ptom_pb2.CompiledModel:
+    """One message for the gears' builds, in the order given: the first build's fields, and
+    every gear's inputs and build with each kernel an earlier gear stores (the same id and
+    sha256: the same region, source, tile and figures) replaced by a reference to it."""
+    first = ptom_pb2.CompiledModel()
+    first.CopyFrom(builds[0][1])
+    stored = {(k.id, k.sha256): 0 for k in first.kernels}
+    for index, (shapes, message) in enumerate(builds):
+        gear = first.gears.add(inputs=_input_shapes(shapes))
+        if index == 0:
+            continue
+        gear.build.CopyFrom(message)
+        for kernel in gear.build.kernels:
+            where = stored.setdefault((kernel.id, kernel.sha256), index)
+            if where != index:
+                reference = ptom_pb2.Kernel(id=kernel.id, sha256=kernel.sha256,
+                                            stored_in_gear=where)
+                kernel.CopyFrom(reference)
+    return first
+
+
+def _input_shapes(shapes: Mapping[str, Sequence[int]]) -> list[ptom_pb2.InputShape]:
+    return [ptom_pb2.InputShape(name=name, dims=[int(d) for d in dims])
+            for name, dims in shapes.items()]
+
+
+def gear_count(message: ptom_pb2.CompiledModel) -> int:
+    return max(1, len(message.gears))
+
+
+def gear_build(message: ptom_pb2.CompiledModel, index: int) -> ptom_pb2.CompiledModel:
+    """Gear ``index``'s whole build: for the first the blob's own fields, for the others its
+    build with every referenced kernel copied from the gear that stores it. A blob without
+    gears is its own one gear."""
+    if not message.gears:
+        return message
+    build = ptom_pb2.CompiledModel()
+    build.CopyFrom(message if index == 0 else message.gears[index].build)
+    build.ClearField("gears")
+    for kernel in build.kernels:
+        if kernel.HasField("stored_in_gear"):
+            kernel.CopyFrom(_stored(message, kernel))
+    return build
+
+
+def _stored(message: ptom_pb2.CompiledModel, reference: ptom_pb2.Kernel) -> ptom_pb2.Kernel:
+    owner = message if reference.stored_in_gear == 0 else \
+        message.gears[reference.stored_in_gear].build
+    return next(k for k in owner.kernels if k.id == reference.id)
+
+
+def build_of(message: ptom_pb2.CompiledModel, index: int) -> ptom_pb2.CompiledModel:
+    """Where gear ``index``'s own record is written (its verification): the blob's fields for
+    the first gear, its build's for the others."""
+    return message if index == 0 else message.gears[index].build
+
+
+def shapes_of(message: ptom_pb2.CompiledModel) -> list[dict[str, tuple[int, ...]]]:
+    """Each gear's input shapes, in order (a blob without gears: its graph's)."""
+    if message.gears:
+        return [{s.name: tuple(s.dims) for s in gear.inputs} for gear in message.gears]
+    import onnx
+
+    from pypto_offline.importer.input_shapes import graph_inputs
+
+    graph = onnx.load_from_string(message.source_onnx_model)
+    return [{v.name: tuple(d.dim_value for d in v.type.tensor_type.shape.dim)
+             for v in graph_inputs(graph) if v.type.HasField("tensor_type")}]
+
+
+def shapes_text(shapes: Mapping[str, Sequence[int]]) -> str:
+    return "; ".join(f"{name}={','.join(map(str, dims))}" for name, dims in shapes.items())
+
+
+def pick(message: ptom_pb2.CompiledModel, given: Mapping[str, Sequence[int]]) -> int:
+    """The gear whose inputs have exactly the given shapes (every input the gears list), or a
+    refusal that lists the gears: the run-time contract (docs/gears.md)."""
+    gears = shapes_of(message)
+    wanted = {name: tuple(int(d) for d in dims) for name, dims in given.items()}
+    for index, shapes in enumerate(gears):
+        if {name: wanted.get(name) for name in shapes} == shapes:
+            return index
+    listed = " | ".join(f"gear {i}: {shapes_text(s)}" for i, s in enumerate(gears))
+    raise UsageError(f"no gear of this blob takes inputs of shapes {shapes_text(wanted)}",
+                     fix=f"give the inputs one gear's shapes ({listed}), or build a gear for "
+                         f"these")
+
+
+def check(message: ptom_pb2.CompiledModel, version_has_gears: bool, where: str,
+          fix: str) -> None:
+    """A blob's gears as every reader relies on them: present exactly when its format version
+    says so, each gear's inputs distinct, the first without a build of its own and the others
+    with one of the same model for the same target, every reference to a kernel an earlier
+    gear stores under that id with that sha256."""
+    if bool(message.gears) != version_has_gears:
+        raise ModelError("blob's gears do not match its format version", where=where, fix=fix)
+    if not message.gears:
+        return
+    if len(message.gears) < 2:
+        raise ModelError("blob has a gear table of one gear", where=where, fix=fix)
+    seen = set()
+    for index, gear in enumerate(message.gears):
+        key = tuple(sorted((s.name, tuple(s.dims)) for s in gear.inputs))
+        if not key or key in seen:
+            raise ModelError(f"blob's gear {index} has no inputs or another gear's", where=where,
+                             fix=fix)
+        seen.add(key)
+        if gear.HasField("build") != (index > 0):
+            raise ModelError(f"blob's gear {index} {'lacks' if index else 'has'} a build of its "
+                             f"own", where=where, fix=fix)
+        if index:
+            _check_gear_build(message, index, where, fix)
+
+
+def _check_gear_build(message: ptom_pb2.CompiledModel, index: int, where: str,
+                      fix: str) -> None:
+    build = message.gears[index].build
+    if build.gears or build.target.name != message.target.name or \
+            build.provenance.model_sha256 != message.provenance.model_sha256:
+        raise ModelError(f"blob's gear {index} is not a build of its model for its target",
+                         where=where, fix=fix)
+    for kernel in build.kernels:
+        if not kernel.HasField("stored_in_gear"):
+            continue
+        owner = kernel.stored_in_gear
+        stored = [k for k in build_of(message, owner).kernels if k.id == kernel.id] \
+            if 0 <= owner < index else []
+        if len(stored) != 1 or stored[0].HasField("stored_in_gear") \
+                or stored[0].sha256 != kernel.sha256:
+            raise ModelError(f"blob's gear {index} refers to a kernel {kernel.id!r} that gear "
+                             f"{owner} does not store", where=where, fix=fix)

@@ -1,0 +1,267 @@
+"""Gears (issue 38, docs/gears.md): the input sizes one blob is compiled for, ATC's spellings
+and ours, one blob with a kernel identical across gears stored once, the run-time contract."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+
+from tests.json_schema import schema_validator
+from tests.onnx_builders import GraphBuilder
+from pypto_offline import api, cli
+from pypto_offline.errors import ModelError, UsageError
+from pypto_offline.importer.gears import MAX_GEARS, GearRequest, gear_values, plan
+from pypto_offline.offline_compiler import blob, gears, ptom_pb2
+
+
+def two_branches() -> onnx.ModelProto:
+    """x[batch, 64] through Add, Relu, Mul, and z[1, 64] through Sub, Sigmoid, Mul: the second
+    kernel does not change with the batch, so the gears share it."""
+    b = GraphBuilder()
+    x, z = b.input("x", ["batch", 64]), b.input("z", [1, 64])
+    y = b.op("Mul", [b.op("Relu", [b.op("Add", [x, b.const(np.float32(1.0))])]),
+                     b.const(np.float32(2.0))])
+    w = b.op("Mul", [b.op("Sigmoid", [b.op("Sub", [z, b.const(np.float32(1.0))])]),
+                     b.const(np.float32(2.0))])
+    return b.model(y, w)
+
+
+def atc(option: str, text: str, **shapes) -> GearRequest:
+    from pypto_offline.importer.gears import parse_atc_gears
+
+    return GearRequest(shapes, atc=(option, parse_atc_gears(option, text)))
+
+
+# -- the options ---------------------------------------------------------------------------
+
+def test_atc_s_three_spellings_give_each_gear_s_values():
+    batch = gear_values(atc("dynamic_batch_size", "1,2,4", x=[-1, 3], y=[-1]))
+    assert batch == [{"x": [1], "y": [1]}, {"x": [2], "y": [2]}, {"x": [4], "y": [4]}]
+    image = gear_values(atc("dynamic_image_size", "320,320;640,480", img=[1, 3, -1, -1]))
+    assert image == [{"img": [320, 320]}, {"img": [640, 480]}]
+    dims = gear_values(atc("dynamic_dims", "20,20,1;40,40,2", a=[1, -1, -1], b=[-1]))
+    assert dims == [{"a": [20, 20], "b": [1]}, {"a": [40, 40], "b": [2]}]
+
+
+def test_dim_lists_are_taken_together_or_as_every_combination():
+    together = GearRequest(dims={"past": (16, 32), "seq": (1, 4), "batch": (1,)})
+    assert gear_values(together) == [{"past": 16, "seq": 1}, {"past": 32, "seq": 4}]
+    product = GearRequest(dims={"past": (16, 32), "seq": (1, 4)}, product=True)
+    assert gear_values(product) == [{"past": 16, "seq": 1}, {"past": 16, "seq": 4},
+                                    {"past": 32, "seq": 1}, {"past": 32, "seq": 4}]
+    assert gear_values(GearRequest(dims={"batch": (1,)})) == [{}]  # one value: no gears
+
+
+@pytest.mark.parametrize("request_,message", [
+    (GearRequest(dims={"past": tuple(range(1, MAX_GEARS + 2))}), "101 gears: at most 100"),
+    (GearRequest(dims={"a": (1, 2), "b": (1, 2, 3)}), "different counts"),
+    (GearRequest(dims={"a": (1, 2)}, atc=("dynamic_batch_size", ((1,), (2,))),
+                 shapes={"x": [-1]}), "both ATC's gears and --dim"),
+    (GearRequest(shapes={"x": [-1, 3]}), "a -1 dimension, the mark of a gear, and no gears"),
+    (GearRequest(shapes={"x": [1, 3]}, atc=("dynamic_batch_size", ((1,), (2,)))),
+     "no -1 dimension"),
+    (GearRequest(shapes={"x": [1, -1]}, atc=("dynamic_image_size", ((4, 4),))),
+     "has 1 -1 dimension"),
+    (GearRequest(shapes={"x": [-1, -1]}, atc=("dynamic_dims", ((4,),))), "has 1 value(s)"),
+    (GearRequest(dims={"a": (1, 2, 1)}), "given twice"),
+    (GearRequest(dims={"a": (1,)}, product=True), "--gear-product takes"),
+])
+def test_gears_that_cannot_be_built_are_refused(request_, message):
+    with pytest.raises(UsageError) as error:
+        gear_values(request_)
+    assert message in str(error.value)
+
+
+def test_a_gear_that_contradicts_a_static_dimension_is_refused_before_any_work():
+    request = atc("dynamic_dims", "1,64;2,32", x=[-1, 64], z=[1, -1])
+    with pytest.raises(UsageError, match="dimension 1 is static, 64"):
+        plan(two_branches(), request, "model")
+
+
+def test_one_gear_is_the_build_its_shapes_make_without_gears():
+    one = plan(two_branches(), atc("dynamic_batch_size", "4", x=[-1, 64]), "model")
+    assert (one.input_shapes, one.dims, one.gears) == ({"x": [4, 64]}, {}, [])
+    named = plan(two_branches(), GearRequest(dims={"batch": (4,)}), "model")
+    assert (named.input_shapes, named.dims, named.gears) == ({}, {"batch": 4}, [])
+
+
+def test_both_spellings_give_every_input_s_full_shape_per_gear():
+    ours = plan(two_branches(), GearRequest(dims={"batch": (1, 4)}), "model")
+    theirs = plan(two_branches(), atc("dynamic_batch_size", "1,4", x=[-1, 64]), "model")
+    assert ours.gears == theirs.gears == [{"x": [1, 64], "z": [1, 64]},
+                                          {"x": [4, 64], "z": [1, 64]}]
+
+
+def test_an_exporter_s_expression_of_dimensions_takes_the_named_values():
+    """torch.export names a KV-cache decoder's mask ``past + 4``: ``--dim past=16`` fixes it
+    too (20), and the error for a dimension left open names ``past``. Only names, whole numbers
+    and + - * // % are evaluated; anything else in a model's dimension name is a name."""
+    from pypto_offline.importer import import_model
+    from pypto_offline.importer.input_shapes import dim_size
+
+    b = GraphBuilder()
+    mask, keys = b.input("mask", [1, "past + 4"]), b.input("keys", [1, "past", 16])
+    model = b.model(b.op("Relu", [mask]), b.op("Relu", [keys]))
+    graph = import_model(model, dims={"past": 16})
+    assert graph.tensors["mask"].shape == (1, 20) and graph.tensors["keys"].shape == (1, 16, 16)
+    gear = plan(model, GearRequest(dims={"past": (16, 32)}), "model").gears[1]
+    assert gear == {"mask": [1, 36], "keys": [1, 32, 16]}
+    assert dim_size("2 * s0 - 1", {"s0": 3}) == 5 and dim_size("past + 4", {}) is None
+    for hostile in ('__import__("os")', "9 // 0", "past ** 99", "(" * 200 + "1" + ")" * 200):
+        assert dim_size(hostile, {"past": 1}) is None
+
+
+def test_the_cli_refuses_more_gears_than_atc_with_exit_2(tmp_path, capsys):
+    path = tmp_path / "m.onnx"
+    onnx.save(two_branches(), path)
+    values = ",".join(str(v) for v in range(1, MAX_GEARS + 2))
+    assert cli.main([str(path), "--target", "kirin9050", "--dim", f"batch={values}",
+                     "--cache-dir", str(tmp_path / "cache")]) == 2
+    err = capsys.readouterr().err
+    assert "101 gears: at most 100 (ATC's limit)" in err and "Traceback" not in err
+    assert not list(tmp_path.glob("*.ptom"))
+
+
+# -- the blob --------------------------------------------------------------------------------
+
+def fake_build(batch: int, shared_source: str = "shared") -> ptom_pb2.CompiledModel:
+    """A build's message with what the gear table relies on: a kernel that changes with the
+    gear and one that does not."""
+    message = ptom_pb2.CompiledModel()
+    message.target.name = "kirin9050"
+    message.provenance.tool_version, message.provenance.model_sha256 = "t", "ab" * 32
+    message.kernels.add(id="region_0", source=f"batch {batch}", sha256=f"{batch:064x}")
+    message.kernels.add(id="region_1", source=shared_source, sha256="f" * 64)
+    return message
+
+
+def test_a_kernel_identical_across_gears_is_stored_once_and_read_back_whole():
+    packed = gears.pack([({"x": [1, 64]}, fake_build(1)), ({"x": [4, 64]}, fake_build(4))])
+    stub = packed.gears[1].build.kernels[1]
+    assert stub.stored_in_gear == 0 and not stub.source and stub.sha256 == "f" * 64
+    second = gears.gear_build(packed, 1)
+    assert [k.source for k in second.kernels] == ["batch 4", "shared"]
+    assert not any(k.HasField("stored_in_gear") for k in second.kernels)
+    gears.check(packed, True, "blob", "rebuild")
+
+
+def test_the_run_time_contract_is_an_exact_match_or_a_refusal_listing_the_gears():
+    packed = gears.pack([({"x": [1, 64]}, fake_build(1)), ({"x": [4, 64]}, fake_build(4))])
+    assert gears.pick(packed, {"x": (4, 64)}) == 1
+    with pytest.raises(UsageError) as error:
+        gears.pick(packed, {"x": (2, 64)})
+    assert "gear 0: x=1,64 | gear 1: x=4,64" in str(error.value)
+
+
+@pytest.mark.parametrize("damage,message", [
+    (lambda m: setattr(m.gears[1].build.kernels[1], "stored_in_gear", 1), "does not store"),
+    (lambda m: setattr(m.gears[1].build.kernels[1], "sha256", "e" * 64), "does not store"),
+    (lambda m: m.gears[1].inputs[0].dims.__setitem__(0, 1), "another gear's"),
+    (lambda m: m.gears[0].build.CopyFrom(fake_build(1)), "has a build of its own"),
+    (lambda m: setattr(m.gears[1].build.target, "name", "ascend910b"), "not a build of its"),
+])
+def test_a_gear_table_that_is_wrong_is_refused(damage, message):
+    packed = gears.pack([({"x": [1, 64]}, fake_build(1)), ({"x": [4, 64]}, fake_build(4))])
+    damage(packed)
+    with pytest.raises(ModelError) as error:
+        gears.check(packed, True, "blob", "rebuild")
+    assert message in str(error.value)
+
+
+def test_gears_are_format_version_2_and_a_blob_of_one_shape_stays_version_1():
+    packed = gears.pack([({"x": [1, 64]}, fake_build(1)), ({"x": [4, 64]}, fake_build(4))])
+    assert blob.format_version(packed) == 2 and blob.format_version(fake_build(1)) == 1
+    with pytest.raises(ModelError, match="gears do not match its format version"):
+        gears.check(packed, False, "blob", "rebuild")
+    with pytest.raises(ModelError, match="gears do not match its format version"):
+        gears.check(fake_build(1), True, "blob", "rebuild")
+
+
+# -- built -----------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """The model built with two gears in ATC's spelling and in ours, and with one gear and
+    with its shapes given outright, on one kernel cache (the second of each pair is warm)."""
+    folder = tmp_path_factory.mktemp("gears")
+    path = folder / "m.onnx"
+    onnx.save(two_branches(), path)
+    spellings = {"dim": ["--dim", "batch=1,4"],
+                 "atc": ["--input_shape", "x:-1,64", "--dynamic_batch_size", "1,4"],
+                 "one_gear": ["--input_shape", "x:-1,64", "--dynamic_batch_size", "4"],
+                 "static": ["--input-shape", "x=4,64"]}
+    out = {}
+    for name, options in spellings.items():
+        blob_path = folder / f"{name}.ptom"
+        code = cli.main([str(path), "--target", "kirin9050", "-o", str(blob_path), "--no-report",
+                         "--cache-dir", str(folder / "cache"), "--quiet", *options])
+        assert code == 0, name
+        out[name] = blob_path
+    return out
+
+
+@pytest.mark.pypto
+def test_a_two_gear_blob_verifies_each_gear_and_stores_the_shared_kernel_once(built, capsys):
+    assert cli.main(["verify", str(built["dim"]), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    schema_validator("summary").validate(summary)  # schema_version 6: the gears list
+    assert [g["verification"] for g in summary["gears"]] == ["passed", "passed"]
+    assert [g["inputs"]["x"] for g in summary["gears"]] == [[1, 64], [4, 64]]
+    assert [(g["kernels_stored"], g["kernels_referenced"]) for g in summary["gears"]] == \
+        [(2, 0), (1, 1)]
+    assert summary["verification"]["kernel_sources"]["differing"] == []
+
+
+@pytest.mark.pypto
+def test_the_runtime_runs_the_matching_gear_and_refuses_other_shapes(built):
+    model = api.load(built["dim"])
+    x = np.linspace(-1, 1, 4 * 64, dtype=np.float32).reshape(4, 64)
+    outputs = model.run({"x": x, "z": np.zeros((1, 64), np.float32)})
+    assert np.allclose(next(iter(outputs.values())), np.maximum(x + 1, 0) * 2)
+    with pytest.raises(UsageError, match=r"gear 0: x=1,64; z=1,64 \| gear 1: x=4,64; z=1,64"):
+        model.run({"x": np.zeros((2, 64), np.float32), "z": np.zeros((1, 64), np.float32)})
+
+
+@pytest.mark.pypto
+def test_atc_s_spelling_and_ours_give_byte_identical_blobs(built):
+    assert built["dim"].read_bytes() == built["atc"].read_bytes()
+
+
+@pytest.mark.pypto
+def test_a_single_gear_build_is_byte_identical_to_one_without_gears(built):
+    assert built["one_gear"].read_bytes() == built["static"].read_bytes()
+    assert blob.from_bytes(built["static"].read_bytes()).gears == []
+
+
+@pytest.mark.pypto
+def test_verify_checks_one_gear_when_asked_and_refuses_a_gear_it_lacks(built, capsys):
+    assert cli.main(["verify", str(built["dim"]), "--gear", "1", "--quiet"]) == 0
+    assert cli.main(["verify", str(built["dim"]), "--gear", "2"]) == 2
+    assert "--gear 2: the blob has 2 gear(s)" in capsys.readouterr().err
+
+
+@pytest.mark.pypto
+def test_the_report_shows_each_gear_s_page_on_selection_and_the_shared_kernels(built, tmp_path):
+    from bench import browser
+
+    page = tmp_path / "gears.html"
+    assert cli.main(["report", str(built["dim"]), "-o", str(page), "--quiet"]) == 0
+    shared = [k.id for k in blob.read(built["dim"]).gears[1].build.kernels
+              if k.HasField("stored_in_gear")]
+    assert len(shared) == 1 and f"<code>{shared[0]}</code> (gear 0)" in page.read_text()
+    try:
+        with browser.page() as opened:
+            opened.goto(page.as_uri())
+            shown = "() => [...document.querySelectorAll('iframe.gear')].map(f => !f.hidden)"
+            first = opened.evaluate(shown)
+            opened.select_option("#gear-select", "1")
+            second = opened.evaluate(shown)
+            inputs = [opened.frame_locator(f"#gear-{i}").locator("#io-table .model-input .shape")
+                      .first.inner_text() for i in (0, 1)]
+            errors, requests = opened.errors, opened.requests
+    except browser.ChromiumMissing as missing:
+        pytest.fail(str(missing))
+    assert (first, second) == ([True, False], [False, True])
+    assert inputs == ["1×64", "4×64"] and errors == [] and requests == [page.as_uri()]
