@@ -28,19 +28,24 @@ from bench import corpus
 OUT = Path(__file__).resolve().with_name("results") / "gears"
 TARGET = "kirin9050"
 
-PASTS = (16, 32, 64, 128)
-# model → (its file, the gear options, each gear's options for a build of its shapes alone)
+PASTS, WIDTHS, SAMPLES = (16, 32, 64, 128), (160, 320, 640), (8000, 16000, 32000)
+# model → (its file, what its gears are, the gear options, each gear's options for a build of
+# its shapes alone)
 CASES = {
     **{name: (lambda name=name: corpus.dynamic_past_path(name),
+              "past " + "/".join(map(str, PASTS)),
               ["--dim", "past=" + ",".join(map(str, PASTS))],
               [["--dim", f"past={past}"] for past in PASTS]) for name in corpus.DYNAMIC_PAST},
     "ppocrv4_rec": (lambda: corpus.model_path("ppocrv4_rec"),
-                    ["--input_shape", "x:1,3,48,-1", "--dynamic_dims", "160;320;640"],
-                    [["--input_shape", f"x:1,3,48,{w}"] for w in (160, 320, 640)]),
+                    "width " + "/".join(map(str, WIDTHS)),
+                    ["--input_shape", "x:1,3,48,-1", "--dynamic_dims",
+                     ";".join(map(str, WIDTHS))],
+                    [["--input_shape", f"x:1,3,48,{w}"] for w in WIDTHS]),
     "asr_frontend_kaldi": (lambda: corpus.model_path("asr_frontend_kaldi"),
-                           ["--dim", "batch_size=1", "--dim", "N=8000,16000,32000"],
-                           [["--dim", "batch_size=1", "--dim", f"N={n}"]
-                            for n in (8000, 16000, 32000)]),
+                           "samples " + "/".join(map(str, SAMPLES)),
+                           ["--dim", "batch_size=1", "--dim",
+                            "N=" + ",".join(map(str, SAMPLES))],
+                           [["--dim", "batch_size=1", "--dim", f"N={n}"] for n in SAMPLES]),
 }
 
 
@@ -58,7 +63,7 @@ def build(model: Path, options: list[str], out: Path, cache: Path) -> tuple[dict
 
 
 def measure(name: str) -> dict:
-    path, geared_options, separate_options = CASES[name]
+    path, label, geared_options, separate_options = CASES[name]
     model = path()
     with tempfile.TemporaryDirectory(prefix="bench-gears-") as folder:
         work = Path(folder)
@@ -69,7 +74,7 @@ def measure(name: str) -> dict:
                              for i in range(len(separate)))
         geared_bytes = (work / "gears.ptom").stat().st_size
     gears = summary["gears"]
-    return {"model": name, "gears": [g["inputs"] for g in gears],
+    return {"model": name, "label": label, "gears": [g["inputs"] for g in gears],
             "geared_s": round(geared_s, 1),
             "separate_s": round(sum(s for _, s in separate), 1),
             "kernels_stored": sum(g["kernels_stored"] for g in gears),
@@ -90,9 +95,8 @@ def table(rows: list[dict]) -> str:
              "(separate) | PyPTO compiles (separate) | blob bytes (separate) | verified |",
              "|---|---|---|---|---|---|---|"]
     for r in rows:
-        sizes = ", ".join(";".join(",".join(map(str, d)) for d in g.values()) for g in r["gears"])
         lines.append(
-            f"| {r['model']} | {sizes} | {r['geared_s']} / {r['separate_s']} "
+            f"| {r['model']} | {r['label']} | {r['geared_s']} / {r['separate_s']} "
             f"({r['geared_s'] / r['separate_s']:.2f}x) | {r['kernels_stored']} + "
             f"{r['kernels_referenced']} ({r['kernels_separate']}) | {r['pypto_compiles']} "
             f"({r['separate_pypto_compiles']}) | {r['blob_bytes']:,} "

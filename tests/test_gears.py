@@ -147,6 +147,31 @@ def test_a_kernel_identical_across_gears_is_stored_once_and_read_back_whole():
     gears.check(packed, True, "blob", "rebuild")
 
 
+def with_weights(message: ptom_pb2.CompiledModel, **weights) -> ptom_pb2.CompiledModel:
+    """``message`` with both graphs holding these weights (name → array)."""
+    graph = onnx.helper.make_graph([], "g", [], [], [onnx.numpy_helper.from_array(
+        np.asarray(value, np.float32), name) for name, value in weights.items()])
+    data = onnx.helper.make_model(graph).SerializeToString()
+    message.onnx_model = message.source_onnx_model = data
+    return message
+
+
+def test_a_weight_the_gears_share_is_stored_once_and_read_back_whole():
+    first = with_weights(fake_build(1), w=np.arange(1000), b=[1.0])
+    second = with_weights(fake_build(4), w=np.arange(1000), b=[2.0])
+    packed = gears.pack([({"x": [1, 64]}, first), ({"x": [4, 64]}, second)])
+    stored = onnx.load_from_string(packed.gears[1].build.onnx_model).graph.initializer
+    assert [(t.name, t.data_location, len(t.raw_data)) for t in stored] == \
+        [("w", onnx.TensorProto.EXTERNAL, 0), ("b", onnx.TensorProto.DEFAULT, 4)]
+    assert len(packed.gears[1].build.onnx_model) < len(second.onnx_model) - 3000
+    whole = onnx.load_from_string(gears.gear_build(packed, 1).source_onnx_model)
+    assert [onnx.numpy_helper.to_array(t).tolist() for t in whole.graph.initializer] == \
+        [list(range(1000)), [2.0]]
+    packed.onnx_model = with_weights(fake_build(1), v=[0.0]).onnx_model  # no "w" any more
+    with pytest.raises(ModelError, match="a weight 'w' the first gear does not hold"):
+        gears.check(packed, True, "blob", "rebuild")
+
+
 def test_the_run_time_contract_is_an_exact_match_or_a_refusal_listing_the_gears():
     packed = gears.pack([({"x": [1, 64]}, fake_build(1)), ({"x": [4, 64]}, fake_build(4))])
     assert gears.pick(packed, {"x": (4, 64)}) == 1

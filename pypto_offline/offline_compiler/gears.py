@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
+import onnx
+
 from pypto_offline.errors import ModelError, UsageError
 from pypto_offline.offline_compiler import ptom_pb2
 
@@ -27,6 +29,9 @@ def pack(builds: Sequence[tuple[Mapping[str, Sequence[int]], ptom_pb2.CompiledMo
         if index == 0:
             continue
         gear.build.CopyFrom(message)
+        for field in GRAPHS:
+            setattr(gear.build, field, _share_weights(getattr(first, field),
+                                                      getattr(message, field)))
         for kernel in gear.build.kernels:
             where = stored.setdefault((kernel.id, kernel.sha256), index)
             if where != index:
@@ -34,6 +39,57 @@ def pack(builds: Sequence[tuple[Mapping[str, Sequence[int]], ptom_pb2.CompiledMo
                                             stored_in_gear=where)
                 kernel.CopyFrom(reference)
     return first
+
+
+# The graphs of a build, whose weights the gears share: a later gear's weight equal to the first
+# gear's of that name (every field of the tensor) is written as ONNX's external data at this
+# location, and read back from the first gear's graph.
+GRAPHS = ("onnx_model", "source_onnx_model")
+FIRST_GEAR = "pypto-offline: the first gear's graph"
+
+
+def _share_weights(first: bytes, own: bytes) -> bytes:
+    stored = {t.name: t for t in _graph(first).graph.initializer}
+    model = _graph(own)
+    for tensor in model.graph.initializer:
+        if stored.get(tensor.name) == tensor:
+            reference = onnx.TensorProto(name=tensor.name, data_type=tensor.data_type,
+                                         dims=tensor.dims,
+                                         data_location=onnx.TensorProto.EXTERNAL)
+            reference.external_data.add(key="location", value=FIRST_GEAR)
+            tensor.CopyFrom(reference)
+    return model.SerializeToString(deterministic=True)
+
+
+def _own_weights(first: bytes, shared: bytes) -> bytes:
+    """A later gear's graph with the weights it shares with the first gear's copied back."""
+    stored = {t.name: t for t in _graph(first).graph.initializer}
+    model = _graph(shared)
+    for tensor in model.graph.initializer:
+        if _is_shared(tensor):
+            tensor.CopyFrom(_stored_weight(stored, tensor))
+    return model.SerializeToString(deterministic=True)
+
+
+def _is_shared(tensor: onnx.TensorProto) -> bool:
+    return tensor.data_location == onnx.TensorProto.EXTERNAL and \
+        [(e.key, e.value) for e in tensor.external_data] == [("location", FIRST_GEAR)]
+
+
+def _stored_weight(stored: Mapping[str, onnx.TensorProto], reference: onnx.TensorProto
+                   ) -> onnx.TensorProto:
+    tensor = stored.get(reference.name)
+    if tensor is None or tensor.data_type != reference.data_type \
+            or list(tensor.dims) != list(reference.dims):
+        raise ModelError(f"blob's gear refers to a weight {reference.name!r} the first gear "
+                         f"does not hold", fix="rebuild it with pypto-offline")
+    return tensor
+
+
+def _graph(data: bytes) -> onnx.ModelProto:
+    model = onnx.ModelProto()
+    model.ParseFromString(data)
+    return model
 
 
 def _input_shapes(shapes: Mapping[str, Sequence[int]]) -> list[ptom_pb2.InputShape]:
@@ -54,6 +110,9 @@ def gear_build(message: ptom_pb2.CompiledModel, index: int) -> ptom_pb2.Compiled
     build = ptom_pb2.CompiledModel()
     build.CopyFrom(message if index == 0 else message.gears[index].build)
     build.ClearField("gears")
+    if index:
+        for field in GRAPHS:
+            setattr(build, field, _own_weights(getattr(message, field), getattr(build, field)))
     for kernel in build.kernels:
         if kernel.HasField("stored_in_gear"):
             kernel.CopyFrom(_stored(message, kernel))
@@ -136,6 +195,11 @@ def _check_gear_build(message: ptom_pb2.CompiledModel, index: int, where: str,
             build.provenance.model_sha256 != message.provenance.model_sha256:
         raise ModelError(f"blob's gear {index} is not a build of its model for its target",
                          where=where, fix=fix)
+    for field in GRAPHS:
+        try:
+            _own_weights(getattr(message, field), getattr(build, field))
+        except ModelError as error:
+            raise ModelError(f"{error.what} (gear {index})", where=where, fix=fix) from None
     for kernel in build.kernels:
         if not kernel.HasField("stored_in_gear"):
             continue
