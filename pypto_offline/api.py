@@ -286,7 +286,7 @@ def compile(model, target: str = "kirin9050",  # noqa: A001 - the API's verb
     compiles the graph in the types it came with); ``keep_dtype``: ATC's ``--keep_dtype`` file of
     ops kept in their precision; ``input_fp16_nodes`` (``"a;b"``) and ``output_type``
     (``"FP16"``): ATC's spellings for fp16 model inputs and outputs (docs/precision.md).
-    ``gears``: each gear's input shapes (``importer.gears.resolve`` gives them from ATC's
+    ``gears``: each gear's input shapes (``importer.gears.plan`` gives them from ATC's
     options or ``--dim`` lists), two or more: one blob of every gear, built in one pool on one
     kernel cache, each verified with ``verify`` (docs/gears.md)."""
     check_limits(jobs, kernel_timeout)
