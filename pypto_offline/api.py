@@ -146,11 +146,11 @@ class CompiledModel:
         if not self.message.gears:
             self._check_gear(gear or 0)
             return self.verify_shape(inputs, seed, sources)
-        results = []
+        results, shapes = [], gear_table.shapes_of(self.message)
         for index in range(self.gear_count) if gear is None else [self._check_gear(gear)]:
             one = self.gear(index)
-            shapes = gear_table.shapes_of(self.message)[index]
-            results.append(one.verify_shape(gear_inputs(inputs or {}, shapes), seed, sources))
+            results.append(one.verify_shape(gear_inputs(inputs or {}, shapes[index]), seed,
+                                            sources))
             gear_table.build_of(self.message, index).verification.CopyFrom(
                 one.message.verification)
             if index == 0 or results[-1].status == "failed":

@@ -80,6 +80,12 @@ def test_a_gear_that_contradicts_a_static_dimension_is_refused_before_any_work()
         plan(two_branches(), request, "model")
 
 
+def test_a_dim_whose_gears_name_no_dimension_is_refused():
+    """Fixed as an ordinary build's shapes are: a typo is not two identical gears."""
+    with pytest.raises(UsageError, match="--dim 'batc' names no symbolic dimension"):
+        plan(two_branches(), GearRequest(dims={"batc": (1, 4)}), "model")
+
+
 def test_one_gear_is_the_build_its_shapes_make_without_gears():
     one = plan(two_branches(), atc("dynamic_batch_size", "4", x=[-1, 64]), "model")
     assert (one.input_shapes, one.dims, one.gears) == ({"x": [4, 64]}, {}, [])

@@ -23,7 +23,7 @@ from typing import Mapping, Sequence
 import onnx
 
 from pypto_offline.errors import UsageError
-from pypto_offline.importer.input_shapes import dim_size, graph_inputs, symbolic_input_error
+from pypto_offline.importer.input_shapes import graph_inputs, symbolic_input_error
 
 # ATC's limit on the gears of one model (--dynamic_batch_size and the others: at most 100)
 MAX_GEARS = 100
@@ -186,57 +186,54 @@ def plan(source, request: GearRequest, label: str) -> Plan:
     """The build or the gears ``request`` asks for. One gear is an ordinary build: its ``-1``
     dims filled, its ``--dim`` values as ``dims``; it does not read the model, and its blob is
     the one the same shapes given without gears make. Two or more: each gear as every model
-    input's full shape, in the order given, each checked against the model's declared shapes
-    before any work (a gear that contradicts a static dimension is refused as a shape is)."""
+    input's full shape, in the order given, each fixed as an ordinary build fixes its shapes
+    (``fix_input_shapes``) before any work: a gear that contradicts a static dimension, or a
+    ``--dim`` that names none, is refused as a shape is."""
     values = gear_values(request)
     if len(values) == 1:
-        (gear,) = values
-        return Plan(_filled(request, gear), {**request.static_dims,
-                                             **({} if request.atc else gear)}, [])
-    from pypto_offline.importer.input_shapes import fix_input_shapes
+        return Plan(*_options_of(request, values[0]), [])
     from pypto_offline.importer.loading import load_model
 
     inputs = _inputs_only(load_model(source)[0])
-    gears = [_shapes_of(inputs, request, gear, label) for gear in values]
-    for gear in gears:
-        checked = onnx.ModelProto()
-        checked.CopyFrom(inputs)
-        fix_input_shapes(checked, gear, label)
-    return Plan({}, {}, gears)
+    return Plan({}, {}, [_shapes_of(inputs, request, gear, label) for gear in values])
 
 
-def _filled(request: GearRequest, gear: Mapping) -> dict[str, list[int]]:
-    """The given shapes with their -1 dims the gear's values (ATC's spellings)."""
-    filled = {}
+def _options_of(request: GearRequest, gear: Mapping) -> tuple[dict, dict]:
+    """A gear as an ordinary build's options: the given shapes with their -1 dims the gear's
+    values (ATC's spellings), and the named dimensions (one-value ``--dim`` and the gear's
+    own, ours)."""
+    shapes = {}
     for name, dims in request.shapes.items():
         values = iter(gear.get(name, []) if request.atc else [])
-        filled[name] = [next(values, DYNAMIC) if d == DYNAMIC else d for d in dims]
-    return filled
+        shapes[name] = [next(values, DYNAMIC) if d == DYNAMIC else d for d in dims]
+    return shapes, {**request.static_dims, **({} if request.atc else gear)}
 
 
 def _inputs_only(model: onnx.ModelProto) -> onnx.ModelProto:
-    """The model's inputs alone (no initializer, no node): what a gear's shapes are checked
-    against, copied once per gear."""
+    """The model's inputs alone (no initializer, no node): what a gear's shapes are fixed
+    in, copied once per gear."""
     light = onnx.ModelProto()
     light.graph.input.extend(graph_inputs(model))
     return light
 
 
-def _shapes_of(model, request: GearRequest, gear: Mapping, label: str) -> dict[str, list[int]]:
-    """One gear's shape of every input: given (its -1 dims the gear's values), or declared
-    with its symbolic dims named by the gear or by a one-value ``--dim``."""
-    named = {**request.static_dims, **(gear if not request.atc else {})}
-    shapes = {}
+def _shapes_of(inputs: onnx.ModelProto, request: GearRequest, gear: Mapping,
+               label: str) -> dict[str, list[int]]:
+    """One gear's shape of every input, fixed by its options as an ordinary build's are; a
+    dimension still open is refused as there."""
+    from pypto_offline.importer.input_shapes import fix_input_shapes
+
+    model = onnx.ModelProto()
+    model.CopyFrom(inputs)
+    shapes, dims = _options_of(request, gear)
+    fix_input_shapes(model, shapes, label, dims)
+    fixed = {}
     for value in graph_inputs(model):
         if not value.type.HasField("tensor_type"):
             continue
-        if value.name in request.shapes:
-            shapes[value.name] = _filled(request, gear)[value.name]
-            continue
-        dims = value.type.tensor_type.shape.dim
-        shape = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0
-                 else dim_size(d.dim_param, named) for d in dims]
-        if any(d is None for d in shape) or not value.type.tensor_type.HasField("shape"):
+        dims_of = value.type.tensor_type.shape.dim
+        if not value.type.tensor_type.HasField("shape") or any(
+                not d.HasField("dim_value") or d.dim_value <= 0 for d in dims_of):
             raise symbolic_input_error(value, label)
-        shapes[value.name] = shape
-    return shapes
+        fixed[value.name] = [d.dim_value for d in dims_of]
+    return fixed

@@ -201,26 +201,23 @@ def _expression(param: str):
 
 
 def _names_in(param: str) -> list[str]:
+    """The names an expression of dimensions is made of (itself when it is none)."""
     tree = _expression(param)
-    if tree is None or _evaluate(tree, None) is None:
+    names = [] if tree is None else [n.id for n in ast.walk(tree) if isinstance(n, ast.Name)]
+    if tree is None or _evaluate(tree, dict.fromkeys(names, 1)) is None:
         return [param]
-    return [node.id for node in ast.walk(tree) if isinstance(node, ast.Name)]
+    return names
 
 
-def _evaluate(node, dims: Mapping[str, int] | None) -> int | None:
-    """The expression's value; with ``dims`` None, 0 where it is one of names and numbers at
-    all (a check of its form)."""
+def _evaluate(node, dims: Mapping[str, int]) -> int | None:
     if isinstance(node, ast.Constant) and type(node.value) is int:
         return node.value
     if isinstance(node, ast.Name):
-        return 0 if dims is None else (int(dims[node.id]) if node.id in dims else None)
+        return int(dims[node.id]) if node.id in dims else None
     if isinstance(node, ast.BinOp) and type(node.op) in _ARITHMETIC:
         left, right = _evaluate(node.left, dims), _evaluate(node.right, dims)
-        if left is None or right is None:
-            return None
-        if dims is None:
-            return 0
-        if isinstance(node.op, (ast.FloorDiv, ast.Mod)) and right == 0:
+        if left is None or right is None or (
+                isinstance(node.op, (ast.FloorDiv, ast.Mod)) and right == 0):
             return None
         return _ARITHMETIC[type(node.op)](left, right)
     return None

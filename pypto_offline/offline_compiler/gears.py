@@ -24,14 +24,14 @@ def pack(builds: Sequence[tuple[Mapping[str, Sequence[int]], ptom_pb2.CompiledMo
     first = ptom_pb2.CompiledModel()
     first.CopyFrom(builds[0][1])
     stored = {(k.id, k.sha256): 0 for k in first.kernels}
+    weights = {field: _weights(getattr(first, field)) for field in GRAPHS}
     for index, (shapes, message) in enumerate(builds):
         gear = first.gears.add(inputs=_input_shapes(shapes))
         if index == 0:
             continue
         gear.build.CopyFrom(message)
         for field in GRAPHS:
-            setattr(gear.build, field, _share_weights(getattr(first, field),
-                                                      getattr(message, field)))
+            setattr(gear.build, field, _share_weights(weights[field], getattr(message, field)))
         for kernel in gear.build.kernels:
             where = stored.setdefault((kernel.id, kernel.sha256), index)
             if where != index:
@@ -48,8 +48,12 @@ GRAPHS = ("onnx_model", "source_onnx_model")
 FIRST_GEAR = "pypto-offline: the first gear's graph"
 
 
-def _share_weights(first: bytes, own: bytes) -> bytes:
-    stored = {t.name: t for t in _graph(first).graph.initializer}
+def _weights(graph: bytes) -> dict[str, onnx.TensorProto]:
+    """A graph's initializers by name (the first gear's: what the later ones refer to)."""
+    return {t.name: t for t in _graph(graph).graph.initializer}
+
+
+def _share_weights(stored: Mapping[str, onnx.TensorProto], own: bytes) -> bytes:
     model = _graph(own)
     for tensor in model.graph.initializer:
         if stored.get(tensor.name) == tensor:
@@ -61,9 +65,8 @@ def _share_weights(first: bytes, own: bytes) -> bytes:
     return model.SerializeToString(deterministic=True)
 
 
-def _own_weights(first: bytes, shared: bytes) -> bytes:
+def _own_weights(stored: Mapping[str, onnx.TensorProto], shared: bytes) -> bytes:
     """A later gear's graph with the weights it shares with the first gear's copied back."""
-    stored = {t.name: t for t in _graph(first).graph.initializer}
     model = _graph(shared)
     for tensor in model.graph.initializer:
         if _is_shared(tensor):
@@ -112,7 +115,8 @@ def gear_build(message: ptom_pb2.CompiledModel, index: int) -> ptom_pb2.Compiled
     build.ClearField("gears")
     if index:
         for field in GRAPHS:
-            setattr(build, field, _own_weights(getattr(message, field), getattr(build, field)))
+            setattr(build, field, _own_weights(_weights(getattr(message, field)),
+                                               getattr(build, field)))
     for kernel in build.kernels:
         if kernel.HasField("stored_in_gear"):
             kernel.CopyFrom(_stored(message, kernel))
@@ -120,8 +124,7 @@ def gear_build(message: ptom_pb2.CompiledModel, index: int) -> ptom_pb2.Compiled
 
 
 def _stored(message: ptom_pb2.CompiledModel, reference: ptom_pb2.Kernel) -> ptom_pb2.Kernel:
-    owner = message if reference.stored_in_gear == 0 else \
-        message.gears[reference.stored_in_gear].build
+    owner = build_of(message, reference.stored_in_gear)
     return next(k for k in owner.kernels if k.id == reference.id)
 
 
@@ -135,8 +138,6 @@ def shapes_of(message: ptom_pb2.CompiledModel) -> list[dict[str, tuple[int, ...]
     """Each gear's input shapes, in order (a blob without gears: its graph's)."""
     if message.gears:
         return [{s.name: tuple(s.dims) for s in gear.inputs} for gear in message.gears]
-    import onnx
-
     from pypto_offline.importer.input_shapes import graph_inputs
 
     graph = onnx.load_from_string(message.source_onnx_model)
@@ -174,7 +175,7 @@ def check(message: ptom_pb2.CompiledModel, version_has_gears: bool, where: str,
         return
     if len(message.gears) < 2:
         raise ModelError("blob has a gear table of one gear", where=where, fix=fix)
-    seen = set()
+    seen, weights = set(), {field: _weights(getattr(message, field)) for field in GRAPHS}
     for index, gear in enumerate(message.gears):
         key = tuple(sorted((s.name, tuple(s.dims)) for s in gear.inputs))
         if not key or key in seen:
@@ -185,10 +186,11 @@ def check(message: ptom_pb2.CompiledModel, version_has_gears: bool, where: str,
             raise ModelError(f"blob's gear {index} {'lacks' if index else 'has'} a build of its "
                              f"own", where=where, fix=fix)
         if index:
-            _check_gear_build(message, index, where, fix)
+            _check_gear_build(message, index, weights, where, fix)
 
 
-def _check_gear_build(message: ptom_pb2.CompiledModel, index: int, where: str,
+def _check_gear_build(message: ptom_pb2.CompiledModel, index: int,
+                      weights: Mapping[str, Mapping[str, onnx.TensorProto]], where: str,
                       fix: str) -> None:
     build = message.gears[index].build
     if build.gears or build.target.name != message.target.name or \
@@ -197,7 +199,9 @@ def _check_gear_build(message: ptom_pb2.CompiledModel, index: int, where: str,
                          where=where, fix=fix)
     for field in GRAPHS:
         try:
-            _own_weights(getattr(message, field), getattr(build, field))
+            for tensor in _graph(getattr(build, field)).graph.initializer:
+                if _is_shared(tensor):
+                    _stored_weight(weights[field], tensor)
         except ModelError as error:
             raise ModelError(f"{error.what} (gear {index})", where=where, fix=fix) from None
     for kernel in build.kernels:

@@ -54,9 +54,9 @@ def kernels_below_lower_bound(message: ptom_pb2.CompiledModel) -> list[str]:
 
 def summarise(message: ptom_pb2.CompiledModel, sources: SourceCheck | None = None) -> dict:
     """``sources``: the kernel sources as ``verify`` derived them again (None: not derived).
-    A blob of gears: the first gear's figures, and each gear's in ``gears``."""
-    m = gear_table.gear_build(message, 0)
-    t = m.totals
+    A blob of gears: the first gear's figures (the blob's own fields), and each gear's in
+    ``gears``."""
+    m, t = message, message.totals
     checked = [k for k in m.kernels if k.verdicts]
     return {
         "schema_version": SCHEMA_VERSION,
@@ -96,9 +96,9 @@ def gears_summary(message: ptom_pb2.CompiledModel) -> list[dict]:
 
 
 def _gear_summary(message: ptom_pb2.CompiledModel, index: int, shapes: dict) -> dict:
-    build, own = gear_table.gear_build(message, index), gear_table.build_of(message, index)
-    t = build.totals
-    referenced = sum(k.HasField("stored_in_gear") for k in own.kernels) if index else 0
+    own = gear_table.build_of(message, index)  # its figures; kernels stored or referenced
+    t = own.totals
+    referenced = sum(k.HasField("stored_in_gear") for k in own.kernels)
     return {"index": index, "inputs": {name: list(dims) for name, dims in shapes.items()},
             "kernels_after": t.kernels_after, "fused_kernels": t.fused_kernels,
             "gm_bytes_after": t.gm_bytes_after,
@@ -106,7 +106,7 @@ def _gear_summary(message: ptom_pb2.CompiledModel, index: int, shapes: dict) -> 
             "cost_us_fused": measured(t, "cost_us_fused"),
             "kernels_stored": len(own.kernels) - referenced,
             "kernels_referenced": referenced,
-            "verification": build.verification.status or "skipped"}
+            "verification": own.verification.status or "skipped"}
 
 
 def verification_failed(summary: dict) -> bool:
