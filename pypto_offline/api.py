@@ -23,7 +23,7 @@ import onnx
 
 from pypto_offline.errors import UsageError
 from pypto_offline.importer.input_shapes import check_given_inputs
-from pypto_offline.offline_compiler import BuildOptions, blob, build, ptom_pb2
+from pypto_offline.offline_compiler import BuildOptions, blob, build, build_together, ptom_pb2
 from pypto_offline.offline_compiler import gears as gear_table
 from pypto_offline.offline_compiler.source_check import SourceCheck, recheck_sources
 from pypto_offline.offline_compiler.summary import summarise
@@ -320,17 +320,17 @@ def compile(model, target: str = "kirin9050",  # noqa: A001 - the API's verb
 
 def _compile_gears(model, target: Target, options: BuildOptions,
                    shapes: Sequence[Mapping[str, Sequence[int]]], progress) -> CompiledModel:
-    """Each gear built in turn in one worker pool on one kernel cache (a kernel the gears
-    share compiles once), verified, then packed into one message (docs/gears.md)."""
+    """Every gear built in rounds in one worker pool on one kernel cache (each round compiles
+    every gear's regions together; a kernel the gears share compiles once), verified, then
+    packed into one message (docs/gears.md)."""
     from pypto_offline.pypto_kernels.jobs.pool import in_shared_pool
 
-    timings, results = Timings(), []
+    timings = Timings()
+    builds = [(model, replace(options, input_shapes=dict(gear), dims={},
+                              inputs=gear_inputs(options.inputs, gear))) for gear in shapes]
+    labels = [f"gear {index} ({gear_table.shapes_text(gear)})" for index, gear in enumerate(shapes)]
     with nullcontext() if in_shared_pool() else shared_workers(options.jobs):
-        for index, gear in enumerate(shapes):
-            progress.stage(f"gear {index}: {gear_table.shapes_text(gear)}")
-            gear_options = replace(options, input_shapes=dict(gear), dims={},
-                                   inputs=gear_inputs(options.inputs, gear))
-            results.append(build(model, target, gear_options, progress, timings))
+        results = build_together(builds, target, progress, timings, labels)
     cache = [r.kernel_cache() for r in results]
     compiled_model = CompiledModel(
         gear_table.pack([(gear, r.message) for gear, r in zip(shapes, results)]),

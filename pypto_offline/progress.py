@@ -28,6 +28,20 @@ class Progress:
 SILENT = Progress()
 
 
+class Labelled(Progress):
+    """``progress`` with each stage said as ``label: stage``: whose stage it is, where several
+    builds run in step (a blob's gears, ``offline_compiler/rounds.py``)."""
+
+    def __init__(self, progress: Progress, label: str):
+        self._progress, self._label = progress, label
+
+    def stage(self, name: str) -> None:
+        self._progress.stage(f"{self._label}: {name}")
+
+    def kernel(self, done: int, total: int, region, kernel) -> None:
+        self._progress.kernel(done, total, region, kernel)
+
+
 class Timings:
     """Wall-clock seconds per stage of one build, added up over each ``stage`` block."""
 

@@ -14,6 +14,7 @@ from pypto_offline import api, cli
 from pypto_offline.errors import ModelError, UsageError
 from pypto_offline.importer.gears import MAX_GEARS, GearRequest, gear_values, plan
 from pypto_offline.offline_compiler import blob, gears, ptom_pb2
+from pypto_offline.progress import Progress
 
 
 def two_branches() -> onnx.ModelProto:
@@ -230,7 +231,7 @@ def built(tmp_path_factory):
                          "--cache-dir", str(folder / "cache"), "--quiet", *options])
         assert code == 0, name
         out[name] = blob_path
-    return out
+    return {**out, "model": path, "cache": folder / "cache"}
 
 
 @pytest.mark.pypto
@@ -243,6 +244,32 @@ def test_a_two_gear_blob_verifies_each_gear_and_stores_the_shared_kernel_once(bu
     assert [(g["kernels_stored"], g["kernels_referenced"]) for g in summary["gears"]] == \
         [(2, 0), (1, 1)]
     assert summary["verification"]["kernel_sources"]["differing"] == []
+
+
+class Said(Progress):
+    def __init__(self):
+        self.stages, self.totals = [], set()
+
+    def stage(self, name):
+        self.stages.append(name)
+
+    def kernel(self, done, total, region, kernel):
+        self.totals.add(total)
+
+
+@pytest.mark.pypto
+def test_the_gears_compile_in_one_round_each_gear_the_build_of_its_shapes_alone(built):
+    """offline_compiler/rounds.py: both gears' regions in one round of the pool, and each
+    gear's build byte for byte the build of its shapes without gears (warm: no compile)."""
+    shapes = [{"x": [1, 64], "z": [1, 64]}, {"x": [4, 64], "z": [1, 64]}]
+    said = Said()
+    both = api.compile(built["model"], cache_dir=built["cache"], gears=shapes, progress=said)
+    assert said.stages.count("compiling the 4 kernels of 2 builds together") == 1, said.stages
+    assert said.totals == {4}  # every kernel counted in the one round
+    assert "gear 1 (x=4,64; z=1,64): compiling 2 kernels with PyPTO" in said.stages
+    for index, gear in enumerate(shapes):
+        alone = api.compile(built["model"], input_shapes=gear, cache_dir=built["cache"])
+        assert both.gear(index).to_bytes() == alone.to_bytes(), index
 
 
 @pytest.mark.pypto

@@ -4,7 +4,8 @@ two nodes gives the blobs a local build gives, byte for byte.
 The cluster and its driver run in a network namespace of their own (``unshare -n``, loopback
 up): on the host network Ray binds the machine's external interface, which a test must never
 use. The test starts a head and a second node (``ray start --address``), builds two models for
-two targets on it, stops it, and compares with the same batch built locally. Bounded in time."""
+two targets on it and a blob of two gears (issue 38), stops it, and compares with the same
+builds made locally. Bounded in time."""
 from __future__ import annotations
 
 import json
@@ -14,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tests.malformed import EXAMPLE
@@ -25,6 +27,7 @@ REPO = Path(__file__).resolve().parent.parent
 RAY = Path(sys.executable).with_name("ray")
 TARGETS = "kirin9050,ascend910b"
 PORT = 6399
+GEARS = ["--target", "kirin9050", "--dim", "n=1,2"]  # the gear model's two gears
 CLUSTER_SCRIPT = """
 set -eu
 ip link set lo up
@@ -39,6 +42,8 @@ print("nodes", sum(n["Alive"] for n in ray.nodes()))'
 "{python}" -m pypto_offline {models} --target {targets} --input-shape x=1,3,64,64 \\
     --output-dir "{out}" --cache-dir "{cache}" --no-report --json --quiet \\
     --executor ray --ray-address 127.0.0.1:{port}
+"{python}" -m pypto_offline "{gear_model}" {gear_options} --output "{gears}" --cache-dir "{cache}" \\
+    --no-report --json --quiet --executor ray --ray-address 127.0.0.1:{port} > "{gears}.json"
 "{python}" -m tests.ray_interrupts 127.0.0.1:{port} {first_model} "{interrupted}"
 """
 
@@ -56,6 +61,17 @@ def small_model(path: Path) -> Path:
     return path
 
 
+def gear_model(path: Path) -> Path:
+    """frames[n, 8, 16, 16] through Relu, Neg, Sigmoid and scale[1, 8] through Exp, Mul: a
+    kernel per gear and one the gears share."""
+    b = GraphBuilder()
+    x, scale = b.input("frames", ["n", 8, 16, 16]), b.input("scale", [1, 8])
+    shared = b.op("Mul", [b.op("Exp", [scale]), b.const(np.float32(2.0))])
+    path.write_bytes(b.model(b.op("Sigmoid", [b.op("Neg", [b.op("Relu", [x])])]), shared)
+                     .SerializeToString())
+    return path
+
+
 @pytest.fixture(scope="module")
 def models(tmp_path_factory) -> list[Path]:
     folder = tmp_path_factory.mktemp("models")
@@ -69,7 +85,9 @@ def on_the_farm(models, tmp_path_factory):
     script = CLUSTER_SCRIPT.format(ray=RAY, python=sys.executable, port=PORT,
                                    models=" ".join(f'"{m}"' for m in models), targets=TARGETS,
                                    out=folder / "out", cache=folder / "cache",
-                                   first_model=f'"{models[0]}"', interrupted=folder / "stopped")
+                                   first_model=f'"{models[0]}"', interrupted=folder / "stopped",
+                                   gear_model=gear_model(folder / "gears.onnx"),
+                                   gear_options=" ".join(GEARS), gears=folder / "gears")
     done = subprocess.run(["unshare", "-n", "bash", "-c", script], capture_output=True,
                           text=True, env=_environment(), cwd=REPO, timeout=1500)
     return folder, done
@@ -83,6 +101,13 @@ def locally(models, tmp_path_factory):
          "--input-shape", "x=1,3,64,64", "--output-dir", str(folder / "out"), "--cache-dir",
          str(folder / "cache"), "--no-report", "--json", "--quiet"],
         capture_output=True, text=True, env=_environment(), cwd=REPO, timeout=1500)
+    gears = subprocess.run(
+        [sys.executable, "-m", "pypto_offline", str(gear_model(folder / "gears.onnx")), *GEARS,
+         "--output", str(folder / "gears"), "--cache-dir", str(folder / "cache"), "--no-report",
+         "--json", "--quiet"],
+        capture_output=True, text=True, env=_environment(), cwd=REPO, timeout=1500)
+    assert gears.returncode == 0, gears.stderr[-3000:]
+    (folder / "gears.json").write_text(gears.stdout)
     return folder, done
 
 
@@ -98,6 +123,17 @@ def test_a_batch_on_a_two_node_ray_cluster_gives_the_local_blobs(on_the_farm, lo
     assert names == sorted(p.name for p in (farm / "out").iterdir()) and len(names) == 4
     for name in names:
         assert (farm / "out" / name).read_bytes() == (local / "out" / name).read_bytes(), name
+
+
+def test_a_blob_of_gears_built_on_the_farm_is_the_local_one(on_the_farm, locally):
+    """Issue 38: the gears' rounds of compiles (offline_compiler/rounds.py) sent to the farm's
+    workers give the blob a local build gives, every gear verified."""
+    (farm, on_ray), (local, _) = on_the_farm, locally
+    assert on_ray.returncode == 0, on_ray.stderr[-3000:]
+    summary = json.loads((farm / "gears.json").read_text())
+    assert [g["verification"] for g in summary["gears"]] == ["passed", "passed"], summary
+    assert summary["kernel_cache"]["pypto_compiles"] > 0  # compiled on the farm, cold
+    assert (farm / "gears.ptom").read_bytes() == (local / "gears.ptom").read_bytes()
 
 
 def test_an_interrupted_ray_build_ends_within_5_s_and_leaves_the_cluster_clean(on_the_farm):

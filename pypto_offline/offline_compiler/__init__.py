@@ -1,6 +1,7 @@
 """Pipeline orchestration (``build``) and the blob format (``ptom.proto``, ``blob``)."""
 from pypto_offline.offline_compiler.blob import FORMAT_VERSION, from_bytes, read, to_bytes, write
-from pypto_offline.offline_compiler.build import BuildOptions, BuildResult, build
+from pypto_offline.offline_compiler.build import (BuildOptions, BuildResult, build,
+                                                 build_together)
 
-__all__ = ["BuildOptions", "BuildResult", "FORMAT_VERSION", "build", "from_bytes", "read",
+__all__ = ["BuildOptions", "BuildResult", "FORMAT_VERSION", "build", "build_together", "from_bytes", "read",
            "to_bytes", "write"]

@@ -10,7 +10,7 @@ import hashlib
 import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Generator, Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -25,9 +25,10 @@ from pypto_offline.importer.input_shapes import graph_inputs, symbolic_input_err
 from pypto_offline.importer.shape_probe import check_memory, every_value
 from pypto_offline.importer.ops import MATMUL, kind_of
 from pypto_offline.offline_compiler import ptom_pb2
-from pypto_offline.progress import SILENT, Progress, Timings
+from pypto_offline.offline_compiler.rounds import Compiles, Steps, in_rounds
+from pypto_offline.progress import SILENT, Labelled, Progress, Timings
 from pypto_offline.runtime import finite, generate_inputs, in_input_types
-from pypto_offline.pypto_kernels import Kernel, compile_kernels, setup_for
+from pypto_offline.pypto_kernels import Kernel, setup_for
 from pypto_offline.pypto_kernels.baseline import (ESTIMATED, MEASURED, slower_fused,
                                                   estimated_unfused_costs)
 from pypto_offline.pypto_kernels.cache_trust import Trust
@@ -137,9 +138,28 @@ def build(source, target: Target, options: BuildOptions, progress: Progress = SI
           timings: Timings | None = None) -> BuildResult:
     """``progress`` hears of each stage and finished kernel; ``timings`` gets the seconds of the
     stages run here (import, plan, kernels, baseline). Neither changes the result."""
+    return build_together([(source, options)], target, progress, timings)[0]
+
+
+def build_together(builds: Sequence[tuple[object, BuildOptions]], target: Target,
+                   progress: Progress = SILENT, timings: Timings | None = None,
+                   labels: Sequence[str] = ()) -> list[BuildResult]:
+    """Each (source, options)'s build, in order, run in rounds (``rounds.in_rounds``): every
+    build's kernels of one stage compiled in one round of the pool. The options may differ in
+    their shapes and inputs only (a blob's gears): the first one's say how kernels compile.
+    Each result is the one ``build`` gives alone. ``labels``: each build's name in its stages."""
+    timings = timings or Timings()
+    steps = [build_steps(source, target, options,
+                         Labelled(progress, labels[index]) if labels else progress, timings)
+             for index, (source, options) in enumerate(builds)]
+    return in_rounds(steps, builds[0][1], progress, timings)
+
+
+def build_steps(source, target: Target, options: BuildOptions, progress: Progress,
+                timings: Timings) -> Steps:
+    """One build, yielding a ``rounds.Compiles`` where it needs kernels (``rounds``)."""
     from pypto_offline import __version__
 
-    timings = timings or Timings()
     platform_figures(target)  # a target whose platform lacks a figure stops here, at once
     raw, name = model_bytes(source)
     progress.stage("importing")
@@ -152,22 +172,21 @@ def build(source, target: Target, options: BuildOptions, progress: Progress = SI
     with timings.stage("plan_s"):
         plan = plan_fusion(graph, target)
     progress.stage(f"compiling {len(plan.regions)} kernels with PyPTO")
-    with timings.stage("kernels_s"):
-        kernels = _compiled(graph, plan, target, options, progress)
+    kernels = yield Compiles(graph, tuple(plan.regions), target)
     alone, replaced = _matmuls_to_split(plan, kernels), ()
     if alone:  # their epilogues are fused again without them, as IREE splits a dispatch
         progress.stage(f"{len(alone)} matmul kernels failed with their epilogue: re-planning")
         with timings.stage("plan_s"):
             plan = plan_fusion(graph, target, alone)
         replaced = kernels
-        with timings.stage("kernels_s"):
-            kernels = _compiled(graph, plan, target, options, progress)
-    plan, kernels, baseline = _cut_until_shipped(graph, plan, kernels, target, options, progress,
-                                                 timings)
+        kernels = yield Compiles(graph, tuple(plan.regions), target)
+    plan, kernels, baseline = yield from _cut_until_shipped(graph, plan, kernels, target,
+                                                            options, progress, timings)
     failed = {k.region_id: (_category(k), k.fallback_reason) for k in kernels if not k.compiled}
     with timings.stage("plan_s"):  # re-lowering without the fallen-back regions is planning
         shipped = without_regions(plan, graph, target, failed) if failed else plan
-    on_910b = _on_910b_platform(graph, plan, target, options, progress, timings)
+    on_910b = yield from _on_910b_platform(graph, plan, target, progress,
+                                              options.compare_platform)
     values = _original_values(original, options, timings)
     precision_of = _kernel_precision(values, graph, plan, kernels, target, options, progress,
                                      timings)
@@ -262,7 +281,9 @@ def precision_message(conversion: precision.Conversion,
 
 def _cut_until_shipped(graph: ImportedGraph, plan: FusionPlan, kernels: Sequence[Kernel],
                        target: Target, options: BuildOptions, progress: Progress,
-                       timings: Timings) -> tuple[FusionPlan, tuple[Kernel, ...], Baseline]:
+                       timings: Timings
+                       ) -> Generator[Compiles, tuple, tuple[FusionPlan, tuple[Kernel, ...],
+                                                             Baseline]]:
     """Split, never drop (docs/regions.md): a region whose kernel cannot ship (it failed, or
     the cost model finds it slower than its ops unfused) is cut in two and its parts are
     compiled, again until every part ships or is one op. Returns the plan with every region
@@ -285,8 +306,7 @@ def _cut_until_shipped(graph: ImportedGraph, plan: FusionPlan, kernels: Sequence
             return plan, every, Baseline(costs, baseline.basis)
         progress.stage(f"{len(plan.cuts) - cut_before} regions that could not ship cut in two: "
                        f"compiling {len(parts)} parts with PyPTO")
-        with timings.stage("kernels_s"):
-            batch = _compiled(graph, replace(plan, regions=parts), target, options, progress)
+        batch = yield Compiles(graph, tuple(parts), target)
 
 
 def _slower_fallen_back(kernels: Sequence[Kernel], plan: FusionPlan, baseline: Baseline,
@@ -299,26 +319,16 @@ def _slower_fallen_back(kernels: Sequence[Kernel], plan: FusionPlan, baseline: B
                  if k.region_id in slower else k for k in kernels)
 
 
-def _on_910b_platform(graph, plan: FusionPlan, target: Target, options: BuildOptions, progress,
-                      timings: Timings) -> dict[str, TileResult]:
-    """With ``compare_platform``: the tile each shipped region's search picks under PyPTO's
-    910B platform (as every target compiled before it had its own), by region id; the same
-    candidates and UB plan, another platform (docs/platform.md). Empty without the option."""
-    if not options.compare_platform or platform_of(target).native:
+def _on_910b_platform(graph, plan: FusionPlan, target: Target, progress, compare: bool):
+    """With ``compare`` (--compare-platform): the tile each shipped region's search picks
+    under PyPTO's 910B platform (as every target compiled before it had its own), by region id;
+    the same candidates and UB plan, another platform (docs/platform.md). Empty without it."""
+    if not compare or platform_of(target).native:
         return {}
     progress.stage("searching the same tiles under PyPTO's 910B platform (--compare-platform)")
-    with timings.stage("kernels_s"):
-        kernels = _compiled(graph, plan, replace(target, pypto_platform=STOCK_PLATFORM),
-                            options, progress)
+    kernels = yield Compiles(graph, tuple(plan.regions),
+                             replace(target, pypto_platform=STOCK_PLATFORM))
     return {k.region_id: k.tuned_tile for k in kernels if k.compiled and k.tuned_tile}
-
-
-def _compiled(graph, plan, target: Target, options: BuildOptions, progress) -> tuple:
-    return tuple(compile_kernels(graph, plan, target, cache_dir=options.cache_dir,
-                                 cache_trust=options.cache_trust, jobs=options.jobs,
-                                 search=options.tile_search, timeout=options.kernel_timeout_s,
-                                 progress=progress,
-                                 executor=options.executor))
 
 
 def _matmuls_to_split(plan: FusionPlan, kernels: Sequence[Kernel]) -> dict[str, tuple[str, str]]:
