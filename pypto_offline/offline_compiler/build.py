@@ -148,6 +148,10 @@ def build_together(builds: Sequence[tuple[object, BuildOptions]], target: Target
     build's kernels of one stage compiled in one round of the pool. The options may differ in
     their shapes and inputs only (a blob's gears): the first one's say how kernels compile.
     Each result is the one ``build`` gives alone. ``labels``: each build's name in its stages."""
+    first = builds[0][1]
+    if any(replace(options, input_shapes=first.input_shapes, dims=first.dims,
+                   inputs=first.inputs) != first for _, options in builds):
+        raise ValueError("builds run together differ in their shapes and inputs only")
     timings = timings or Timings()
     steps = [build_steps(source, target, options,
                          Labelled(progress, labels[index]) if labels else progress, timings)
