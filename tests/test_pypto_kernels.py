@@ -113,7 +113,7 @@ def test_a_region_the_generator_refuses_is_not_counted_as_a_compile(tmp_path):
 @pytest.mark.pypto
 @pytest.mark.parametrize("sabotage,expected", [
     ("import os\nos._exit(3)\n", "crashed (exit code 3)"),
-    ("import time\ntime.sleep(60)\n", "did not finish within 5 s"),
+    ("import time\ntime.sleep(60)\n", "did not finish within 2 s"),
 ])
 def test_a_crashing_or_hanging_compile_falls_back_and_the_build_goes_on(
         sabotage, expected, tmp_path, monkeypatch):
@@ -125,14 +125,15 @@ def test_a_crashing_or_hanging_compile_falls_back_and_the_build_goes_on(
                         lambda region, policy, constants: honest(region, policy, constants)
                         + sabotage)
     started = time.perf_counter()
+    # 2 s: the sabotage runs as the child loads the kernel, 0.05 s after the hand-over
     (kernel,) = compile_kernels(graph, plan, TARGETS["kirin9050"], cache_dir=tmp_path,
-                                search=False, timeout=5)
+                                search=False, timeout=2)
     assert not kernel.compiled and expected in kernel.fallback_reason
     assert time.perf_counter() - started < 30
     # never cached: a crash or time-out says nothing about the kernel, the next build retries
     assert [p for p in tmp_path.glob("*/*") if p.parent.name != "tmp"] == []
     (again,) = compile_kernels(graph, plan, TARGETS["kirin9050"], cache_dir=tmp_path,
-                               search=False, timeout=5)
+                               search=False, timeout=2)
     assert not again.from_cache and expected in again.fallback_reason
     replanned = without_regions(plan, graph, TARGETS["kirin9050"],
                                 {kernel.region_id: (FAILED_CHECK, kernel.fallback_reason)})
