@@ -42,8 +42,9 @@ print("nodes", sum(n["Alive"] for n in ray.nodes()))'
 "{python}" -m pypto_offline {models} --target {targets} --input-shape x=1,3,64,64 \\
     --output-dir "{out}" --cache-dir "{cache}" --no-report --json --quiet \\
     --executor ray --ray-address 127.0.0.1:{port}
-"{python}" -m pypto_offline "{gear_model}" {gear_options} --output "{gears}" --cache-dir "{cache}" \\
-    --no-report --json --quiet --executor ray --ray-address 127.0.0.1:{port} > "{gears}.json"
+"{python}" -m pypto_offline "{gear_model}" {gear_options} --output "{gears}" \\
+    --cache-dir "{cache}" --no-report --json --quiet --executor ray \\
+    --ray-address 127.0.0.1:{port} > "{gears}.json"
 "{python}" -m tests.ray_interrupts 127.0.0.1:{port} {first_model} "{interrupted}"
 """
 

@@ -3,5 +3,5 @@ from pypto_offline.offline_compiler.blob import FORMAT_VERSION, from_bytes, read
 from pypto_offline.offline_compiler.build import (BuildOptions, BuildResult, build,
                                                  build_together)
 
-__all__ = ["BuildOptions", "BuildResult", "FORMAT_VERSION", "build", "build_together", "from_bytes", "read",
-           "to_bytes", "write"]
+__all__ = ["BuildOptions", "BuildResult", "FORMAT_VERSION", "build", "build_together",
+           "from_bytes", "read", "to_bytes", "write"]

@@ -151,7 +151,7 @@ def build_together(builds: Sequence[tuple[object, BuildOptions]], target: Target
     first = builds[0][1]
     if any(replace(options, input_shapes=first.input_shapes, dims=first.dims,
                    inputs=first.inputs) != first for _, options in builds):
-        raise ValueError("builds run together differ in their shapes and inputs only")
+        raise ValueError("builds run together may differ in their shapes and inputs only")
     timings = timings or Timings()
     steps = [build_steps(source, target, options,
                          Labelled(progress, labels[index]) if labels else progress, timings)
