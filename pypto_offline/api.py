@@ -52,8 +52,12 @@ class CompiledModel:
                  timings: Timings | None = None, loaded_from: Path | None = None):
         self.message = message
         self._reference: onnx.ModelProto | None = None
-        # A build of gears: each gear's graph in its own precision (``_reference`` per gear)
-        self._gear_references: list[onnx.ModelProto | None] | None = None
+        # A build of gears: each gear's build as it came from the pipeline, with its reference
+        # (None for a loaded blob, whose gears ``gear`` unpacks)
+        self._gears: list[CompiledModel] | None = None
+        # Per gear, the compiled graph ``run`` runs, parsed once; and every gear's input shapes
+        self._run_graphs: dict[int, onnx.ModelProto] = {}
+        self._gear_shapes: list[dict[str, tuple[int, ...]]] | None = None
         # The blob's path for a loaded blob (None for a build): its sources are then no build's
         # of this process, and ``verify`` derives them again.
         self.loaded_from = loaded_from
@@ -118,10 +122,11 @@ class CompiledModel:
         self._check_gear(index)
         if not self.message.gears:
             return self
+        if self._gears:
+            return self._gears[index]
         one = CompiledModel(gear_table.gear_build(self.message, index),
                             loaded_from=self.loaded_from)
-        one._reference = self._gear_references[index] if self._gear_references \
-            else self._reference
+        one._reference = self._reference
         return one
 
     def _check_gear(self, index: int) -> int:
@@ -134,8 +139,13 @@ class CompiledModel:
         """The compiled graph of the gear whose input shapes ``inputs`` match exactly, run in
         onnxruntime (a kernel as its ops); inputs of any other shapes are refused with the
         gears listed: the run-time contract (docs/gears.md)."""
-        index = gear_table.pick(self.message, {n: np.shape(v) for n, v in inputs.items()})
-        graph = onnx.load_from_string(gear_table.gear_build(self.message, index).onnx_model)
+        if self._gear_shapes is None:
+            self._gear_shapes = gear_table.shapes_of(self.message)
+        index = gear_table.pick(self._gear_shapes, {n: np.shape(v) for n, v in inputs.items()})
+        if index not in self._run_graphs:
+            self._run_graphs[index] = onnx.load_from_string(
+                gear_table.gear_graph(self.message, index))
+        graph = self._run_graphs[index]
         return run_model(graph, in_input_types(graph, inputs))
 
     def verify(self, inputs: Mapping[str, np.ndarray] | None = None, seed: int = 0,
@@ -310,8 +320,7 @@ def compile(model, target: str = "kirin9050",  # noqa: A001 - the API's verb
         return _compile_gears(model, get_target(target), options, gears, progress)
     timings = Timings()
     result = build(model, get_target(target), options, progress, timings)
-    compiled_model = CompiledModel(result.message, result.kernel_cache(), timings)
-    compiled_model._reference = result.original  # a converted graph's own precision
+    compiled_model = _built(result, timings)
     if verify:
         progress.stage("verifying against onnxruntime")
         compiled_model.verify(inputs)
@@ -335,10 +344,18 @@ def _compile_gears(model, target: Target, options: BuildOptions,
     compiled_model = CompiledModel(
         gear_table.pack([(gear, r.message) for gear, r in zip(shapes, results)]),
         {key: sum(c[key] for c in cache) for key in cache[0]}, timings)
-    compiled_model._gear_references = [r.original for r in results]
+    compiled_model._gears = [_built(r) for r in results]
     if options.verify:
         progress.stage("verifying every gear against onnxruntime")
         compiled_model.verify(options.inputs)
+    return compiled_model
+
+
+def _built(result, timings: Timings | None = None) -> CompiledModel:
+    """A build's model, checked against the graph in its own precision (a converting mode's
+    original) where it has one, else the imported graph in the blob."""
+    compiled_model = CompiledModel(result.message, result.kernel_cache(), timings)
+    compiled_model._reference = result.original
     return compiled_model
 
 

@@ -181,9 +181,9 @@ def test_a_weight_the_gears_share_is_stored_once_and_read_back_whole():
 
 def test_the_run_time_contract_is_an_exact_match_or_a_refusal_listing_the_gears():
     packed = gears.pack([({"x": [1, 64]}, fake_build(1)), ({"x": [4, 64]}, fake_build(4))])
-    assert gears.pick(packed, {"x": (4, 64)}) == 1
+    assert gears.pick(gears.shapes_of(packed), {"x": (4, 64)}) == 1
     with pytest.raises(UsageError) as error:
-        gears.pick(packed, {"x": (2, 64)})
+        gears.pick(gears.shapes_of(packed), {"x": (2, 64)})
     assert "gear 0: x=1,64 | gear 1: x=4,64" in str(error.value)
 
 
@@ -270,6 +270,7 @@ def test_the_gears_compile_in_one_round_each_gear_the_build_of_its_shapes_alone(
     for index, gear in enumerate(shapes):
         alone = api.compile(built["model"], input_shapes=gear, cache_dir=built["cache"])
         assert both.gear(index).to_bytes() == alone.to_bytes(), index
+        assert blob.to_bytes(gears.gear_build(both.message, index)) == alone.to_bytes(), index
 
 
 @pytest.mark.pypto

@@ -20,8 +20,6 @@ def input_shapes(args) -> dict[str, list[int]]:
     return once(given, "--input-shape/--input_shape", "give each input once")
 
 
-
-
 def once(pairs: list[tuple], option: str, fix: str) -> dict:
     named: dict = {}
     for name, value in pairs:

@@ -149,10 +149,11 @@ def gears_text(s: dict) -> list[str]:
     the lines above are the first gear's (docs/gears.md)."""
     if len(s["gears"]) < 2:
         return []
+    from pypto_offline.offline_compiler.gears import shapes_text
+
     lines = [f"  {len(s['gears'])} gears (the figures above: gear 0's):"]
     for gear in s["gears"]:
-        inputs = "; ".join(f"{name}={','.join(map(str, dims))}"
-                           for name, dims in gear["inputs"].items())
+        inputs = shapes_text(gear["inputs"])
         lines.append(f"    gear {gear['index']}: {printable(inputs)} — {gear['kernels_after']} "
                      f"kernels ({gear['kernels_referenced']} shared with an earlier gear), "
                      f"GM {gear['gm_bytes_after'] / 1e6:.2f} MB, verification "

@@ -4,7 +4,7 @@ gear by the inputs' shapes (an exact match, as ATC's loader does).
 
     message = pack([(shapes, build.message) for shapes, build in gears])
     build = gear_build(message, index)      # one gear's whole build, its kernels resolved
-    index = pick(message, {"x": (1, 3, 320, 320)})
+    index = pick(shapes_of(message), {"x": (1, 3, 320, 320)})
 """
 from __future__ import annotations
 
@@ -115,12 +115,20 @@ def gear_build(message: ptom_pb2.CompiledModel, index: int) -> ptom_pb2.Compiled
     build.ClearField("gears")
     if index:
         for field in GRAPHS:
-            setattr(build, field, _own_weights(_weights(getattr(message, field)),
-                                               getattr(build, field)))
+            setattr(build, field, gear_graph(message, index, field))
     for kernel in build.kernels:
         if kernel.HasField("stored_in_gear"):
             kernel.CopyFrom(_stored(message, kernel))
     return build
+
+
+def gear_graph(message: ptom_pb2.CompiledModel, index: int, field: str = "onnx_model") -> bytes:
+    """Gear ``index``'s graph (``field``: its compiled graph, or its imported one) with the
+    weights it shares with the first gear copied back: all a run of it needs."""
+    if index == 0 or not message.gears:
+        return getattr(message, field)
+    return _own_weights(_weights(getattr(message, field)),
+                        getattr(message.gears[index].build, field))
 
 
 def _stored(message: ptom_pb2.CompiledModel, reference: ptom_pb2.Kernel) -> ptom_pb2.Kernel:
@@ -149,10 +157,11 @@ def shapes_text(shapes: Mapping[str, Sequence[int]]) -> str:
     return "; ".join(f"{name}={','.join(map(str, dims))}" for name, dims in shapes.items())
 
 
-def pick(message: ptom_pb2.CompiledModel, given: Mapping[str, Sequence[int]]) -> int:
-    """The gear whose inputs have exactly the given shapes (every input the gears list), or a
-    refusal that lists the gears: the run-time contract (docs/gears.md)."""
-    gears = shapes_of(message)
+def pick(gears: Sequence[Mapping[str, tuple[int, ...]]], given: Mapping[str, Sequence[int]]
+         ) -> int:
+    """The gear (of ``gears``, a blob's ``shapes_of``) whose inputs have exactly the given
+    shapes (every input the gears list), or a refusal that lists the gears: the run-time
+    contract (docs/gears.md)."""
     wanted = {name: tuple(int(d) for d in dims) for name, dims in given.items()}
     for index, shapes in enumerate(gears):
         if {name: wanted.get(name) for name in shapes} == shapes:

@@ -15,7 +15,7 @@ from markupsafe import Markup
 from pypto_offline.offline_compiler import gears as gear_table
 from pypto_offline.offline_compiler import ptom_pb2
 from pypto_offline.offline_compiler.blob import write_atomically
-from pypto_offline.offline_compiler.summary import shown, summarise
+from pypto_offline.offline_compiler.summary import gears_summary, shown
 from pypto_offline.report.content import context
 
 TEMPLATES = Path(__file__).with_name("templates")
@@ -54,7 +54,7 @@ def _gears_page(message: ptom_pb2.CompiledModel) -> str:
     """Each gear's figures and the kernels it shares with an earlier gear, and each gear's own
     page (headline, graph, kernel table and cards) in a frame of its own, one shown at a time
     (docs/report.md, "Gears"): a data: URL, so that each page keeps its ids and script."""
-    figures = summarise(message)["gears"]
+    figures = gears_summary(message)
     gears = []
     for index, gear in enumerate(figures):
         own = gear_table.build_of(message, index)
