@@ -334,6 +334,7 @@ def _compile_gears(model, target: Target, options: BuildOptions,
     packed into one message (docs/gears.md)."""
     from pypto_offline.pypto_kernels.jobs.pool import in_shared_pool
 
+    gear_table.check_distinct(shapes)  # before any work: a blob it writes must load
     timings = Timings()
     builds = [(model, replace(options, input_shapes=dict(gear), dims={},
                               inputs=gear_inputs(options.inputs, gear))) for gear in shapes]

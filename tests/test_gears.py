@@ -3,6 +3,7 @@ and ours, one blob with a kernel identical across gears stored once, the run-tim
 from __future__ import annotations
 
 import json
+import time
 
 import numpy as np
 import onnx
@@ -129,6 +130,70 @@ def test_the_cli_refuses_more_gears_than_atc_with_exit_2(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "101 gears: at most 100 (ATC's limit)" in err and "Traceback" not in err
     assert not list(tmp_path.glob("*.ptom"))
+
+
+def test_gears_the_shapes_make_identical_are_refused_with_exit_2_before_any_work(tmp_path,
+                                                                                   capsys):
+    """--input-shape gives x, the only input with batch, its whole shape: both gears would be
+    x=3,64, a blob no reader loads (issue 50 row 3)."""
+    path, out = tmp_path / "m.onnx", tmp_path / "out"
+    onnx.save(two_branches(), path)
+    assert cli.main([str(path), "--target", "kirin9050", "--dim", "batch=1,2", "--input-shape",
+                     "x=3,64", "--output-dir", str(out), "--cache-dir",
+                     str(tmp_path / "cache")]) == 2
+    err = capsys.readouterr().err
+    assert "gears 0 (batch=1) and 1 (batch=2) have the same shapes (x=3,64; z=1,64)" in err
+    assert "--dim batch sizes only x, whose shape --input-shape gives" in err
+    assert "leave x out of --input-shape" in err and "Traceback" not in err
+    assert list(out.iterdir()) == [] and not (tmp_path / "cache").exists()
+
+
+def test_gears_no_input_tells_apart_are_refused():
+    """past % 2 is 1 for past 1 and 3: the gears' shapes are the same whatever is given."""
+    b = GraphBuilder()
+    model = b.model(b.op("Relu", [b.input("x", [1, "past % 2"])]))
+    with pytest.raises(UsageError, match=r"gears 0 \(past=1\) and 1 \(past=3\) have the same "
+                                         r"shapes \(x=1,1\): no input's shape changes"):
+        plan(model, GearRequest(dims={"past": (1, 3)}), "model")
+
+
+def test_the_api_refuses_identical_or_empty_gears_before_any_work(tmp_path, monkeypatch):
+    path = tmp_path / "m.onnx"
+    onnx.save(two_branches(), path)
+    monkeypatch.setattr(api, "build_together", lambda *a, **k: pytest.fail("built"))
+    same = [{"x": [1, 64], "z": [1, 64]}, {"z": (1, 64), "x": (1, 64)}]
+    with pytest.raises(UsageError, match=r"gears 0 and 1 have the same input shapes"):
+        api.compile(path, gears=same)
+    with pytest.raises(UsageError, match="gear 0 gives no input shapes"):
+        api.compile(path, gears=[{}, {"x": [1, 64]}])
+
+
+def symbolic(*names: str) -> onnx.ModelProto:
+    b = GraphBuilder()
+    return b.model(b.op("Relu", [b.input("x", list(names))]))
+
+
+@pytest.mark.parametrize("names,count,message", [
+    (("a", "b"), 3000, "9000000 gears (--gear-product of 3000 x 3000 values): at most 100"),
+    (("a", "b", "c", "d"), 100, "100000000 gears (--gear-product of 100 x 100 x 100 x 100"),
+    (("a", "b"), 3000, "--dim 'typo' names no symbolic dimension"),
+])
+def test_gear_product_is_counted_and_named_before_the_gears_are_made(tmp_path, capsys, names,
+                                                                     count, message):
+    """Counted as the product of the lists' lengths, the names checked first: refused at
+    once, where making every combination first took seconds and gigabytes, or ran out of
+    memory (issue 50 row 4)."""
+    path = tmp_path / "m.onnx"
+    onnx.save(symbolic(*names), path)
+    given = ("typo", *names[1:]) if "typo" in message else names
+    values = ",".join(str(v) for v in range(1, count + 1))
+    dims = [option for name in given for option in ("--dim", f"{name}={values}")]
+    started = time.perf_counter()
+    code = cli.main([str(path), "--target", "kirin9050", *dims, "--gear-product",
+                     "--cache-dir", str(tmp_path / "cache")])
+    assert (code, time.perf_counter() - started < 2) == (2, True)
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
 
 
 # -- the blob --------------------------------------------------------------------------------

@@ -17,13 +17,15 @@ blob. One gear is no gears: its shapes are an ordinary build's ``--input-shape``
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 import onnx
 
 from pypto_offline.errors import UsageError
-from pypto_offline.importer.input_shapes import graph_inputs, symbolic_input_error
+from pypto_offline.importer.input_shapes import (check_named_dims, graph_inputs, symbolic_dims,
+                                                  symbolic_input_error)
 
 # ATC's limit on the gears of one model (--dynamic_batch_size and the others: at most 100)
 MAX_GEARS = 100
@@ -99,13 +101,14 @@ def gear_values(request: GearRequest) -> list[dict]:
         raise UsageError("--gear-product takes the --dim values with several values each",
                          fix="give two --dim NAME=V1,V2,... or leave --gear-product out")
     if request.atc:
+        _check_count(len(request.atc[1]))
         gears = _atc_gears(request.atc, dynamic)
     elif dynamic:
         raise UsageError(f"--input_shape gives input {next(iter(dynamic))!r} a -1 dimension, "
                          f"the mark of a gear, and no gears", fix=ONE_WAY)
     else:
         gears = _dim_gears(geared, request.product)
-    _check_count(gears)
+    _check_given_once(gears)
     return gears
 
 
@@ -140,24 +143,30 @@ def _atc_gears(atc, dynamic: Mapping[str, list[int]]) -> list[dict]:
 def _dim_gears(geared: Mapping[str, tuple[int, ...]], product: bool) -> list[dict]:
     if not geared:
         return [{}]
-    names = list(geared)
+    names, lengths = list(geared), [len(values) for values in geared.values()]
     if product:
+        # counted before they are made: 3000 x 3000 values would be 9,000,000 gears in memory
+        _check_count(math.prod(lengths), f" (--gear-product of {' x '.join(map(str, lengths))}"
+                                         f" values)")
         return [dict(zip(names, combination))
                 for combination in itertools.product(*geared.values())]
-    counts = {len(values) for values in geared.values()}
-    if len(counts) > 1:
+    if len(set(lengths)) > 1:
         listed = ", ".join(f"{name} {len(values)}" for name, values in geared.items())
         raise UsageError(f"--dim lists gears of different counts ({listed}): the gears are "
                          f"their i-th values taken together",
                          fix="give each the same number of values, or add --gear-product for "
                              "every combination")
+    _check_count(lengths[0])
     return [dict(zip(names, combination)) for combination in zip(*geared.values())]
 
 
-def _check_count(gears: list[dict]) -> None:
-    if len(gears) > MAX_GEARS:
-        raise UsageError(f"{len(gears)} gears: at most {MAX_GEARS} (ATC's limit)",
+def _check_count(count: int, how: str = "") -> None:
+    if count > MAX_GEARS:
+        raise UsageError(f"{count} gears{how}: at most {MAX_GEARS} (ATC's limit)",
                          fix="build fewer gears, or several blobs")
+
+
+def _check_given_once(gears: list[dict]) -> None:
     seen = set()
     for gear in gears:
         key = repr(sorted(gear.items()))
@@ -188,14 +197,52 @@ def plan(source, request: GearRequest, label: str) -> Plan:
     the one the same shapes given without gears make. Two or more: each gear as every model
     input's full shape, in the order given, each fixed as an ordinary build fixes its shapes
     (``fix_input_shapes``) before any work: a gear that contradicts a static dimension, or a
-    ``--dim`` that names none, is refused as a shape is."""
+    ``--dim`` that names none (checked before the gears are counted), is refused as a shape is,
+    and so are two gears that come out the same."""
+    inputs = None
+    if request.geared_dims:
+        inputs = _model_inputs(source)
+        check_named_dims(graph_inputs(inputs),
+                         {name: values[0] for name, values in request.dims.items()}, label)
     values = gear_values(request)
     if len(values) == 1:
         return Plan(*_options_of(request, values[0]), [])
+    inputs = inputs or _model_inputs(source)
+    gears = [_shapes_of(inputs, request, gear, label) for gear in values]
+    _check_distinct(inputs, request, values, gears, label)
+    return Plan({}, {}, gears)
+
+
+def _model_inputs(source) -> onnx.ModelProto:
     from pypto_offline.importer.loading import load_model
 
-    inputs = _inputs_only(load_model(source)[0])
-    return Plan({}, {}, [_shapes_of(inputs, request, gear, label) for gear in values])
+    return _inputs_only(load_model(source)[0])
+
+
+def _check_distinct(inputs: onnx.ModelProto, request: GearRequest, values: list[dict],
+                    gears: list[dict[str, list[int]]], label: str) -> None:
+    """Two gears of different values with the same shapes of every input (a blob whose loader
+    could not tell them apart): refused, naming why. Mostly --dim values of a dimension only
+    inputs whose whole shape is given have (--dim batch=1,2 --input-shape x=3,64)."""
+    from pypto_offline.offline_compiler.gears import repeated, shapes_text
+
+    pair = repeated(gears)
+    if pair is None:
+        return
+    first, second = (values[index] for index in pair)
+    changed = [name for name in first if first[name] != second.get(name)]
+    having = [v.name for v in graph_inputs(inputs) if v.type.HasField("tensor_type")
+              and set(symbolic_dims(v)) & set(changed)]
+    same = (f"gears {pair[0]} ({_gear_text(first)}) and {pair[1]} ({_gear_text(second)}) "
+            f"have the same shapes ({shapes_text(gears[pair[0]])})")
+    if having and set(having) <= set(request.shapes):
+        dims, given = ", ".join(changed), ", ".join(having)
+        raise UsageError(f"{same}: --dim {dims} sizes only {given}, whose shape --input-shape "
+                         f"gives", where=label,
+                         fix=f"leave {given} out of --input-shape, or give --dim {dims} one "
+                             f"value")
+    raise UsageError(f"{same}: no input's shape changes between them", where=label,
+                     fix="give gears whose values change an input's shape")
 
 
 def _options_of(request: GearRequest, gear: Mapping) -> tuple[dict, dict]:

@@ -132,7 +132,7 @@ def fix_input_shapes(model: onnx.ModelProto, input_shapes: Mapping[str, Sequence
     if unknown:
         raise UsageError(f"the model has no input {unknown[0]!r}", where=label,
                          fix=f"its inputs are: {', '.join(inputs) or '(none)'}")
-    _check_named_dims(inputs.values(), named, label)
+    check_named_dims(inputs.values(), named, label)
     for name, value in inputs.items():
         where = f"{label}, input {name!r}"
         if not value.type.HasField("tensor_type"):
@@ -242,7 +242,7 @@ def symbolic_input_error(value: onnx.ValueInfoProto, label: str) -> UsageError:
                       f"{name}=...", where=label)
 
 
-def _check_named_dims(inputs, dims: Mapping[str, int], label: str) -> None:
+def check_named_dims(inputs, dims: Mapping[str, int], label: str) -> None:
     """A ``--dim`` must name a symbolic dimension of some input (a typo would otherwise fix
     nothing and surface later as an input left dynamic) and give it a size."""
     declared = list(dict.fromkeys(name for value in inputs if value.type.HasField("tensor_type")

@@ -186,7 +186,7 @@ def check(message: ptom_pb2.CompiledModel, version_has_gears: bool, where: str,
         raise ModelError("blob has a gear table of one gear", where=where, fix=fix)
     seen, weights = set(), {field: _weights(getattr(message, field)) for field in GRAPHS}
     for index, gear in enumerate(message.gears):
-        key = tuple(sorted((s.name, tuple(s.dims)) for s in gear.inputs))
+        key = _key((s.name, s.dims) for s in gear.inputs)
         if not key or key in seen:
             raise ModelError(f"blob's gear {index} has no inputs or another gear's", where=where,
                              fix=fix)
@@ -196,6 +196,36 @@ def check(message: ptom_pb2.CompiledModel, version_has_gears: bool, where: str,
                              f"own", where=where, fix=fix)
         if index:
             _check_gear_build(message, index, weights, where, fix)
+
+
+def check_distinct(gears: Sequence[Mapping[str, Sequence[int]]]) -> None:
+    """Gears to build, as ``check`` will read them back: each with input shapes, no two the
+    same (a loader picks a gear by its inputs' shapes; a blob of two identical gears would be
+    refused by every reader). Checked before any work."""
+    empty = [index for index, shapes in enumerate(gears) if not shapes]
+    if empty:
+        raise UsageError(f"gear {empty[0]} gives no input shapes",
+                         fix="give each gear its inputs' shapes, e.g. {'x': [1, 64]}")
+    pair = repeated(gears)
+    if pair:
+        raise UsageError(f"gears {pair[0]} and {pair[1]} have the same input shapes "
+                         f"({shapes_text(gears[pair[1]])})", fix="give each gear once")
+
+
+def repeated(gears: Sequence[Mapping[str, Sequence[int]]]) -> tuple[int, int] | None:
+    """The first gear with an earlier gear's input shapes, as (the earlier's index, its own),
+    or None."""
+    seen: dict[tuple, int] = {}
+    for index, shapes in enumerate(gears):
+        earlier = seen.setdefault(_key(shapes.items()), index)
+        if earlier != index:
+            return earlier, index
+    return None
+
+
+def _key(shapes) -> tuple:
+    """A gear's identity, from its (input name, dims) pairs: what tells it from another."""
+    return tuple(sorted((name, tuple(dims)) for name, dims in shapes))
 
 
 def _check_gear_build(message: ptom_pb2.CompiledModel, index: int,
