@@ -417,13 +417,14 @@ def shared_workers(jobs: int = 2):
 
 def check_cache(cache_dir=None, trust_group: str | None = None):
     """Refuse, before any work, a kernel cache a build could not use: a path that is no folder,
-    or a folder another user could change (docs/kernel-cache.md, "The trust rule"). Returns the
-    cache's trust, for ``compile``."""
-    from pypto_offline.pypto_kernels.cache import cache_folder
-    from pypto_offline.pypto_kernels.cache_trust import check_root, trust_for
+    a folder another user could change (docs/kernel-cache.md, "The trust rule"), or a folder
+    holding anything but a cache of ours ("What a cache may touch"). Returns the cache's trust,
+    for ``compile``."""
+    from pypto_offline.pypto_kernels.cache import cache_folder, check_cache_root
+    from pypto_offline.pypto_kernels.cache_trust import trust_for
 
     trust = trust_for(trust_group)
-    check_root(cache_folder(cache_dir), trust)
+    check_cache_root(cache_folder(cache_dir), trust)
     return trust
 
 

@@ -20,7 +20,8 @@ import pytest
 from pypto_offline.cli import main
 from pypto_offline.errors import UsageError
 from pypto_offline.pypto_kernels import cache_trust
-from pypto_offline.pypto_kernels.cache import KernelCache, entry_folders, nested_cache
+from pypto_offline.pypto_kernels.cache import (STAGING, KernelCache, entry_folders,
+                                               nested_cache)
 from pypto_offline.pypto_kernels.cache_trust import Trust, trust_for
 from pypto_offline.pypto_kernels.jobs.protocol import Job
 from tests import cache_entries
@@ -118,7 +119,7 @@ def test_the_folders_the_cache_makes_are_closed_to_others_whatever_the_umask(tmp
     open_to_others = {str(p): oct(stat.S_IMODE(p.lstat().st_mode)) for p in made
                       if p.lstat().st_mode & 0o022}
     assert open_to_others == {}
-    assert stat.S_IMODE((cache.root / "tmp").stat().st_mode) == 0o700
+    assert stat.S_IMODE((cache.root / STAGING).stat().st_mode) == 0o700
 
 
 def test_a_whole_entry_another_user_planted_is_not_trusted(tmp_path, stranger, capfd):
@@ -196,7 +197,8 @@ def test_a_teams_cache_trusts_the_group_it_was_told_to_and_no_one_else(tmp_path,
         os.umask(previous)
     root = cache.root
     assert stat.S_IMODE(root.stat().st_mode) == 0o2775 and root.stat().st_gid == team
-    assert stat.S_IMODE((root / "tmp").stat().st_mode) == 0o3770  # sticky: staging stays one's own
+    # sticky: staging stays one's own
+    assert stat.S_IMODE((root / STAGING).stat().st_mode) == 0o3770
     assert not any(p.lstat().st_mode & stat.S_IWOTH for p in root.rglob("*"))
     stranger(entry, tree=True)  # a teammate's entry, the team's group, writable by the team
     assert KernelCache(root, Trust(team)).read(KEY, as_json) == {"x": 1}
@@ -289,6 +291,17 @@ def snapshot(folder: Path) -> dict:
             for p in sorted(folder.rglob("*"))}
 
 
+def unprivileged() -> list[str]:
+    """The command prefix of a process that cannot write a read-only folder: none for a user;
+    for root, setpriv dropping the capabilities that let root write it."""
+    if not ROOT:
+        return []
+    assert shutil.which("setpriv"), ("as root, setpriv (util-linux) is needed to drop the "
+                                     "capabilities that let root write a read-only folder: "
+                                     "apt-get install util-linux")
+    return ["setpriv", "--inh-caps=-all", "--bounding-set=-all", "--"]
+
+
 def test_a_read_only_cache_is_read_and_what_it_misses_is_built_uncached(tmp_path):
     """A cache its user cannot write (a read-only mount, a CI cache restored read-only): on
     cb4dc9a a hit worked but a miss ended the build (exit 3, EROFS/EACCES) and `cache clean`
@@ -306,14 +319,8 @@ def test_a_read_only_cache_is_read_and_what_it_misses_is_built_uncached(tmp_path
     for path in [cache, *cache.rglob("*")]:
         path.chmod(stat.S_IMODE(path.lstat().st_mode) & ~0o222)
     before = snapshot(cache)
-    prefix = []
-    if ROOT:
-        assert shutil.which("setpriv"), ("as root, setpriv (util-linux) is needed to drop the "
-                                         "capabilities that let root write a read-only folder: "
-                                         "apt-get install util-linux")
-        prefix = ["setpriv", "--inh-caps=-all", "--bounding-set=-all", "--"]
     try:
-        done = subprocess.run([*prefix, sys.executable, "-c", READ_ONLY_BUILD, str(cache)],
+        done = subprocess.run([*unprivileged(), sys.executable, "-c", READ_ONLY_BUILD, str(cache)],
                               cwd=REPO, capture_output=True, text=True, timeout=300,
                               env={**os.environ, "PYTHONPATH": str(REPO)})
         after = snapshot(cache)

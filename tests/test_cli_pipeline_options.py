@@ -364,15 +364,16 @@ def test_clean_removes_every_entry_and_leaves_a_live_builds_staging(example_buil
     before = cache_cli(capfd, "info", "--cache-dir", str(copy))
     host, dead = socket.gethostname(), subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    live = copy / "tmp" / f"{host}-{os.getpid()}-building"
+    live = copy / kernel_cache.STAGING / f"{host}-{os.getpid()}-building"
     (live / "final").mkdir(parents=True)
     (live / "final" / "half-written.json").write_text("{")
-    (copy / "tmp" / f"{host}-{dead.pid}-died").mkdir()
+    (copy / kernel_cache.STAGING / f"{host}-{dead.pid}-died").mkdir()
     result = cache_cli(capfd, "clean", "--cache-dir", str(copy))
     assert result["removed"] == {"entries": before["entries"], "bytes": before["entry_bytes"]}
     assert result["left"]["entries"] == 0
     assert cache_maintenance.entries(copy) == []
-    assert [p.name for p in (copy / "tmp").iterdir()] == [live.name]  # the dead build's went
+    # the dead build's went
+    assert [p.name for p in (copy / kernel_cache.STAGING).iterdir()] == [live.name]
     assert (live / "final" / "half-written.json").read_text() == "{"
     assert cli.main(["cache", "clean", "--cache-dir", str(copy)]) == 0
     assert capfd.readouterr().out.startswith("removed 0 entries, 0 bytes")
@@ -421,7 +422,7 @@ def test_an_entry_is_renamed_aside_whole_before_it_is_deleted(tmp_path, monkeypa
     cache_maintenance.clean_cache(tmp_path)
     assert deleted[0] == ["final", "final/artifacts", "final/artifacts/a.bin", "kernel.json",
                           "manifest.json"]
-    assert deleted[1] == tmp_path / "tmp"
+    assert deleted[1] == tmp_path / kernel_cache.STAGING
 
 
 def test_a_reader_losing_an_entry_to_clean_takes_it_for_a_miss(tmp_path, monkeypatch, capfd):
@@ -440,7 +441,10 @@ def test_a_reader_losing_an_entry_to_clean_takes_it_for_a_miss(tmp_path, monkeyp
     assert capfd.readouterr().err == ""  # no "damaged" warning: it was removed, not broken
 
 
-def test_clean_removes_nothing_from_a_folder_that_is_no_cache(tmp_path, capfd):
+def test_clean_removes_only_entry_folders(tmp_path, capfd):
+    """Even from a cache of ours: what else is in it is no entry (a folder that is no cache is
+    refused: tests/test_cache_ownership.py)."""
+    KernelCache(tmp_path)
     (tmp_path / "ab" / "photos").mkdir(parents=True)
     (tmp_path / "ab" / "photos" / "cat.jpg").write_text("meow")
     (tmp_path / "cd" / ("ef" * 32)).mkdir(parents=True)  # a key under the wrong prefix

@@ -17,7 +17,7 @@ import numpy as np
 import onnx
 import pytest
 from pypto_offline.pypto_kernels import program_figures, tiling
-from pypto_offline.pypto_kernels.cache import KernelCache
+from pypto_offline.pypto_kernels.cache import STAGING, KernelCache
 from pypto_offline.pypto_kernels.codegen import KERNEL_FUNCTION, kernel_source
 from pypto_offline.pypto_kernels.compiler import compile_region, distinct_sources, setup_for
 from pypto_offline.pypto_kernels.jobs import pool
@@ -159,7 +159,7 @@ def test_the_servers_are_gone_when_the_build_is(tmp_path):
     ((result, folder, server),) = run_jobs(tmp_path, [tiny_job()])
     assert compiled(result), result
     assert not live(server) and not servers_running(tmp_path), "a fork server outlived its build"
-    assert [p.name for p in (tmp_path / "tmp").iterdir()] == [folder.parent.name]
+    assert [p.name for p in (tmp_path / STAGING).iterdir()] == [folder.parent.name]
 
 
 @pytest.mark.pypto
@@ -284,7 +284,7 @@ def test_a_region_compiled_on_its_own_starts_a_server_and_stops_it(tmp_path):
                             graph.constant_values(), search=False)
     assert kernel.compiled and kernel.functional_ok, kernel.fallback_reason
     assert not servers_running(tmp_path)
-    assert list((tmp_path / "tmp").iterdir()) == [], "a server's folder is left behind"
+    assert list((tmp_path / STAGING).iterdir()) == [], "a server's folder is left behind"
 
 
 @pytest.mark.pypto

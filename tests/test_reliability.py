@@ -12,7 +12,7 @@ import pytest
 
 import pypto_offline
 from pypto_offline import cli
-from pypto_offline.pypto_kernels.cache import entry_folders
+from pypto_offline.pypto_kernels.cache import STAGING, entry_folders
 from pypto_offline.offline_compiler.summary import fallback_category
 from pypto_offline.pypto_kernels.entries import KIND_OF_FILE
 from tests.malformed import EXAMPLE
@@ -58,7 +58,7 @@ def test_two_builds_at_once_share_a_cache_and_a_third_compiles_nothing(tmp_path)
     assert len(entries) >= 2
     assert all(any((entry / name).is_file() for name in KIND_OF_FILE)
                for entry in entries), entries  # a kernel, one of its compiles, an op's cost
-    assert not list((cache / "tmp").glob("*")), "a staging folder was left behind"
+    assert not list((cache / STAGING).glob("*")), "a staging folder was left behind"
     before = cache_listing(cache)
     third = finished(cli_process(other, "--target", "kirin9050", *other_shapes, "-o",
                                  tmp_path / "c.ptom", "--cache-dir", cache))

@@ -98,7 +98,7 @@ def test_a_relative_cache_dir_is_resolved_and_the_region_fuses(clean):
     assert set(found) == {"kernel", "op1", "op2", "op3", "final"}, found  # one tile: one compile
     record = json.loads((found["kernel"] / "kernel.json").read_text())
     assert record["compiled"] and (found["kernel"] / "manifest.json").is_file()
-    assert not list((folder / "cache" / "tmp").iterdir())  # no staging left behind
+    assert not list((folder / "cache" / kernel_cache.STAGING).iterdir())  # no staging left behind
 
 
 # Loaded by every Python process of the build (through PYTHONPATH); acts in workers only: once
@@ -139,7 +139,7 @@ def test_a_worker_killed_mid_compile_leaves_no_entry_and_the_next_build_fuses(si
     assert [k["cut"] is not None for k in interrupted["kernels"]] == [True, False]
     assert interrupted["verification"]["status"] == "passed"  # the unfused ops ran instead
     assert entries(cache) == {}, "an interrupted compile was cached"
-    assert not list((cache / "tmp").iterdir())
+    assert not list((cache / kernel_cache.STAGING).iterdir())
     again, _ = build(model, tmp_path / "b.ptom", cache, cwd=tmp_path)
     assert fused(again), again["pypto"]
     assert again["kernel_cache"] == {"hits": 0, "compiled": 1, "pypto_compiles": 1}
@@ -308,7 +308,7 @@ def test_an_entry_reads_back_whole_and_a_stranger_under_its_key_is_a_miss(tmp_pa
     assert err.count(WARNING) == 1 and f"stored under key {key[:16]}" in err
     assert not os.path.lexists(cache.entry(other))  # moved aside, ready to be replaced
     assert cache.read(other, as_json) is None and capfd.readouterr().err == ""  # a plain miss
-    assert not list((tmp_path / "tmp").iterdir())
+    assert not list((tmp_path / kernel_cache.STAGING).iterdir())
 
 
 @pytest.mark.parametrize("damage,why", [
@@ -366,28 +366,34 @@ def test_cache_folders_are_absolute_whatever_the_user_gave(tmp_path, monkeypatch
 def test_the_staging_folder_must_be_this_users_own_real_folder(tmp_path):
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir(mode=0o777)
-    (tmp_path / "linked").mkdir()
-    (tmp_path / "linked" / "tmp").symlink_to(elsewhere)
+    linked = KernelCache(tmp_path / "linked").root / kernel_cache.STAGING  # a cache of ours
+    linked.rmdir()
+    linked.symlink_to(elsewhere)
     with pytest.raises(UsageError, match="not a folder of this user's"):
         KernelCache(tmp_path / "linked")
-    (tmp_path / "open" / "tmp").mkdir(parents=True)
-    (tmp_path / "open" / "tmp").chmod(0o777)
+    opened = tmp_path / "open" / kernel_cache.STAGING
+    opened.mkdir(parents=True)
+    opened.chmod(0o777)
     KernelCache(tmp_path / "open")
-    assert (tmp_path / "open" / "tmp").stat().st_mode & 0o777 == 0o700
+    assert opened.stat().st_mode & 0o777 == 0o700
 
 
 def test_staging_of_dead_builds_is_removed_and_a_live_builds_kept(tmp_path):
-    staging = tmp_path / "tmp"
+    """And nothing not named as a staging folder is: on 1e2aec7 anything a day old went."""
+    staging = tmp_path / kernel_cache.STAGING
     staging.mkdir(mode=0o700)
     host = socket.gethostname()
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     names = {"dead": f"{host}-{dead.pid}-x1", "live": f"{host}-{os.getpid()}-x2",
-             "other-host": f"elsewhere.example-{os.getpid()}-x3", "old": f"{host}-1-x4"}
+             "other-host": f"elsewhere.example-{os.getpid()}-x3", "old": f"{host}-1-x4",
+             "not-staging": "photos"}
     for name in names.values():
         (staging / name / "search").mkdir(parents=True)
+    (staging / f"{host}-1-file").write_text("not a folder")
     a_day_ago = time.time() - kernel_cache.STALE_STAGING_S - 60
-    os.utime(staging / names["old"], (a_day_ago, a_day_ago))
+    for old in (names["old"], names["not-staging"], f"{host}-1-file"):
+        os.utime(staging / old, (a_day_ago, a_day_ago))
     kernel_cache.remove_dead_staging(staging)
     assert sorted(p.name for p in staging.iterdir()) == sorted(
-        [names["live"], names["other-host"]])
+        [names["live"], names["other-host"], "photos", f"{host}-1-file"])

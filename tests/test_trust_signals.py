@@ -18,6 +18,7 @@ import onnx
 import pytest
 
 import pypto_offline
+from pypto_offline.pypto_kernels.cache import STAGING
 
 from tests.onnx_builders import GraphBuilder
 from tests.terminal import sigint_as_from_a_terminal
@@ -98,7 +99,7 @@ def wait_for_a_worker(build: subprocess.Popen, tmp_path: Path) -> set[int]:
 def wait_until_compiling(build: subprocess.Popen, tmp_path: Path) -> None:
     """Until a worker has imported torch and pypto (its start marker) and is compiling."""
     deadline = time.monotonic() + STARTUP_S
-    while not list((tmp_path / "cache" / "tmp").glob("*/*/worker.started")):
+    while not list((tmp_path / "cache" / STAGING).glob("*/*/worker.started")):
         if build.poll() is not None or time.monotonic() > deadline:
             build.kill()
             pytest.fail(f"no worker got to compile: {build.communicate()[1]}")
@@ -141,7 +142,7 @@ def test_a_signal_ends_the_build_and_every_worker_within_5_s(signum, code, when,
     assert "Traceback" not in err and err.count("pypto-offline:") == 1, err
     assert not remaining_after(1, tmp_path, sessions)
     assert not (tmp_path / "tiny.ptom").exists() and not (tmp_path / "tiny.report.html").exists()
-    assert not list((tmp_path / "cache" / "tmp").glob("*")), "a staging folder is left behind"
+    assert not list((tmp_path / "cache" / STAGING).glob("*")), "a staging folder is left behind"
 
 
 def finished_build(folder: Path) -> bytes:
@@ -269,7 +270,7 @@ def test_a_worker_that_cannot_start_fails_the_build_with_its_cause(tmp_path):
     assert "could not start" in line and "torch is broken here on purpose" in line, err
     assert "Traceback" not in err, err
     assert not (tmp_path / "tiny.ptom").exists()
-    assert not list((tmp_path / "cache" / "tmp").iterdir()), "a staging folder is left"
+    assert not list((tmp_path / "cache" / STAGING).iterdir()), "a staging folder is left"
 
 
 class OurHandlerRan(Exception):

@@ -8,8 +8,9 @@ in one step: a reader sees a whole entry or none, and when two builds race the f
 Only deterministic outcomes are stored (the caller decides which); every entry carries a manifest
 (its key, each file's sha256) and is read back through ``KernelCache.read``, which checks it and
 moves a damaged entry aside. What it reads must be what no other user could have written
-(``cache_trust``); a read-only cache is read, and what a build compiles is then not stored. See
-docs/kernel-cache.md.
+(``cache_trust``); a read-only cache is read, and what a build compiles is then not stored. A
+cache only ever changes what it made: a folder holding anything else is refused (``check_ours``).
+See docs/kernel-cache.md.
 """
 from __future__ import annotations
 
@@ -31,16 +32,28 @@ from pathlib import Path
 from typing import TypeVar
 
 from pypto_offline.errors import UsageError
-from pypto_offline.pypto_kernels.cache_trust import (Trust, check_root, close, distrust,
-                                                     folder_distrust, make_folder, make_folders,
-                                                     owner_of, read_only, seal, secure_folder,
-                                                     trust_for)
+from pypto_offline.pypto_kernels.cache_trust import (Trust, check_folder, check_root, close,
+                                                     distrust, folder_distrust, make_folder,
+                                                     make_folders, owner_of, read_only, seal,
+                                                     secure_folder, set_mode, trust_for)
+from pypto_offline.pypto_kernels.host_compiler_cache import PCH_SUBFOLDER, SUBFOLDER
 
 MANIFEST = "manifest.json"
 # A staging folder whose build cannot be asked whether it still runs (another host sharing the
 # cache) is removed only when it is this old: no build takes a day.
 STALE_STAGING_S = 24 * 3600
-STAGING = "tmp"  # the folder of a cache where builds stage entries and worker jobs
+# The folder of a cache where builds stage entries and worker jobs: a name of the cache's own,
+# never a `tmp/` that may be the user's (a --cache-dir naming a home folder).
+STAGING = ".pypto-offline-staging"
+# At a cache's root: the folder is a kernel cache of ours (``check_ours``), written (``mark``)
+# when the cache is first written; a small JSON naming the tool.
+MARKER = ".pypto-offline-cache"
+MARKER_TEXT = {"tool": "pypto-offline", "what": "kernel cache"}
+# The staging folder of releases before the marker: a cache of theirs is adopted by its layout
+# (``foreign_item``), and its `tmp/` is never touched (nothing proves what is in it is ours).
+EARLIER_STAGING = "tmp"
+STAGING_NAME = re.compile(r".+-\d+-.+")  # ``new_staging``'s <host>-<pid>-<label><random>
+KEY_NAME = re.compile(r"[0-9a-f]{64}")  # an entry's folder: ``cache_key``, under its first two
 Parsed = TypeVar("Parsed")
 
 
@@ -318,9 +331,9 @@ def verified_files(entry: Path, key: str, trust: Trust | None = None,
 
 def open_root(root: Path, trust: Trust) -> None:
     """A cache's root, created when missing (none of its folders open to other users), refused
-    (UsageError) when it is no folder or another user could change it
-    (``cache_trust.check_root``)."""
-    check_root(root, trust)
+    (UsageError) when it is no folder, another user could change it (``cache_trust.check_root``)
+    or it is no cache of ours (``check_ours``)."""
+    check_cache_root(root, trust)
     try:
         make_folders(root, trust)
     except OSError as error:
@@ -328,12 +341,103 @@ def open_root(root: Path, trust: Trust) -> None:
                          where=str(root), fix="choose a --cache-dir you can write to") from None
 
 
+def check_cache_root(root: Path, trust: Trust) -> None:
+    """Refuse (UsageError, exit 2), before any work, a cache root that is no folder, that another
+    user could change (``cache_trust.check_root``) or that is no cache of ours (``check_ours``):
+    the check of builds (``api.check_cache``, ``KernelCache``) and ``cache clean``."""
+    check_root(root, trust)
+    check_ours(root)
+
+
+def check_ours(root: Path) -> bool:
+    """Whether ``root`` is marked a cache of ours (``MARKER``); False when it is missing, empty,
+    or a cache of an earlier release (``foreign_item``), which ``mark`` adopts. Any other folder
+    is refused (UsageError, exit 2): a cache closes its folders and deletes what it takes for
+    its own, so a --cache-dir naming a home folder, say, must lose nothing."""
+    if not check_folder(root):
+        return False
+    marker = root / MARKER
+    if os.path.lexists(marker):
+        if not is_marker(marker):
+            raise UsageError(f"the kernel cache's {MARKER} is not pypto-offline's marker",
+                             where=str(root), fix="choose another --cache-dir, or remove it if "
+                                                  "the folder is a cache of pypto-offline's")
+        return True
+    try:
+        foreign = foreign_item(root)
+    except OSError as error:  # a folder this user cannot list: no cache of this user's either
+        raise UsageError(f"the kernel cache folder cannot be read: {error.strerror}",
+                         where=str(root), fix="choose a --cache-dir you can read and write") \
+            from None
+    if foreign is not None:
+        raise UsageError(f"the folder is not a kernel cache (it holds {foreign!r} and no "
+                         f"{MARKER} marker): a cache changes and deletes what is in it, so it "
+                         f"is refused", where=str(root),
+                         fix=f"give --cache-dir (or ${CACHE_ENV}) a new or empty folder, or an "
+                             f"existing cache")
+    return False
+
+
+def is_marker(path: Path) -> bool:
+    """Whether ``path`` is a marker ``mark`` wrote: a file (no link) naming this tool."""
+    try:
+        return not path.is_symlink() and json.loads(path.read_text()).get("tool") == \
+            MARKER_TEXT["tool"]
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def foreign_item(root: Path) -> str | None:
+    """The first thing in ``root`` (sorted) that no cache of ours holds, or None: what a kernel
+    cache (or one nested in it) held before the marker. Its entries ``<key[:2]>/<key>``, its
+    staging folder (``tmp/``, holding only folders named as ``new_staging`` names them),
+    ``host-compiler/``, ``host-compiler-pch/`` and ``STAGING``, each a real folder; and a
+    file system's ``lost+found`` (a cache on a volume of its own), which a cache never touches."""
+    for name in sorted(os.listdir(root)):
+        path = root / name
+        if path.is_symlink() or not path.is_dir():
+            return name
+        if name in (STAGING, SUBFOLDER, PCH_SUBFOLDER, "lost+found"):
+            continue
+        if name != EARLIER_STAGING and not re.fullmatch(r"[0-9a-f]{2}", name):
+            return name
+        stray = next((inner for inner in sorted(os.listdir(path))
+                      if not held_before_the_marker(name, inner)), None)
+        if stray is not None:
+            return f"{name}/{stray}"
+    return None
+
+
+def held_before_the_marker(folder: str, name: str) -> bool:
+    """Whether a cache of an earlier release held ``name`` in its ``folder``: ``tmp`` (a staging
+    folder) or a prefix folder (an entry of a key it prefixes)."""
+    if folder == EARLIER_STAGING:
+        return STAGING_NAME.fullmatch(name) is not None
+    return KEY_NAME.fullmatch(name) is not None and name[:2] == folder
+
+
+def mark(root: Path, staging_root: Path, trust: Trust) -> None:
+    """Make ``root`` a cache of ours (``MARKER``) when it is not yet: the marker is written in
+    a staging folder and renamed into place, so that it is whole or absent."""
+    if os.path.lexists(root / MARKER):
+        return
+    folder = new_staging(staging_root, "marker-")
+    try:
+        written = folder / MARKER
+        written.write_text(json.dumps(MARKER_TEXT, sort_keys=True) + "\n")
+        set_mode(written, trust.file_mode(False), trust)
+        os.replace(written, root / MARKER)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def writable_staging(root: Path, trust: Trust) -> Path | None:
-    """``<root>/tmp``, where builds stage entries and worker jobs, made when missing; None when
-    the cache is read-only. It must be a real folder no other user could change: through a
-    link or in a folder of someone else's, a job (and the kernel source in it, which the
-    worker runs) could be swapped under the worker. One of ours that is open to others is
-    closed (0700; a team's: ``Trust.staging_mode``)."""
+    """``<root>/.pypto-offline-staging`` (``STAGING``), where builds stage entries and worker
+    jobs, made when missing, and the cache marked ours (``mark``); None when the cache is
+    read-only. It must be a real folder no other user could change: through a link or in a
+    folder of someone else's, a job (and the kernel source in it, which the worker runs) could
+    be swapped under the worker. One of ours that is open to others is closed (0700; a team's:
+    ``Trust.staging_mode``). ``root`` must have passed ``check_ours``."""
     path = root / STAGING
     try:
         if not make_folder(path, trust.staging_mode(), trust):
@@ -351,15 +455,20 @@ def writable_staging(root: Path, trust: Trust) -> Path | None:
                          f"user's", where=str(path), fix="remove it, or choose another --cache-dir")
     if not (os.access(path, os.W_OK | os.X_OK) and os.access(root, os.W_OK | os.X_OK)):
         return None
+    mark(root, path, trust)
     return path
 
 
 def remove_dead_staging(staging_root: Path, now: float | None = None) -> None:
     """Delete the staging folders of builds that died (killed, power cut) before cleaning up:
-    those of this host whose process is gone, and any a day old. A live build's are kept."""
+    those of this host whose process is gone, and any a day old. A live build's are kept, and
+    so is anything not named as ``new_staging`` names its folders, or not a real folder."""
     host = socket.gethostname()
     now = time.time() if now is None else now
     for folder in staging_root.iterdir():
+        if not STAGING_NAME.fullmatch(folder.name) or folder.is_symlink() or \
+                not folder.is_dir():
+            continue
         owner_host, _, pid = folder.name.rpartition("-")[0].rpartition("-")
         try:
             old = now - folder.lstat().st_mtime > STALE_STAGING_S
@@ -367,13 +476,7 @@ def remove_dead_staging(staging_root: Path, now: float | None = None) -> None:
             continue
         gone = owner_host == host and pid.isdigit() and not process_alive(int(pid))
         if old or gone:
-            if folder.is_dir() and not folder.is_symlink():
-                shutil.rmtree(folder, ignore_errors=True)
-            else:
-                try:
-                    folder.unlink(missing_ok=True)
-                except OSError:  # a teammate's, in a team's sticky tmp/: theirs to remove
-                    pass
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def process_alive(pid: int) -> bool:
@@ -388,7 +491,8 @@ def process_alive(pid: int) -> bool:
 
 def cache_root_of(folder: Path) -> Path | None:
     """The kernel cache a folder staged by ``KernelCache.staging`` (or a folder inside one)
-    belongs to: staging folders are ``<cache>/tmp/<host>-<pid>-<random>``. None elsewhere."""
+    belongs to: staging folders are ``<cache>/.pypto-offline-staging/<host>-<pid>-<random>``.
+    None elsewhere."""
     folder = absolute(folder)
     for staging, staging_root in zip((folder, *folder.parents), folder.parents):
         if staging_root.name == STAGING and re.fullmatch(r".+-\d+-[a-z0-9_]{8}", staging.name):

@@ -13,16 +13,16 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from pypto_offline.errors import UsageError
-from pypto_offline.pypto_kernels.cache import (STAGING, entry_folders, new_staging,
-                                               remove_dead_staging, writable_staging)
-from pypto_offline.pypto_kernels.cache_trust import Trust, check_folder, check_root, trust_for
+from pypto_offline.pypto_kernels.cache import (KEY_NAME, STAGING, check_cache_root, check_ours,
+                                               entry_folders, new_staging, remove_dead_staging,
+                                               writable_staging)
+from pypto_offline.pypto_kernels.cache_trust import Trust, check_folder, trust_for
 from pypto_offline.pypto_kernels.entries import KIND_OF_FILE
 from pypto_offline.pypto_kernels.host_compiler_cache import PCH_SUBFOLDER, SUBFOLDER
 
@@ -32,10 +32,6 @@ NESTED = {"host_compiler": SUBFOLDER, "host_compiler_pch": PCH_SUBFOLDER}
 KINDS = (*KIND_OF_FILE.values(), "host_compiler", "host_compiler_pch", "other")
 SECONDS_PER_DAY = 86400
 BYTES_PER_GB = 10**9  # --max-size is in GB, as disk sizes are written
-# An entry folder's name: a sha256 key (``cache_key``) under its first two hex digits. Nothing
-# else is ever removed, so a --cache-dir that is no cache (a typo naming the home folder) loses
-# nothing.
-_KEY = re.compile(r"[0-9a-f]{64}")
 
 
 @dataclass(frozen=True)
@@ -48,8 +44,9 @@ class Entry:
 
 def cache_info(root: Path) -> dict:
     """What the cache in ``root`` holds: its entries by kind and its size in bytes (entries,
-    staging folders and anything else in it)."""
-    check_folder(root)
+    staging folders and anything else in it). A folder that is no cache is refused
+    (``cache.check_ours``), as a build refuses it."""
+    check_ours(root)
     found = entries(root)
     by_kind = {kind: sum(e.kind == kind for e in found) for kind in KINDS}
     return {"folder": str(root), "exists": root.is_dir(), "entries": len(found),
@@ -62,22 +59,24 @@ def clean_cache(root: Path, older_than_days: float | None = None,
                 trust: Trust | None = None) -> dict:
     """Remove entries: all of them without a limit; with ``older_than_days``, those not used
     for that long; with ``max_size_gb``, then the least recently used until the whole cache
-    fits. Returns what was removed and what is left. A cache another user could change is
-    refused as a build refuses it, and so is a read-only one (nothing could be removed)."""
+    fits. Returns what was removed and what is left. A cache another user could change, or a
+    folder that is no cache, is refused as a build refuses it, and so is a read-only cache
+    (nothing could be removed)."""
     _check_limit("--older-than", older_than_days)
     _check_limit("--max-size", max_size_gb)
     trust = trust_for() if trust is None else trust
     if not check_folder(root):
         return _cleaned(root, [])
-    check_root(root, trust)
+    check_cache_root(root, trust)
     staging = writable_staging(root, trust)
     if staging is None:
         raise UsageError("the kernel cache is read-only: no entry can be removed from it",
                          where=str(root), fix="clean it where it is mounted writable, or as "
                                               "its owner")
     for folder in (root, *(root / nested for nested in NESTED.values())):
-        if (folder / STAGING).is_dir():  # a dead build's leftovers go too; a live build's stay
-            remove_dead_staging(folder / STAGING)
+        staging_area = folder / STAGING  # a dead build's leftovers go too; a live build's stay
+        if staging_area.is_dir() and not staging_area.is_symlink():
+            remove_dead_staging(staging_area)
     chosen = _to_remove(entries(root), root, older_than_days, max_size_gb,
                         time.time() if now is None else now)
     return _cleaned(root, _remove(chosen, staging))
@@ -109,8 +108,10 @@ def folder_bytes(folder: Path) -> int:
 
 
 def _entry_folders(cache: Path) -> list[Path]:
+    """Only entry folders are ever removed: a sha256 key (``cache.KEY_NAME``) under its first two
+    hex digits."""
     return [p for p in entry_folders(cache)
-            if _KEY.fullmatch(p.name) and p.name[:2] == p.parent.name]
+            if KEY_NAME.fullmatch(p.name) and p.name[:2] == p.parent.name]
 
 
 def _kind(entry: Path) -> str:

@@ -12,8 +12,8 @@ Every folder the cache creates gets its mode set explicitly (``chmod`` after ``m
 under umask 000 no folder of it is left open to other users; entries are sealed the same way
 before they are renamed into place. An entry's own folders and files are trusted only as they
 are (``distrust``); the folders leading to it that are the cache's own (the prefix folders,
-``tmp/``, the nested caches' roots), when this user's and left open by an earlier release, are
-closed (``secure_folder``): what they hold is checked one by one as it is read.
+the staging folder, the nested caches' roots), when this user's and left open by an earlier
+release, are closed (``secure_folder``): what they hold is checked one by one as it is read.
 """
 from __future__ import annotations
 
@@ -52,8 +52,9 @@ class Trust:
         return 0o755 if self.group is None else 0o2775
 
     def staging_mode(self) -> int:
-        """``<cache>/tmp``: this user's alone; in a team's cache the team's, sticky (no teammate
-        removes or renames another's staging folder, where jobs wait for the worker)."""
+        """The staging folder (``cache.STAGING``): this user's alone; in a team's cache the
+        team's, sticky (no teammate removes or renames another's staging folder, where jobs wait
+        for the worker)."""
         return 0o700 if self.group is None else 0o3770
 
     def file_mode(self, executable: bool) -> int:
@@ -160,9 +161,9 @@ def make_folders(path: Path, trust: Trust) -> None:
 
 
 def secure_folder(path: Path, mode: int, trust: Trust) -> str | None:
-    """A folder of the cache's own (a prefix folder, ``tmp/``, a nested cache's root): why it is
-    not trusted, or None. One of this user's left open by an earlier release (under umask 000)
-    is given ``mode``: what it holds is checked one by one as it is read."""
+    """A folder of the cache's own (a prefix folder, the staging folder, a nested cache's root):
+    why it is not trusted, or None. One of this user's left open by an earlier release (under
+    umask 000) is given ``mode``: what it holds is checked one by one as it is read."""
     info = os.lstat(path)
     why = folder_distrust(info, trust)
     if why is not None and stat.S_ISDIR(info.st_mode) and owner_of(info) == os.getuid():

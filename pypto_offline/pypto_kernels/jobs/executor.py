@@ -55,7 +55,7 @@ class LocalExecutor:
 
     @staticmethod
     def _run_in(workers, folder: Path, target: Target, timeout: float) -> JobResult:
-        # job folders are <cache>/tmp/<staging>/<job>: the server's goes next to the staging
+        # job folders are <cache>/<STAGING>/<staging>/<job>: the server's goes next to the staging
         server = workers.server(folder.parent.parent, platform_of(target))
         startup = max(timeout, DEFAULT_TIMEOUT_S)
         try:
