@@ -342,8 +342,9 @@ def _compile_gears(model, target: Target, options: BuildOptions,
     with nullcontext() if in_shared_pool() else shared_workers(options.jobs):
         results = build_together(builds, target, progress, timings, labels)
     cache = [r.kernel_cache() for r in results]
+    # each gear's row: every input its graph takes (a reader refuses a row that is not)
     compiled_model = CompiledModel(
-        gear_table.pack([(gear, r.message) for gear, r in zip(shapes, results)]),
+        gear_table.pack([(gear_table.graph_shapes(r.graph.model), r.message) for r in results]),
         {key: sum(c[key] for c in cache) for key in cache[0]}, timings)
     compiled_model._gears = [_built(r) for r in results]
     if options.verify:

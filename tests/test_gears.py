@@ -199,10 +199,11 @@ def test_gear_product_is_counted_and_named_before_the_gears_are_made(tmp_path, c
 # -- the blob --------------------------------------------------------------------------------
 
 def fake_build(batch: int, shared_source: str = "shared") -> ptom_pb2.CompiledModel:
-    """A build's message with what the gear table relies on: a kernel that changes with the
-    gear and one that does not."""
+    """A build's message with what the gear table relies on: graphs taking x[batch, 64], a
+    kernel that changes with the gear and one that does not."""
     message = ptom_pb2.CompiledModel()
     message.target.name = "kirin9050"
+    with_weights(message, batch=batch)
     message.provenance.tool_version, message.provenance.model_sha256 = "t", "ab" * 32
     message.kernels.add(id="region_0", source=f"batch {batch}", sha256=f"{batch:064x}")
     message.kernels.add(id="region_1", source=shared_source, sha256="f" * 64)
@@ -219,9 +220,13 @@ def test_a_kernel_identical_across_gears_is_stored_once_and_read_back_whole():
     gears.check(packed, True, "blob", "rebuild")
 
 
-def with_weights(message: ptom_pb2.CompiledModel, **weights) -> ptom_pb2.CompiledModel:
-    """``message`` with both graphs holding these weights (name → array)."""
-    graph = onnx.helper.make_graph([], "g", [], [], [onnx.numpy_helper.from_array(
+def with_weights(message: ptom_pb2.CompiledModel, batch: int | None = None,
+                 **weights) -> ptom_pb2.CompiledModel:
+    """``message`` with both graphs holding these weights (name → array) and taking
+    x[batch, 64] (by default: what they took)."""
+    inputs = [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [batch, 64])] \
+        if batch else list(onnx.load_from_string(message.onnx_model).graph.input)
+    graph = onnx.helper.make_graph([], "g", inputs, [], [onnx.numpy_helper.from_array(
         np.asarray(value, np.float32), name) for name, value in weights.items()])
     data = onnx.helper.make_model(graph).SerializeToString()
     message.onnx_model = message.source_onnx_model = data
@@ -258,6 +263,18 @@ def test_the_run_time_contract_is_an_exact_match_or_a_refusal_listing_the_gears(
     (lambda m: m.gears[1].inputs[0].dims.__setitem__(0, 1), "another gear's"),
     (lambda m: m.gears[0].build.CopyFrom(fake_build(1)), "has a build of its own"),
     (lambda m: setattr(m.gears[1].build.target, "name", "ascend910b"), "not a build of its"),
+    # issue 50 row 8: the row a loader picks a gear by is exactly what its graphs take
+    (lambda m: m.gears[1].inputs[0].dims.__setitem__(0, 8),
+     "gear 1 lists inputs x=8,64 but its onnx_model takes x=4,64"),
+    (lambda m: m.gears[1].inputs[0].dims.__setitem__(0, -4), "gear 1 lists a dimension below 1"),
+    (lambda m: m.gears[1].inputs[0].dims.__setitem__(0, 0), "gear 1 lists a dimension below 1"),
+    (lambda m: m.gears[0].inputs.add(name="y", dims=[1]), "gear 0 lists inputs x=1,64; y=1"),
+    (lambda m: setattr(m.gears[1].inputs[0], "name", "y"), "but its onnx_model takes x=4,64"),
+    (lambda m: m.gears.add().CopyFrom(ptom_pb2.Gear(inputs=[ptom_pb2.InputShape(
+        name="x", dims=[8, 64])], build=m.gears[1].build)), "gear 2 lists inputs x=8,64"),
+    (lambda m: setattr(m.gears[1].build, "source_onnx_model", fake_build(8).onnx_model),
+     "gear 1 lists inputs x=4,64 but its source_onnx_model takes x=8,64"),
+    (lambda m: setattr(m.gears[1].build, "onnx_model", b"\xff"), "onnx_model does not parse"),
 ])
 def test_a_gear_table_that_is_wrong_is_refused(damage, message):
     packed = gears.pack([({"x": [1, 64]}, fake_build(1)), ({"x": [4, 64]}, fake_build(4))])
@@ -364,6 +381,55 @@ def test_verify_checks_one_gear_when_asked_and_refuses_a_gear_it_lacks(built, ca
     assert cli.main(["verify", str(built["dim"]), "--gear", "1", "--quiet"]) == 0
     assert cli.main(["verify", str(built["dim"]), "--gear", "2"]) == 2
     assert "--gear 2: the blob has 2 gear(s)" in capsys.readouterr().err
+
+
+def _renamed(message: ptom_pb2.CompiledModel) -> None:
+    """Every build of the blob said to be for another target, its kernels still Kirin's."""
+    for build in [message, *(gear.build for gear in message.gears[1:])]:
+        build.target.name = "ascend910b"
+
+
+@pytest.mark.pypto
+@pytest.mark.parametrize("name,damage,message", [
+    ("dim", lambda m: m.gears[1].inputs[0].dims.__setitem__(0, 8),
+     "gear 1 lists inputs x=8,64; z=1,64 but its onnx_model takes x=4,64; z=1,64"),
+    ("dim", lambda m: m.gears.add(inputs=[ptom_pb2.InputShape(name="x", dims=[8, 64]),
+                                          ptom_pb2.InputShape(name="z", dims=[1, 64])],
+                                  build=m.gears[1].build), "gear 2 lists inputs x=8,64"),
+    ("dim", lambda m: m.gears[1].inputs[0].dims.__setitem__(0, -4),
+     "gear 1 lists a dimension below 1"),
+    ("dim", _renamed, "for 'ascend910b' (chip Ascend910B1) but its kernels were compiled under "
+                      "KirinDev0000"),
+    ("static", _renamed, "but its kernels were compiled under KirinDev0000"),
+    ("static", lambda m: m.target.figures[0].__setattr__("value", '"Ascend910B1"'),
+     "its target descriptor names \"Ascend910B1\""),
+])
+def test_a_re_signed_blob_whose_gears_or_target_lie_is_refused(built, tmp_path, capsys, name,
+                                                                damage, message):
+    """Issue 50 row 8: the digest is a checksum, not a signature (anyone re-signs a blob), so
+    reading checks each gear's row against its graphs and the target against the chip its
+    kernels were compiled under; before, each verified with exit 0 and run() ran the wrong
+    graph."""
+    tampered = blob.read(built[name])
+    assert tampered.target.figures[0].name == "soc_version"
+    damage(tampered)
+    path = tmp_path / "tampered.ptom"
+    path.write_bytes(blob.to_bytes(tampered))  # re-signed as an attacker would
+    assert cli.main(["verify", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    with pytest.raises(ModelError, match="rebuild it with pypto-offline"):
+        api.load(path)
+
+
+@pytest.mark.pypto
+def test_a_blob_of_gears_given_by_some_inputs_lists_every_input_its_graphs_take(built):
+    """api.compile(gears=...) may name only the inputs that change: each gear's row is still
+    every input its graph takes, so the blob it writes loads."""
+    both = api.compile(built["model"], gears=[{"x": [1, 64]}, {"x": [4, 64]}], verify=False,
+                       cache_dir=built["cache"])
+    assert gears.shapes_of(blob.from_bytes(both.to_bytes())) == \
+        [{"x": (1, 64), "z": (1, 64)}, {"x": (4, 64), "z": (1, 64)}]
 
 
 @pytest.mark.pypto

@@ -9,6 +9,7 @@ before any work (``check_outputs``) and a blob is written together with its repo
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import struct
 import tempfile
@@ -60,8 +61,8 @@ def from_bytes(data: bytes, where: str = "<bytes>",
         message.ParseFromString(payload)
     except DecodeError:
         raise ModelError("blob payload does not parse", where=where, fix=fix) from None
-    _check_content(message, where, fix)
-    gears.check(message, version == FORMAT_VERSION_GEARS, where, fix)
+    graphs = _check_content(message, where, fix)
+    gears.check(message, version == FORMAT_VERSION_GEARS, where, fix, graphs)
     for gear in message.gears[1:]:
         _check_content(gear.build, where, fix)
     if expected_target and message.target.name != expected_target:
@@ -70,18 +71,21 @@ def from_bytes(data: bytes, where: str = "<bytes>",
     return message
 
 
-def _check_content(message: ptom_pb2.CompiledModel, where: str, fix: str) -> None:
+def _check_content(message: ptom_pb2.CompiledModel, where: str, fix: str
+                   ) -> dict[str, onnx.ModelProto]:
     """What every reader relies on, checked once here: a payload can carry a valid digest and
-    still be wrong (a buggy writer, a hand edit)."""
+    still be wrong (a buggy writer, a hand edit). Returns its graphs, parsed, by field."""
     from pypto_offline.targets import TARGETS
 
     if message.target.name not in TARGETS:
         raise ModelError(f"blob names an unknown target {message.target.name!r}", where=where,
                          fix=fix)
+    _check_chip(message, TARGETS[message.target.name].soc_version.value, where, fix)
     if not message.provenance.tool_version or not message.provenance.model_sha256:
         raise ModelError("blob has no provenance", where=where, fix=fix)
-    for field in ("onnx_model", "source_onnx_model"):
-        model = onnx.ModelProto()
+    graphs = {}
+    for field in gears.GRAPHS:
+        model = graphs[field] = onnx.ModelProto()
         try:
             model.ParseFromString(getattr(message, field))
         except DecodeError:
@@ -95,6 +99,20 @@ def _check_content(message: ptom_pb2.CompiledModel, where: str, fix: str) -> Non
     ids = [k.id for k in message.kernels]
     if len(set(ids)) != len(ids) or not all(ids):
         raise ModelError("blob's kernel ids are empty or repeated", where=where, fix=fix)
+    return graphs
+
+
+def _check_chip(message: ptom_pb2.CompiledModel, chip: str, where: str, fix: str) -> None:
+    """The chip a blob's kernels were compiled under (its platform record) and the one its
+    target descriptor names are its target's: a target's platform is always made for its
+    SoC_version (pypto_kernels/platform.py), so another chip is a blob renamed, not rebuilt."""
+    claims = [("its kernels were compiled under", message.platform.chip, chip)]
+    claims += [("its target descriptor names", f.value, json.dumps(chip))  # as build writes it
+               for f in message.target.figures if f.name == "soc_version"]
+    for what, claim, expected in claims:
+        if claim != expected:
+            raise ModelError(f"blob is for {message.target.name!r} (chip {chip}) but {what} "
+                             f"{claim or 'no chip'}", where=where, fix=fix)
 
 
 def _graph_names(graph: onnx.GraphProto):

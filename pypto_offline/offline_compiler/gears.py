@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Mapping, Sequence
 
 import onnx
+from google.protobuf.message import DecodeError
 
 from pypto_offline.errors import ModelError, UsageError
 from pypto_offline.offline_compiler import ptom_pb2
@@ -146,11 +147,15 @@ def shapes_of(message: ptom_pb2.CompiledModel) -> list[dict[str, tuple[int, ...]
     """Each gear's input shapes, in order (a blob without gears: its graph's)."""
     if message.gears:
         return [{s.name: tuple(s.dims) for s in gear.inputs} for gear in message.gears]
+    return [graph_shapes(onnx.load_from_string(message.source_onnx_model))]
+
+
+def graph_shapes(model: onnx.ModelProto) -> dict[str, tuple[int, ...]]:
+    """A graph's inputs' shapes by name (its tensors'): what a gear's row of the table lists."""
     from pypto_offline.importer.input_shapes import graph_inputs
 
-    graph = onnx.load_from_string(message.source_onnx_model)
-    return [{v.name: tuple(d.dim_value for d in v.type.tensor_type.shape.dim)
-             for v in graph_inputs(graph) if v.type.HasField("tensor_type")}]
+    return {v.name: tuple(d.dim_value for d in v.type.tensor_type.shape.dim)
+            for v in graph_inputs(model) if v.type.HasField("tensor_type")}
 
 
 def shapes_text(shapes: Mapping[str, Sequence[int]]) -> str:
@@ -173,18 +178,22 @@ def pick(gears: Sequence[Mapping[str, tuple[int, ...]]], given: Mapping[str, Seq
 
 
 def check(message: ptom_pb2.CompiledModel, version_has_gears: bool, where: str,
-          fix: str) -> None:
+          fix: str, graphs: Mapping[str, onnx.ModelProto] | None = None) -> None:
     """A blob's gears as every reader relies on them: present exactly when its format version
-    says so, each gear's inputs distinct, the first without a build of its own and the others
-    with one of the same model for the same target, every reference to a kernel an earlier
-    gear stores under that id with that sha256."""
+    says so, each gear's inputs distinct and exactly its graphs' inputs (names and sizes of at
+    least 1), the first without a build of its own and the others with one of the same model
+    for the same target, every reference to a kernel an earlier gear stores under that id with
+    that sha256. ``graphs``: the blob's own graphs by field, when the reader parsed them
+    already (each graph is parsed once)."""
     if bool(message.gears) != version_has_gears:
         raise ModelError("blob's gears do not match its format version", where=where, fix=fix)
     if not message.gears:
         return
     if len(message.gears) < 2:
         raise ModelError("blob has a gear table of one gear", where=where, fix=fix)
-    seen, weights = set(), {field: _weights(getattr(message, field)) for field in GRAPHS}
+    graphs = graphs or {field: _parsed(message, field, 0, where, fix) for field in GRAPHS}
+    weights = {field: {t.name: t for t in graphs[field].graph.initializer} for field in GRAPHS}
+    seen = set()
     for index, gear in enumerate(message.gears):
         key = _key((s.name, s.dims) for s in gear.inputs)
         if not key or key in seen:
@@ -196,6 +205,8 @@ def check(message: ptom_pb2.CompiledModel, version_has_gears: bool, where: str,
                              f"own", where=where, fix=fix)
         if index:
             _check_gear_build(message, index, weights, where, fix)
+        else:
+            _check_inputs(gear, 0, graphs, where, fix)
 
 
 def check_distinct(gears: Sequence[Mapping[str, Sequence[int]]]) -> None:
@@ -236,13 +247,15 @@ def _check_gear_build(message: ptom_pb2.CompiledModel, index: int,
             build.provenance.model_sha256 != message.provenance.model_sha256:
         raise ModelError(f"blob's gear {index} is not a build of its model for its target",
                          where=where, fix=fix)
-    for field in GRAPHS:
+    graphs = {field: _parsed(build, field, index, where, fix) for field in GRAPHS}
+    for field, graph in graphs.items():
         try:
-            for tensor in _graph(getattr(build, field)).graph.initializer:
+            for tensor in graph.graph.initializer:
                 if _is_shared(tensor):
                     _stored_weight(weights[field], tensor)
         except ModelError as error:
             raise ModelError(f"{error.what} (gear {index})", where=where, fix=fix) from None
+    _check_inputs(message.gears[index], index, graphs, where, fix)
     for kernel in build.kernels:
         if not kernel.HasField("stored_in_gear"):
             continue
@@ -253,3 +266,29 @@ def _check_gear_build(message: ptom_pb2.CompiledModel, index: int,
                 or stored[0].sha256 != kernel.sha256:
             raise ModelError(f"blob's gear {index} refers to a kernel {kernel.id!r} that gear "
                              f"{owner} does not store", where=where, fix=fix)
+
+
+def _parsed(build: ptom_pb2.CompiledModel, field: str, index: int, where: str,
+            fix: str) -> onnx.ModelProto:
+    try:
+        return _graph(getattr(build, field))
+    except DecodeError:
+        raise ModelError(f"blob's gear {index} {field} does not parse as ONNX", where=where,
+                         fix=fix) from None
+
+
+def _check_inputs(gear: ptom_pb2.Gear, index: int, graphs: Mapping[str, onnx.ModelProto],
+                  where: str, fix: str) -> None:
+    """A gear's row of the table is exactly what its graphs take: a loader picks the gear by
+    the row and then runs the graph, so a row that claims other shapes (or names, or one input
+    too many or too few) would run a graph on inputs it was not built for."""
+    claimed = sorted((s.name, tuple(s.dims)) for s in gear.inputs)
+    if any(d < 1 for _, dims in claimed for d in dims):
+        raise ModelError(f"blob's gear {index} lists a dimension below 1 "
+                         f"({shapes_text(dict(claimed))})", where=where, fix=fix)
+    for field, graph in graphs.items():
+        taken = graph_shapes(graph)
+        if claimed != sorted(taken.items()):
+            raise ModelError(f"blob's gear {index} lists inputs {shapes_text(dict(claimed))} but "
+                             f"its {field} takes {shapes_text(taken) or 'none'}", where=where,
+                             fix=fix)
