@@ -26,12 +26,11 @@ from pypto_offline.importer.input_shapes import check_given_inputs
 from pypto_offline.offline_compiler import BuildOptions, blob, build, build_together, ptom_pb2
 from pypto_offline.offline_compiler import gears as gear_table
 from pypto_offline.offline_compiler.source_check import SourceCheck, recheck_sources
-from pypto_offline.offline_compiler.summary import summarise
+from pypto_offline.offline_compiler.summary import kernel_precision, summarise
 from pypto_offline.progress import SILENT, Progress, Timings
 from pypto_offline.runtime import finite, in_input_types, run_model
 from pypto_offline.targets import Target, known_names, resolve_target
-from pypto_offline.importer.precision import (MIN_COSINE, MUST_KEEP, check_mode, half_io,
-                                              read_keep_dtype)
+from pypto_offline.importer.precision import MUST_KEEP, check_mode, half_io, read_keep_dtype
 from pypto_offline.verify import (Thresholds, Verification, check_memory_limits, compare,
                                   generate_inputs)
 
@@ -199,7 +198,7 @@ class CompiledModel:
         the per-dtype tolerance (docs/precision.md)."""
         if self._reference is None or not self.message.HasField("precision"):
             return None
-        return Thresholds(MIN_COSINE[self.message.precision.mode])
+        return Thresholds.of(self.message.precision.mode)
 
     def _kernels_beyond(self, thresholds: Thresholds) -> list[str]:
         """The kernels the build ran on the original model's values whose outputs are beyond
@@ -207,8 +206,7 @@ class CompiledModel:
         docs/precision.md)."""
         return [k.id for k in self.message.kernels
                 if k.HasField("precision") and not k.precision.why_not
-                and not thresholds.kernel_holds({"cosine": k.precision.cosine,
-                                                 "max_abs": k.precision.max_abs})]
+                and not thresholds.kernel_holds(kernel_precision(k))]
 
     def _record(self, result, seed: int, inputs_given: bool,
                 thresholds: Thresholds | None) -> None:
@@ -221,11 +219,12 @@ class CompiledModel:
                 else "imported graph"
         if thresholds is not None:
             record.thresholds.min_cosine = thresholds.min_cosine
+            record.thresholds.max_rel_distance = thresholds.max_rel_distance
             record.kernels_beyond.extend(self._kernels_beyond(thresholds))
         record.outputs.extend(ptom_pb2.OutputCheck(
             name=o.name, dtype=o.dtype, max_abs_diff=finite(o.max_abs_diff),
             max_rel_diff=finite(o.max_rel_diff), tolerance=o.tolerance, passed=o.passed,
-            cosine=o.cosine, rms=finite(o.rms))
+            cosine=o.cosine, rms=finite(o.rms), rel_distance=finite(o.rel_distance))
             for o in result.outputs)
 
     @property

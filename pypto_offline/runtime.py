@@ -93,16 +93,20 @@ FP16_MAX = float(np.finfo(np.float16).max)
 def kernel_check(expected: list, outputs: list, saturating: bool = False) -> dict:
     """A kernel's outputs against a reference, by the one comparison every check uses (equal
     infinities and NaNs in the same places are equal: an attention mask holds -inf), and the
-    metrics of its least similar float output (docs/precision.md). ``saturating``: each fp16
-    output against the reference as fp16 can tell them (``saturated_fp16``)."""
+    metrics of its least similar float output, with the largest relative distance of any
+    (each output is held to both bounds: docs/precision.md). ``saturating``: each fp16 output
+    against the reference as fp16 can tell them (``saturated_fp16``)."""
     pairs = list(zip(expected, outputs))
     if saturating:
         pairs = [saturated_fp16(want, np.asarray(actual)) for want, actual in pairs]
     metrics = [precision_metrics(want, np.asarray(actual)) for want, actual in pairs
                if want.dtype.kind == "f" and want.shape == np.shape(actual)]
+    least = min(metrics, key=lambda m: m["cosine"], default=None)
+    if least is not None:
+        least = {**least, "rel_distance": max(m["rel_distance"] for m in metrics)}
     return {"max_abs_diff": max((max_abs_diff(w, a) for w, a in pairs), default=0.0),
             "magnitude": max((magnitude(w) for w in expected), default=0.0),
-            "metrics": min(metrics, key=lambda m: m["cosine"], default=None)}
+            "metrics": least}
 
 
 def saturated_fp16(expected: np.ndarray, actual: np.ndarray) -> tuple:
@@ -148,15 +152,33 @@ def precision_metrics(expected: np.ndarray, actual: np.ndarray) -> dict[str, flo
     """Ascend's msaccucmp metrics of ``actual`` against ``expected`` (docs/precision.md):
     cosine similarity (1 for equal tensors, two zero ones included; 0 where either holds a NaN
     or an infinity the other does not: an fp16 overflow), the largest absolute and relative
-    differences and the root mean square difference, in float64."""
+    differences, the root mean square difference and the relative Euclidean distance
+    (``rel_distance``: ``relative_distance``), in float64."""
     diff = abs_diff(expected, actual)
     if diff.size == 0:
-        return {"cosine": 1.0, "max_abs": 0.0, "max_rel": 0.0, "rms": 0.0}
+        return {"cosine": 1.0, "max_abs": 0.0, "max_rel": 0.0, "rms": 0.0, "rel_distance": 0.0}
     scale = np.maximum(np.abs(np.asarray(expected, dtype=np.float64)), 1e-12)
     with np.errstate(over="ignore"):  # an fp16 overflow's difference squared: inf, as it is
         rms = float(np.sqrt(np.mean(np.square(diff))))
     return {"cosine": _cosine(expected, actual), "max_abs": float(diff.max()),
-            "max_rel": float(np.nan_to_num(diff / scale, nan=np.inf).max()), "rms": rms}
+            "max_rel": float(np.nan_to_num(diff / scale, nan=np.inf).max()), "rms": rms,
+            "rel_distance": relative_distance(expected, diff)}
+
+
+def relative_distance(expected: np.ndarray, diff: np.ndarray) -> float:
+    """msaccucmp's RelativeEuclideanDistance, ||actual - expected|| / ||expected|| (``diff``:
+    ``abs_diff``'s): the error against the reference's magnitude as a whole. The cosine is blind
+    to scale (a weight of 1e5 saturated to 65,504 scales an output by 0.655 at cosine 1) and
+    ``max_rel`` is not robust (an element near 0 makes it huge); this is neither. 0 for equal
+    tensors, infinite for a difference from a zero one; the reference's infinities, equal in
+    ``actual`` where ``diff`` says so, count as 0 in both norms (docs/precision.md)."""
+    with np.errstate(over="ignore"):
+        distance = float(np.linalg.norm(diff.ravel()))
+        if distance == 0.0:
+            return 0.0
+        reference = np.asarray(expected, dtype=np.float64).ravel()
+        norm = float(np.linalg.norm(np.where(np.isfinite(reference), reference, 0.0)))
+    return distance / norm if norm else float("inf")
 
 
 def _cosine(expected, actual) -> float:

@@ -85,9 +85,9 @@ def test_summary_has_the_promised_fields(builds):
     assert summary["verification"] == {
         "status": "passed", "onnxruntime": "passed", "max_abs_diff": 0.0,
         "reference": None, "thresholds": None, "worst_output": None, "worst_kernel": None,
-        "kernels_beyond_thresholds": [], "kernel_sources": None,
+        "kernels_beyond_thresholds": [], "kernel_sources": None, "saturated_weights": [],
         "metrics": {"y": {"cosine": 1.0, "max_abs": 0.0, "max_rel": 0.0, "rms": 0.0,
-                          "passed": True}}}
+                          "rel_distance": 0.0, "passed": True}}}
     assert summary["precision_mode"] == "must_keep_origin_dtype" and summary["precision"] is None
     assert summary["build_record"] == {"kernels_checked": 1, "kernels_passed": 1}
     assert (summary["kernels_before"], summary["kernels_after"]) == (6, 2)

@@ -16,8 +16,8 @@ from pypto_offline.importer import import_model
 from pypto_offline.offline_compiler import blob
 from pypto_offline.report import render_report
 from pypto_offline.importer.precision import (ALLOW_FP32_TO_FP16, ALLOW_MIX, FORCE_FP16,
-                                              MIN_COSINE, MODES, MUST_KEEP, KeepDtype,
-                                              check_mode, read_keep_dtype, to_half)
+                                              MAX_REL_DISTANCE, MIN_COSINE, MODES, MUST_KEEP,
+                                              KeepDtype, check_mode, read_keep_dtype, to_half)
 from pypto_offline.runtime import generate_inputs, precision_metrics
 from pypto_offline.verify import Thresholds, compare
 
@@ -76,6 +76,18 @@ def kv_cache_concat() -> onnx.ModelProto:
     return b.model(b.op("Concat", [past, keys], axis=2))
 
 
+def saturated_weight(weight: float = 1e5) -> onnx.ModelProto:
+    """x times a weight beyond fp16's range: the conversion saturates it to 65,504, so on
+    inputs of about 0.5 the fp16 model gives 32,753 where the model gives 50,001, an output
+    within fp16's range scaled by 0.655 at cosine 1 (issue 50, row 7)."""
+    b = GraphBuilder()
+    return b.model(b.op("Mul", [b.input("x", [1, 64]), b.const(np.full(64, weight, np.float32))]))
+
+
+def about_a_half() -> dict[str, np.ndarray]:
+    return {"x": np.random.default_rng(0).uniform(0.4, 0.6, (1, 64)).astype(np.float32)}
+
+
 def imported(model: onnx.ModelProto):
     return import_model(model).model
 
@@ -87,8 +99,7 @@ def large_inputs(model: onnx.ModelProto, scale: float) -> dict[str, np.ndarray]:
 def converted_check(model, mode: str, feeds) -> tuple:
     original = imported(model)
     half, conversion = to_half(original, mode)
-    return compare(original, import_model(half).model, feeds,
-                   Thresholds(MIN_COSINE[mode])), conversion
+    return compare(original, import_model(half).model, feeds, Thresholds.of(mode)), conversion
 
 
 # -- the modes -----------------------------------------------------------------------------
@@ -186,12 +197,15 @@ def test_allow_fp32_to_fp16_puts_only_the_cube_s_ops_in_fp16_where_it_takes_no_f
 
 def test_the_metrics_are_msaccucmp_s():
     a = np.array([1.0, 2.0, 4.0])
-    assert precision_metrics(a, a) == {"cosine": 1.0, "max_abs": 0.0, "max_rel": 0.0, "rms": 0.0}
+    assert precision_metrics(a, a) == {"cosine": 1.0, "max_abs": 0.0, "max_rel": 0.0, "rms": 0.0,
+                                       "rel_distance": 0.0}
     assert precision_metrics(a, -a)["cosine"] == pytest.approx(-1.0)
     overflowed = precision_metrics(a, np.array([1.0, np.inf, 4.0]))
     assert overflowed["cosine"] == 0.0 and overflowed["max_abs"] > 1e300
     off = precision_metrics(a, np.array([1.0, 2.0, 5.0]))
     assert off["max_rel"] == 0.25 and off["rms"] == pytest.approx(np.sqrt(1 / 3))
+    assert off["rel_distance"] == pytest.approx(1 / np.sqrt(21))  # ||(0, 0, 1)|| / ||a||
+    assert overflowed["rel_distance"] == np.inf
 
 
 # -- --keep_dtype --------------------------------------------------------------------------
@@ -286,8 +300,10 @@ def test_a_mixed_precision_build_moves_fewer_bytes_and_verifies_against_the_orig
     assert mixed["est_time_us_after"] < kept["est_time_us_after"]
     check = mixed["verification"]
     assert check["status"] == "passed" and check["reference"] == "original model"
-    assert check["thresholds"] == {"min_cosine": MIN_COSINE[ALLOW_MIX]}
+    assert check["thresholds"] == {"min_cosine": MIN_COSINE[ALLOW_MIX],
+                                   "max_rel_distance": MAX_REL_DISTANCE[ALLOW_MIX]}
     assert all(m["cosine"] >= MIN_COSINE[ALLOW_MIX] for m in check["metrics"].values())
+    assert all(m["rel_distance"] <= MAX_REL_DISTANCE[ALLOW_MIX] for m in check["metrics"].values())
 
 
 @pytest.mark.pypto
@@ -470,6 +486,40 @@ def test_a_kernel_that_overflows_as_fp16_must_ships_under_force_fp16_named(tmp_p
     assert summary["verification"]["worst_kernel"] == "region_0"
 
 
+@pytest.mark.pypto
+def test_a_weight_saturated_by_force_fp16_fails_the_build_naming_its_kernel_and_clamp(
+        tmp_path, capsys):
+    """Issue 50, row 7: a weight of 1e5 saturated to 65,504 scales the output by 0.655 at
+    cosine 1, and the build passed. The relative distance fails it (exit 1), in the model's
+    output and in its kernel on the original values, and the verdict names the kernel and the
+    weight it reads (docs/precision.md)."""
+    from pypto_offline.cli.text import verification_text
+
+    model, inputs = tmp_path / "scaled.onnx", tmp_path / "x.npz"
+    onnx.save(saturated_weight(), model)
+    np.savez(inputs, **about_a_half())
+    assert cli.main([str(model), "--target", "kirin9050", "-o", str(tmp_path / "scaled.ptom"),
+                     "--json", "--no-report", "--cache-dir", str(tmp_path / "cache"),
+                     "--precision_mode", FORCE_FP16, "--inputs", str(inputs)]) == 1
+    summary = json.loads(capsys.readouterr().out)
+    check = summary["verification"]
+    assert check["status"] == "failed" and check["onnxruntime"] == "failed"
+    assert check["thresholds"] == {"min_cosine": MIN_COSINE[FORCE_FP16],
+                                   "max_rel_distance": MAX_REL_DISTANCE[FORCE_FP16]}
+    output = check["metrics"][check["worst_output"]]
+    assert output["cosine"] > 0.999999 and output["rel_distance"] == pytest.approx(0.345, 1e-2)
+    (kernel,) = summary["kernels"]
+    assert kernel["precision"]["rel_distance"] == pytest.approx(0.345, 1e-2)
+    assert check["kernels_beyond_thresholds"] == [check["worst_kernel"]] == [kernel["id"]]
+    (weight,) = summary["precision"]["clamped"]
+    assert check["saturated_weights"] == [{**weight, "kernel": kernel["id"]}]
+    assert weight["largest"] == 1e5
+    text = "\n".join(verification_text(summary))
+    assert f"kernels beyond: {kernel['id']}" in text
+    assert (f"weight saturated to fp16's range: {weight['tensor']} (largest 100000, clamped to "
+            f"±65504; read by {weight['node']} in {kernel['id']})") in text
+
+
 @pytest.mark.parametrize("mode", [MUST_KEEP, ALLOW_MIX, FORCE_FP16])
 def test_the_cast_of_an_epilogue_s_operand_joins_the_matmul_s_region(mode):
     """GPT-2's and Llama's past keys and values: in fp32 the Concat is the matmul's epilogue;
@@ -507,6 +557,45 @@ def test_a_kernel_whose_differences_are_all_fp16_subnormals_holds():
     assert thresholds.kernel_holds(subnormal) and not thresholds.holds(subnormal)
     assert not thresholds.kernel_holds({"cosine": 0.947, "max_abs": 1e-3})
     assert not thresholds.kernel_holds({"cosine": 0.0, "max_abs": float("inf")})
+
+
+def test_the_relative_distance_sees_the_scale_the_cosine_does_not():
+    """msaccucmp's relative Euclidean distance, ||actual - expected|| / ||expected||: a weight
+    saturated to 65,504 scales the output by 0.655 at cosine 1; near-zero elements, which make
+    the largest relative difference huge, do not trip it (docs/precision.md)."""
+    from pypto_offline.runtime import kernel_check
+
+    forced = Thresholds.of(FORCE_FP16)
+    want = np.linspace(0.4, 0.6, 64) * 1e5
+    scaled = precision_metrics(want, want * (65504 / 1e5))
+    assert scaled["cosine"] > 0.999999 and scaled["rel_distance"] == pytest.approx(0.34496)
+    assert not forced.holds(scaled) and not forced.kernel_holds(scaled)
+    assert Thresholds(MIN_COSINE[FORCE_FP16]).holds(scaled)  # what the cosine alone said
+    near_zero = np.array([1.0, -2.0, 1e-9, 0.0])
+    rounded = precision_metrics(near_zero, near_zero.astype(np.float16) + [0, 0, 1e-7, 1e-7])
+    assert rounded["max_rel"] > 50 and rounded["rel_distance"] < 1e-6 and forced.holds(rounded)
+    masked = np.array([-np.inf, 0.5, -0.25])
+    assert precision_metrics(masked, masked.copy())["rel_distance"] == 0.0  # a mask's -inf
+    assert precision_metrics(np.zeros(3), np.full(3, 1e-3))["rel_distance"] == np.inf
+    # a kernel of two outputs: the least similar one's cosine, the largest distance of any
+    check = kernel_check([want, near_zero], [want * 0.65504, -near_zero])
+    assert check["metrics"]["cosine"] == pytest.approx(-1.0)
+    assert check["metrics"]["rel_distance"] == pytest.approx(2.0)
+    check = kernel_check([want, near_zero], [want * 0.65504, near_zero * 1.001])
+    assert check["metrics"]["rel_distance"] == pytest.approx(0.34496)
+    # a kernel of a blob checked before the distance was recorded: its cosine decides
+    assert forced.kernel_holds({"cosine": 1.0, "max_abs": 1.0})
+
+
+def test_a_weight_saturated_to_fp16_s_range_fails_the_model_s_check():
+    """The whole-model check (onnxruntime) of issue 50's reproducer: 32,753 where the model
+    gives 50,001, cosine 1.0 and a pass before; the conversion reports the weight it clamped."""
+    check, conversion = converted_check(saturated_weight(), FORCE_FP16, about_a_half())
+    (output,) = check.outputs
+    assert check.status == "failed" and not output.passed
+    assert output.cosine > 0.999999 and output.rel_distance == pytest.approx(0.345, abs=1e-3)
+    (clamped,) = conversion.clamped
+    assert clamped.largest == 1e5 and clamped.values == 64
 
 
 def test_the_kernel_check_s_bound_grows_with_the_reference_s_magnitude():

@@ -200,17 +200,32 @@ def verification_text(s: dict) -> list[str]:
 
 def precision_text(check: dict) -> list[str]:
     """A converted build against the original model (docs/precision.md): its least similar
-    output and kernel, and the kernels beyond the thresholds."""
-    if check["thresholds"] is None:
+    output and kernel, the kernels beyond the thresholds and, when it failed, the weights
+    saturated to fp16's range with the kernel that reads each."""
+    thresholds = check["thresholds"]
+    if thresholds is None:
         return []
     worst = check["worst_output"]
-    cosine = check["metrics"][worst]["cosine"] if worst else None
+    metrics = check["metrics"][worst] if worst else {}
     beyond = check["kernels_beyond_thresholds"]
-    return [f"    against the original model (cosine at least "
-            f"{check['thresholds']['min_cosine']}): least similar output {printable(worst)}"
-            + (f" (cosine {cosine:.6f})" if cosine is not None else "")
-            + f", least similar kernel {check['worst_kernel']}"
-            + (f"; kernels beyond: {', '.join(beyond)}" if beyond else "")]
+    bound = (f", relative distance at most {thresholds['max_rel_distance']}"
+             if "max_rel_distance" in thresholds else "")
+    measured = (f" (cosine {metrics['cosine']:.6f}"
+                + (f", relative distance {metrics['rel_distance']:.3g}"
+                   if "rel_distance" in metrics else "") + ")") if metrics else ""
+    return [f"    against the original model (cosine at least {thresholds['min_cosine']}{bound}):"
+            f" least similar output {printable(worst)}{measured}, least similar kernel "
+            f"{check['worst_kernel']}" + (f"; kernels beyond: {', '.join(beyond)}" if beyond
+                                          else ""),
+            *map(saturated_text, check["saturated_weights"])]
+
+
+def saturated_text(weight: dict) -> str:
+    """A weight the conversion saturated, in a failed check: what a scale error comes from."""
+    where = f" in {weight['kernel']}" if weight["kernel"] else ", unfused"
+    return (f"    weight saturated to fp16's range: {printable(weight['tensor'])} (largest "
+            f"{weight['largest']:.6g}, clamped to ±65504; read by "
+            f"{printable(weight['node'])}{where})")
 
 
 def timings_text(s: dict) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import sys
+from typing import Sequence
 
 from pypto_offline.importer.precision import MUST_KEEP
 from pypto_offline.offline_compiler import gears as gear_table
@@ -189,14 +190,18 @@ def verification(message: ptom_pb2.CompiledModel, sources: SourceCheck | None) -
         "max_abs_diff": max((o.max_abs_diff for o in record.outputs), default=None),
         "reference": record.reference or None,
         "metrics": {o.name: {"cosine": o.cosine, "max_abs": o.max_abs_diff,
-                             "max_rel": o.max_rel_diff, "rms": o.rms, "passed": o.passed}
+                             "max_rel": o.max_rel_diff, "rms": o.rms, "passed": o.passed,
+                             **_recorded(o, "rel_distance")}
                     for o in record.outputs},
-        "thresholds": ({"min_cosine": record.thresholds.min_cosine}
+        "thresholds": ({"min_cosine": record.thresholds.min_cosine,
+                        **_recorded(record.thresholds, "max_rel_distance")}
                        if record.HasField("thresholds") else None),
-        "worst_output": min(record.outputs, key=lambda o: o.cosine).name
+        # a failed output first: the cosine alone does not say which failed
+        "worst_output": min(record.outputs, key=lambda o: (o.passed, o.cosine)).name
         if record.HasField("thresholds") and record.outputs else None,
         "kernels_beyond_thresholds": list(record.kernels_beyond),
-        "worst_kernel": worst_kernel(message),
+        "worst_kernel": worst_kernel(message.kernels, record.kernels_beyond),
+        "saturated_weights": saturated_weights(message, message.kernels),
         "kernel_sources": None if sources is None else {
             "compiled": sources.compiled, "matching": sources.matching,
             "differing": [{"id": m.kernel, "reason": m.reason} for m in sources.mismatches],
@@ -211,14 +216,40 @@ def kernel_precision(kernel: ptom_pb2.Kernel) -> dict | None:
     p = kernel.precision
     if p.why_not:
         return {"why_not": p.why_not}
-    return {"cosine": p.cosine, "max_abs": p.max_abs, "max_rel": p.max_rel, "rms": p.rms}
+    return {"cosine": p.cosine, "max_abs": p.max_abs, "max_rel": p.max_rel, "rms": p.rms,
+            **_recorded(p, "rel_distance")}
 
 
-def worst_kernel(message: ptom_pb2.CompiledModel) -> str | None:
+def _recorded(message, field: str) -> dict:
+    """``{field: value}`` where the message has it: a blob checked before the relative
+    distance was recorded has none, which is not a distance of 0."""
+    return {field: getattr(message, field)} if message.HasField(field) else {}
+
+
+def worst_kernel(kernels: Sequence[ptom_pb2.Kernel], beyond: Sequence[str] = ()) -> str | None:
     """The measured kernel least similar to the original model: where a converted build's
-    error comes from first."""
-    measured = [k for k in message.kernels if k.HasField("precision") and not k.precision.why_not]
-    return min(measured, key=lambda k: k.precision.cosine).id if measured else None
+    error comes from first. One beyond the thresholds (``beyond``) first: a kernel that scales
+    its outputs wrong keeps a cosine of 1."""
+    measured = [k for k in kernels if k.HasField("precision") and not k.precision.why_not]
+    return min(measured, key=lambda k: (k.id not in beyond, k.precision.cosine)).id \
+        if measured else None
+
+
+def saturated_weights(build: ptom_pb2.CompiledModel, kernels: Sequence[ptom_pb2.Kernel]
+                      ) -> list[dict]:
+    """A converted build whose check failed: the weights its conversion saturated to fp16's
+    range (``precision.clamped``), each with the kernel that reads it (None: its reader runs
+    unfused), what a failure the cosine cannot see (a scale) most likely comes from; none for
+    a build that passed (docs/precision.md)."""
+    record = build.verification
+    if record.status != "failed" and not record.kernels_beyond:
+        return []
+    reading: dict[str, str] = {}
+    for kernel in kernels:
+        for name in kernel.inputs:
+            reading.setdefault(name, kernel.id)
+    return [{**_beyond_range(c), "kernel": reading.get(c.tensor)}
+            for c in build.precision.clamped]
 
 
 def fallback_category(kernel: ptom_pb2.Kernel) -> str:

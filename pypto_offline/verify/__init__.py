@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping
 
+import math
 import zipfile
 import zlib
 
@@ -23,9 +24,11 @@ import onnx
 from pypto_offline.errors import ModelError, UsageError
 from pypto_offline.importer.input_shapes import (check_dims, check_tensor_bytes, graph_inputs,
                                                  human_bytes)
+from pypto_offline.importer.precision import MAX_REL_DISTANCE, MIN_COSINE
 from pypto_offline.importer.shape_probe import MAX_PROBE_BYTES, check_memory
 from pypto_offline.runtime import (TOLERANCE, CannotRun, generate_inputs, in_input_types,
                                    precision_metrics, run_model)
+from pypto_offline.user_files import open_regular
 
 @dataclass(frozen=True)
 class OutputCheck:
@@ -35,9 +38,10 @@ class OutputCheck:
     max_rel_diff: float
     tolerance: float
     passed: bool
-    # msaccucmp's other two metrics (docs/precision.md); 1 and 0 for equal outputs
+    # msaccucmp's other metrics (docs/precision.md); 1, 0 and 0 for equal outputs
     cosine: float = 1.0
     rms: float = 0.0
+    rel_distance: float = 0.0
 
 
 FP16_SMALLEST_NORMAL = float(np.finfo(np.float16).tiny)  # 2^-14: below it, subnormals
@@ -46,14 +50,24 @@ FP16_SMALLEST_NORMAL = float(np.finfo(np.float16).tiny)  # 2^-14: below it, subn
 @dataclass(frozen=True)
 class Thresholds:
     """What a converted model's outputs are held to against the original model (a cosine
-    similarity, as Ascend's msaccucmp reports it; docs/precision.md). None: the per-dtype
-    tolerance on the largest difference, as for two computations of one graph."""
+    similarity and a relative Euclidean distance, as Ascend's msaccucmp reports them;
+    docs/precision.md). None: the per-dtype tolerance on the largest difference, as for two
+    computations of one graph."""
 
     min_cosine: float
+    max_rel_distance: float = math.inf
+
+    @classmethod
+    def of(cls, mode: str) -> Thresholds:
+        """A converting precision mode's (``precision.MIN_COSINE``, ``MAX_REL_DISTANCE``)."""
+        return cls(MIN_COSINE[mode], MAX_REL_DISTANCE[mode])
 
     def holds(self, metrics: dict[str, float]) -> bool:
-        """``metrics``: ``runtime.precision_metrics``'s."""
-        return metrics["cosine"] >= self.min_cosine and np.isfinite(metrics["max_abs"])
+        """``metrics``: ``runtime.precision_metrics``'s. The cosine sees a direction, the
+        distance a scale too (a weight saturated to fp16's range: cosine 1, distance 0.345). A
+        kernel measured before blobs recorded the distance has none: its cosine decides."""
+        return (metrics["cosine"] >= self.min_cosine and np.isfinite(metrics["max_abs"])
+                and metrics.get("rel_distance", 0.0) <= self.max_rel_distance)
 
     def kernel_holds(self, metrics: dict[str, float]) -> bool:
         """A kernel's outputs on the original model's values: ``holds``, or every difference
@@ -127,7 +141,7 @@ def _check(name: str, expected, actual, thresholds: Thresholds | None) -> Output
     tolerance = TOLERANCE.get(dtype, 0.0)
     if actual is None or np.shape(actual) != np.shape(expected):
         return OutputCheck(name, dtype, float("inf"), float("inf"), tolerance, False, 0.0,
-                           float("inf"))
+                           float("inf"), float("inf"))
     if dtype == "object":  # strings
         same = bool(np.array_equal(expected, actual))
         return OutputCheck(name, dtype, 0.0 if same else float("inf"), 0.0, 0.0, same)
@@ -136,7 +150,7 @@ def _check(name: str, expected, actual, thresholds: Thresholds | None) -> Output
     passed = m["max_abs"] <= tolerance if thresholds is None or not float_output else \
         thresholds.holds(m)
     return OutputCheck(name, dtype, m["max_abs"], m["max_rel"], tolerance, bool(passed),
-                       m["cosine"], m["rms"])
+                       m["cosine"], m["rms"], m["rel_distance"])
 
 
 NPZ_FIX = "give an .npz made with numpy.savez, one array per input name"
@@ -146,9 +160,10 @@ def load_inputs(path) -> dict[str, np.ndarray]:
     """The arrays of an .npz, by name. Its zip directory and each .npy header are read first, so
     an archive that would decompress to more than ``MAX_PROBE_BYTES`` (a zip bomb), an array whose
     header disagrees with its size (truncated), or a pickled object is refused before any data is
-    decompressed. Every failure is a ``UsageError``."""
+    decompressed. Every failure is a ``UsageError``; only a regular file is opened, once."""
     try:
-        with zipfile.ZipFile(path) as archive:
+        with open_regular(path, "--inputs", NPZ_FIX) as stream, \
+                zipfile.ZipFile(stream) as archive:
             members = archive.infolist()
             total = sum(member.file_size for member in members)
             if total > MAX_PROBE_BYTES:
@@ -157,7 +172,8 @@ def load_inputs(path) -> dict[str, np.ndarray]:
                                  where=str(path), fix=NPZ_FIX)
             for member in members:
                 _check_npy_header(archive, member, path)
-            with np.load(path, allow_pickle=False) as data:
+            stream.seek(0)
+            with np.load(stream, allow_pickle=False) as data:
                 return {name: data[name] for name in data.files}
     except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as error:
         raise UsageError(f"cannot read --inputs: {error}", where=str(path), fix=NPZ_FIX) from None
