@@ -28,7 +28,7 @@ from pypto_offline.offline_compiler import gears as gear_table
 from pypto_offline.offline_compiler.source_check import SourceCheck, recheck_sources
 from pypto_offline.offline_compiler.summary import kernel_precision, summarise
 from pypto_offline.progress import SILENT, Progress, Timings
-from pypto_offline.runtime import finite, in_input_types, run_model
+from pypto_offline.runtime import finite, run_model
 from pypto_offline.targets import Target, known_names, resolve_target
 from pypto_offline.importer.precision import MUST_KEEP, check_mode, half_io, read_keep_dtype
 from pypto_offline.verify import (Thresholds, Verification, check_memory_limits, compare,
@@ -145,7 +145,8 @@ class CompiledModel:
             self._run_graphs[index] = onnx.load_from_string(
                 gear_table.gear_graph(self.message, index))
         graph = self._run_graphs[index]
-        return run_model(graph, in_input_types(graph, inputs))
+        check_given_inputs(graph, inputs, self.label)  # the blob's own dtypes, as onnxruntime's
+        return run_model(graph, inputs)
 
     def verify(self, inputs: Mapping[str, np.ndarray] | None = None, seed: int = 0,
                sources: bool | None = None, gear: int | None = None) -> Checked:
@@ -156,10 +157,10 @@ class CompiledModel:
             self._check_gear(gear or 0)
             return self.verify_shape(inputs, seed, sources)
         results, shapes = [], gear_table.shapes_of(self.message)
+        given = gear_inputs(inputs or {}, shapes, self.label)
         for index in range(self.gear_count) if gear is None else [self._check_gear(gear)]:
             one = self.gear(index)
-            results.append(one.verify_shape(gear_inputs(inputs or {}, shapes[index]), seed,
-                                            sources))
+            results.append(one.verify_shape(given[index], seed, sources))
             gear_table.build_of(self.message, index).verification.CopyFrom(
                 one.message.verification)
             if index == 0 or results[-1].status == "failed":
@@ -181,7 +182,7 @@ class CompiledModel:
         compiled = onnx.load_from_string(self.message.onnx_model)
         for graph, which in ((imported, "its imported graph"), (compiled, "its compiled graph")):
             check_memory_limits(graph, f"{self.label}, {which}", fix=REBUILD_SMALLER)
-        given = in_input_types(imported, inputs or {})  # fp16 where a converted model takes it
+        given = dict(inputs or {})  # in the blob's own dtypes: compare casts for the original
         check_given_inputs(imported, given, self.label)
         thresholds = self._thresholds()
         with self._timed("verify_s"):
@@ -335,8 +336,10 @@ def _compile_gears(model, target: Target, options: BuildOptions,
 
     gear_table.check_distinct(shapes)  # before any work: a blob it writes must load
     timings = Timings()
-    builds = [(model, replace(options, input_shapes=dict(gear), dims={},
-                              inputs=gear_inputs(options.inputs, gear))) for gear in shapes]
+    label = str(model) if isinstance(model, (str, Path)) else "the model"
+    given = gear_inputs(options.inputs, shapes, label)  # before any work
+    builds = [(model, replace(options, input_shapes=dict(gear), dims={}, inputs=inputs))
+              for gear, inputs in zip(shapes, given)]
     labels = [f"gear {index} ({gear_table.shapes_text(gear)})" for index, gear in enumerate(shapes)]
     with nullcontext() if in_shared_pool() else shared_workers(options.jobs):
         results = build_together(builds, target, progress, timings, labels)
@@ -360,12 +363,22 @@ def _built(result, timings: Timings | None = None) -> CompiledModel:
     return compiled_model
 
 
-def gear_inputs(inputs: Mapping[str, np.ndarray], shapes: Mapping[str, Sequence[int]]
-                ) -> dict[str, np.ndarray]:
-    """The given inputs a gear takes: those of its shapes (``--inputs`` of one size serve the
-    gear of that size; the other gears' inputs are generated)."""
-    return {name: value for name, value in inputs.items()
-            if name not in shapes or tuple(np.shape(value)) == tuple(shapes[name])}
+def gear_inputs(inputs: Mapping[str, np.ndarray], gears: Sequence[Mapping[str, Sequence[int]]],
+                where: str) -> list[dict[str, np.ndarray]]:
+    """The given inputs each gear takes: those of its shapes (``--inputs`` of one size serve the
+    gear of that size; the other gears' inputs are generated). An array of a shape no gear
+    takes is refused, as a build of one shape refuses it, rather than left unused."""
+    for name, value in inputs.items():
+        taken = [tuple(gear[name]) for gear in gears if name in gear]
+        if taken and tuple(np.shape(value)) not in taken:
+            listed = " | ".join(f"gear {index}: {gear_table.shapes_text({name: gear[name]})}"
+                                for index, gear in enumerate(gears) if name in gear)
+            raise UsageError(f"--inputs gives shape {list(np.shape(value))}, which no gear "
+                             f"takes ({listed})", where=f"{where}, input {name!r}",
+                             fix="give the input one gear's shape, or build a gear for it")
+    return [{name: value for name, value in inputs.items()
+             if name not in gear or tuple(np.shape(value)) == tuple(gear[name])}
+            for gear in gears]
 
 
 # More PyPTO workers than this only queue on any machine this runs on, and each holds its own

@@ -195,7 +195,9 @@ def _cosine(expected, actual) -> float:
 def in_input_types(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]
                    ) -> dict[str, np.ndarray]:
     """``feeds`` in the element types ``model`` declares for its inputs: the original model's
-    float32 where a converted one takes fp16 (``--input_fp16_nodes``, docs/precision.md)."""
+    float32 where a converted one takes fp16 (``--input_fp16_nodes``, docs/precision.md). For
+    the checks against the original model only: ``--inputs`` must be in the blob's own dtypes
+    (``input_shapes.check_given_inputs``), never cast to them."""
     declared = {v.name: v.type.tensor_type.elem_type for v in model.graph.input
                 if v.type.HasField("tensor_type")}
     return {name: value.astype(onnx.helper.tensor_dtype_to_np_dtype(declared[name]), copy=False)

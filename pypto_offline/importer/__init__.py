@@ -24,7 +24,7 @@ from pypto_offline.importer.input_shapes import (check_dims, check_given_inputs,
 from pypto_offline.importer.loading import load_model
 from pypto_offline.importer.normalise import normalise_graph
 from pypto_offline.importer.validation import check_structure, default_opset, run_checker
-from pypto_offline.runtime import CannotRun
+from pypto_offline.runtime import CannotRun, in_input_types
 
 __all__ = ["ImportedGraph", "ImportStats", "Node", "TensorInfo", "import_model"]
 
@@ -38,7 +38,8 @@ def import_model(source: "str | os.PathLike | bytes | onnx.ModelProto",
                  base_dir: "str | os.PathLike | None" = None, *,
                  inputs: Mapping[str, np.ndarray] | None = None,
                  must_run: bool = False,
-                 dims: Mapping[str, int] | None = None) -> ImportedGraph:
+                 dims: Mapping[str, int] | None = None,
+                 input_dtypes: Mapping[str, np.dtype] | None = None) -> ImportedGraph:
     """Load, check, fold and normalise a model. Raises ``PyptoOfflineError`` on bad input.
 
     ``inputs``: real values of some inputs (checked against them), fed to the shape probe so a
@@ -47,6 +48,8 @@ def import_model(source: "str | os.PathLike | bytes | onnx.ModelProto",
     custom-domain op) is refused now rather than after the whole compile.
     ``dims``: symbolic dimensions fixed by name in every input that has them (``--dim``);
     ``input_shapes`` wins for the inputs it names.
+    ``input_dtypes``: the blob's own dtype of an input whose ``inputs`` value is not in the
+    model's (``--input_fp16_nodes``: float16); the probe gets it in the model's type.
     """
     started = time.perf_counter()
     model, label = load_model(source, base_dir)
@@ -55,8 +58,8 @@ def import_model(source: "str | os.PathLike | bytes | onnx.ModelProto",
     check_structure(model, label)
     run_checker(model, label)
     fix_input_shapes(model, input_shapes, label, dims)
-    given = dict(inputs or {})
-    check_given_inputs(model, given, label)
+    check_given_inputs(model, inputs or {}, label, input_dtypes)
+    given = in_input_types(model, inputs or {})
     model, probed, cannot_run = _fold_to_fixed_point(model, given, label)
     nodes_after_folding = len(model.graph.node)
     inferred = _inferred_types(model)

@@ -285,11 +285,13 @@ def _check_keeps_static_dims(shape: onnx.TensorShapeProto, dims: Sequence[int],
 
 
 def check_given_inputs(model: onnx.ModelProto, given: Mapping[str, np.ndarray],
-                       label: str) -> None:
-    """Real input values (``--inputs``) must name model inputs and match their dtype and shape:
-    a wrong one would otherwise reach onnxruntime, or its fallback evaluator, which may broadcast
-    it and report a meaningless result."""
+                       label: str, dtypes: Mapping[str, np.dtype] | None = None) -> None:
+    """Real input values (``--inputs``) must name model inputs and match their dtype exactly and
+    their shape: a wrong one would otherwise reach onnxruntime, or its fallback evaluator, which
+    may broadcast or cast it and report a meaningless result. ``dtypes``: the blob's own dtype
+    where it is not the model's (``--input_fp16_nodes``: float16, docs/outputs.md)."""
     inputs = {v.name: v for v in graph_inputs(model)}
+    dtypes = dtypes or {}
     for name, array in given.items():
         if name not in inputs:
             raise UsageError(f"--inputs names {name!r}, which is not a model input", where=label,
@@ -299,10 +301,7 @@ def check_given_inputs(model: onnx.ModelProto, given: Mapping[str, np.ndarray],
         if not value.type.HasField("tensor_type") or not isinstance(array, np.ndarray):
             raise UsageError("--inputs gives an array for an input that is not a tensor",
                              where=where, fix="give arrays for tensor inputs only")
-        expected = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type))
-        if array.dtype != expected:
-            raise UsageError(f"--inputs gives dtype {array.dtype}, the model expects {expected}",
-                             where=where, fix=f"convert it with .astype(numpy.{expected})")
+        _check_dtype(array, value, dtypes.get(name), where)
         if value.type.tensor_type.HasField("shape"):
             dims = value.type.tensor_type.shape.dim
             declared = [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?")
@@ -312,6 +311,19 @@ def check_given_inputs(model: onnx.ModelProto, given: Mapping[str, np.ndarray],
                 raise UsageError(f"--inputs gives shape {list(array.shape)}, the model expects "
                                  f"{declared}", where=where,
                                  fix="give an array of the input's shape (after --input-shape)")
+
+
+def _check_dtype(array: np.ndarray, value: onnx.ValueInfoProto, blob_dtype: np.dtype | None,
+                 where: str) -> None:
+    """Exactly the dtype the blob takes, as onnxruntime requires: a cast would hide a wrong
+    file (float64 values rounded, int32 widened) behind a check that passes."""
+    declared = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type))
+    expected = np.dtype(blob_dtype or declared)
+    if array.dtype != expected:
+        option = " (--input_fp16_nodes)" if expected != declared else ""
+        raise UsageError(f"--inputs gives dtype {array.dtype}, the model expects "
+                         f"{expected}{option}", where=where,
+                         fix=f"convert it with .astype(numpy.{expected})")
 
 
 def _write_dims(value: onnx.ValueInfoProto, dims: Sequence[int]) -> None:

@@ -169,7 +169,8 @@ def build_steps(source, target: Target, options: BuildOptions, progress: Progres
     progress.stage("importing")
     with timings.stage("import_s"):
         graph = import_model(source, options.input_shapes, inputs=options.inputs,
-                             must_run=options.verify, dims=options.dims)
+                             must_run=options.verify, dims=options.dims,
+                             input_dtypes=_blob_input_dtypes(options))
         _require_static_inputs(graph, name)
         original, graph, conversion = _in_precision(graph, target, options)
     progress.stage("planning fusion")
@@ -229,9 +230,18 @@ def _in_precision(graph: ImportedGraph, target: Target, options: BuildOptions):
     cube_fp32 = bool(target.cube_fp32.value) if target.cube_fp32 else False
     converted, conversion = precision.to_half(graph.model, options.precision_mode,
                                               options.keep_dtype, cube_fp32, options.half_io)
-    half = import_model(converted, inputs=in_input_types(converted, options.inputs),
-                        must_run=options.verify)
+    half = import_model(converted, inputs=options.inputs, must_run=options.verify)
     return graph.model, replace(half, stats=graph.stats), conversion
+
+
+def _blob_input_dtypes(options: BuildOptions) -> dict[str, np.dtype]:
+    """The inputs the blob takes in another dtype than the model declares: float16 for those
+    ``--input_fp16_nodes`` names under a converting mode. ``--inputs`` gives them so, as the
+    blob's ``verify`` and ``run`` take them; only the checks against the original model cast
+    them to its float32 (``runtime.in_input_types``)."""
+    if not precision.converts(options.precision_mode):
+        return {}
+    return {name: np.dtype(np.float16) for name in options.half_io.inputs}
 
 
 @dataclass(frozen=True)
