@@ -191,9 +191,22 @@ def ray_executor(address: str | None) -> Iterator[RayExecutor]:
     executor.close()
 
 
-# Ray's own wait for an address where no cluster answers is a retry loop of many minutes (and,
-# with its timeouts shortened, a process abort): the address is checked, then probed, first.
+# Ray's own wait for an address where no cluster answers, or where something else does (an HTTP
+# server, Ray's dashboard), is a retry loop of many minutes (and, with its timeouts shortened, a
+# process abort): the address is checked, then probed, first, all within one deadline
+# (docs/workers.md, "A compile farm").
 PROBE_TIMEOUT_S = 5
+DATA, HEADERS, RST_STREAM, SETTINGS, GOAWAY = 0, 1, 3, 4, 7  # HTTP/2's frame types (RFC 9113)
+END_STREAM = ACK = 1
+END_HEADERS = 4
+# An HTTP/2 client's first words (RFC 9113, 3.4): the preface, then an empty SETTINGS frame. A
+# gRPC server, as Ray's GCS and its Client server are, answers with a SETTINGS frame of its own;
+# an HTTP/1 server (Ray's dashboard) with a status line.
+HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, SETTINGS, 0, 0, 0, 0, 0])
+# Each service by the first call Ray makes of it: its gRPC path and the request's bytes (an
+# empty GetClusterIdRequest; a ClusterInfoRequest of type PING, 6).
+SERVICES = {"gcs": ("a Ray cluster's GCS", b"/ray.rpc.NodeInfoGcsService/GetClusterId", b""),
+            "client": ("a Ray Client server", b"/ray.rpc.RayletDriver/ClusterInfo", b"\x08\x06")}
 ADDRESS_FIX = ("give HOST:PORT of a running cluster (`ray start --head --port 6379` prints it), "
                "ray://HOST:PORT for Ray Client, or auto; or leave --ray-address and RAY_ADDRESS "
                "unset for a Ray instance started for this build")
@@ -210,7 +223,8 @@ def _connect(ray, given: str | None) -> None:
     # cluster Ray finds on this machine; "local" starts one, as no address does
     reached = os.environ.get("RAY_ADDRESS") or address if address == "auto" else address
     if reached not in (None, "auto", "local"):
-        _probe(*_host_and_port(reached, label), label)
+        service = "client" if reached.startswith("ray://") else "gcs"
+        _probe(*_host_and_port(reached, label), service, label)
     started_here = {} if address else {"include_dashboard": False}
     handlers = _signal_handlers()
     try:
@@ -232,13 +246,163 @@ def _host_and_port(address: str, label: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def _probe(host: str, port: int, label: str) -> None:
+def _probe(host: str, port: int, service: str, label: str) -> None:
+    """Within PROBE_TIMEOUT_S in all: something listens at the address, speaks HTTP/2 and
+    answers the first call Ray makes of the ``service`` the address names (``SERVICES``); else
+    a UsageError naming what answered. Every wait is a socket's, in this thread, with a time-out
+    of what is left: a Ctrl-C ends it."""
+    deadline = time.monotonic() + PROBE_TIMEOUT_S
+    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:
-        socket.create_connection((host, port), timeout=PROBE_TIMEOUT_S).close()
+        connection = socket.create_connection((host, port), timeout=PROBE_TIMEOUT_S)
     except OSError as error:
-        raise UsageError(f"{label}: no Ray cluster answers at {host}:{port} "
+        raise UsageError(f"{label}: no Ray cluster answers at {where} "
                          f"({error.strerror or type(error).__name__}, within "
                          f"{PROBE_TIMEOUT_S} s)", fix=ADDRESS_FIX) from None
+    if os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true"):
+        connection.close()  # Ray's TLS handshake is its own: only the connection is checked
+        return
+    with connection:
+        first = _first_answer(connection, deadline)
+        stranger = _not_http2(first, where)
+        if stranger:
+            raise UsageError(f"{label}: {stranger}, not {SERVICES[service][0]}",
+                             fix=ADDRESS_FIX)
+        _check_service(_Frames(connection, deadline, first), where, service, label)
+
+
+def _receive(connection: socket.socket, deadline: float) -> bytes | None:
+    """The server's next bytes: b"" once it has hung up, None when it says nothing by the
+    deadline."""
+    connection.settimeout(max(0.01, deadline - time.monotonic()))
+    try:
+        return connection.recv(65536)
+    except TimeoutError:
+        return None
+    except OSError:  # reset
+        return b""
+
+
+def _first_answer(connection: socket.socket, deadline: float) -> bytes | None:
+    """What the server says to an HTTP/2 preface: at least a frame header's 9 bytes, what it
+    said before hanging up (b"" for nothing), or None when it said nothing by the deadline."""
+    with contextlib.suppress(OSError):  # one that hung up at once is heard so below
+        connection.sendall(HTTP2_PREFACE)
+    answer = b""
+    while len(answer) < 9:
+        chunk = _receive(connection, deadline)
+        if not chunk:
+            return None if chunk is None and not answer else answer
+        answer += chunk
+    return answer
+
+
+def _not_http2(answer: bytes | None, where: str) -> str | None:
+    """What answered at ``where``, when it is not an HTTP/2 server (None when it is)."""
+    if answer is None:
+        return f"something at {where} took the connection but said nothing within " \
+               f"{PROBE_TIMEOUT_S} s"
+    if answer.startswith(b"HTTP/") or answer.lstrip()[:1] == b"<":
+        # a status line; an HTTP/1.0 server may answer a version it lacks with a page alone
+        status = answer.lstrip().split(b"\n", 1)[0].strip()[:60].decode("latin-1")
+        return f"an HTTP server answered at {where} ({status!r})"
+    if not answer:
+        return f"something at {where} took the connection and closed it without a word"
+    if len(answer) >= 9 and answer[3] == SETTINGS:
+        return None
+    return f"something at {where} answered {answer[:16]!r}, not HTTP/2"
+
+
+class _Frames:
+    """The HTTP/2 frames a server sends on the connection, each as (type, flags, stream,
+    payload); None once it hangs up, or is silent past the deadline (``late``)."""
+
+    def __init__(self, connection: socket.socket, deadline: float, received: bytes):
+        self.connection, self.deadline, self.buffer = connection, deadline, received
+        self.late = False
+
+    def next(self) -> tuple[int, int, int, bytes] | None:
+        while len(self.buffer) < 9 or \
+                len(self.buffer) < 9 + int.from_bytes(self.buffer[:3], "big"):
+            chunk = _receive(self.connection, self.deadline)
+            if not chunk:
+                self.late = chunk is None
+                return None
+            self.buffer += chunk
+        end = 9 + int.from_bytes(self.buffer[:3], "big")
+        frame, self.buffer = self.buffer[:end], self.buffer[end:]
+        return frame[3], frame[4], int.from_bytes(frame[5:9], "big") & 0x7FFFFFFF, frame[9:]
+
+    def send(self, data: bytes) -> bool:
+        try:
+            self.connection.sendall(data)
+            return True
+        except OSError:
+            return False
+
+
+def _check_service(frames: _Frames, where: str, service: str, label: str) -> None:
+    """An HTTP/2 server answers at ``where``: it must answer the ``service``'s call. One that
+    answers the other's (a Client server's port without ray://, a GCS's with it) is named,
+    and the fix says how to give it."""
+    name, path, _ = SERVICES[service]
+    served = _served(frames, 1, service, where)
+    if served:
+        return
+    other = "gcs" if service == "client" else "client"
+    if served is not None and _served(frames, 3, other, where):
+        given = f"ray://{where}" if other == "client" else where
+        raise UsageError(f"{label}: {SERVICES[other][0]} answered at {where}, not {name}",
+                         fix=f"give {given}")
+    late = "" if served is not None else f" within {PROBE_TIMEOUT_S} s"
+    raise UsageError(f"{label}: an HTTP/2 server answered at {where}, not {name} (no answer "
+                     f"to {path.decode()}{late})", fix=ADDRESS_FIX)
+
+
+def _served(frames: _Frames, stream: int, service: str, where: str) -> bool | None:
+    """Whether the server answers the service's call (``SERVICES``) on ``stream`` with a
+    message: an error has none (UNIMPLEMENTED, from a server without the service). None when
+    it has not answered by the deadline."""
+    _, path, request = SERVICES[service]
+    headers = ((b":method", b"POST"), (b":scheme", b"http"), (b":path", path),
+               (b":authority", where.encode()), (b"content-type", b"application/grpc"),
+               (b"te", b"trailers"))
+    # each header a literal without indexing, of a new name (RFC 7541, 6.2.2)
+    block = b"".join(b"\0" + _hpack_string(name) + _hpack_string(value)
+                     for name, value in headers)
+    message = b"\0" + len(request).to_bytes(4, "big") + request  # not compressed
+    if not frames.send(_frame(HEADERS, END_HEADERS, stream, block)
+                       + _frame(DATA, END_STREAM, stream, message)):
+        return False
+    while (frame := frames.next()) is not None:
+        kind, flags, on, payload = frame
+        if kind == SETTINGS and not flags & ACK:
+            frames.send(_frame(SETTINGS, ACK, 0))
+        elif kind == GOAWAY:
+            return False
+        elif on == stream:
+            if kind == DATA and len(payload) >= 5:  # a message: the call was answered
+                return True
+            if kind == RST_STREAM or flags & END_STREAM:
+                return False
+    return None if frames.late else False
+
+
+def _frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
+    return len(payload).to_bytes(3, "big") + bytes([kind, flags]) + stream.to_bytes(4, "big") \
+        + payload
+
+
+def _hpack_string(data: bytes) -> bytes:
+    """A string as HPACK writes one not Huffman-coded: its length, an integer of a 7-bit prefix
+    (RFC 7541, 5.1 and 5.2), then its bytes."""
+    if len(data) < 127:
+        return bytes([len(data)]) + data
+    length, rest = bytearray([127]), len(data) - 127
+    while rest >= 128:
+        length.append(rest % 128 + 128)
+        rest //= 128
+    return bytes(length) + bytes([rest]) + data
 
 
 def _signal_handlers() -> dict:
