@@ -1,7 +1,7 @@
 # Two entry points, each creating its own virtual environment when needed:
 #   make run   compile the bundled example model (blob and HTML report beside it)
 #   make test  run the test suite
-# and, for iterating: make test-fast (the tests that need no PyPTO compile, under 2 minutes)
+# and, for iterating: make test-fast (no PyPTO compile, no browser: under 2 minutes)
 VENV ?= .venv
 PYTHON ?= python3
 PY := $(VENV)/bin/python
@@ -23,10 +23,11 @@ run: $(STAMP) graphviz
 test: $(STAMP) graphviz chromium
 	$(PY) -m pytest -q tests
 
-# The tier without the ``pypto`` marker (setup.cfg): planning, views, codegen text, blobs, CLI
-# parsing; every test that compiles a kernel with PyPTO is marked and left out.
+# The tier without the ``pypto`` and ``browser`` markers (setup.cfg): planning, views, codegen
+# text, blobs, CLI parsing; every test that compiles a kernel with PyPTO or opens a page in
+# Chromium is marked and left out, so the tier needs no browser installed (``test`` installs it).
 test-fast: $(STAMP) graphviz
-	$(PY) -m pytest -q -m "not pypto" tests
+	$(PY) -m pytest -q -m "not pypto and not browser" tests
 
 # Debian packages, installed when missing: Graphviz's dot lays out the report's graph; the report
 # test renders pages in headless Chromium (Playwright drives it and downloads no browser of its own).

@@ -1,5 +1,5 @@
 import sys
 
-from pypto_offline.cli import main
+from pypto_offline.entry import main
 
 sys.exit(main())

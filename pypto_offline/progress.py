@@ -12,6 +12,12 @@ from contextlib import contextmanager
 TIMED_STAGES = ("import_s", "plan_s", "kernels_s", "baseline_s", "verify_s", "write_s")
 
 
+def seconds_text(seconds: float) -> str:
+    """A time limit in a message, as it was given: ``300 s``, ``0.5 s`` (``--kernel-timeout
+    0.5`` rounded to whole seconds said "within 0 s")."""
+    return f"{seconds:g} s"
+
+
 class Progress:
     """The protocol a build reports through; this base says nothing (the API's default).
     ``kernel`` is called from the kernel pool's threads, one call at a time, in completion

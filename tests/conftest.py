@@ -1,9 +1,11 @@
 """Hypothesis explores new random examples on every developer run; in CI (CI=true) it replays a
 fixed sequence, so that a submission's CI result does not depend on the draw.
 
-The fast tier (``make test-fast``: ``-m "not pypto"``) runs with PyPTO hidden, in this process
-and in every worker it starts: a test that needs PyPTO but lacks the ``pypto`` marker fails
-there instead of quietly making the tier slow.
+The fast tier (``make test-fast``: ``-m "not pypto and not browser"``) runs with PyPTO hidden,
+in this process and in every worker it starts: a test that needs PyPTO but lacks the ``pypto``
+marker fails there instead of quietly making the tier slow. Chromium is hidden too (the tier
+runs where none is installed): a test that opens a page fails there until it is marked
+``browser``.
 
 ``example_cache``: the example's kernel compiled once for the run, for tests that only need it
 built."""
@@ -22,13 +24,18 @@ settings.register_profile("ci", derandomize=True, print_blob=True)
 if os.environ.get("CI") == "true":
     settings.load_profile("ci")
 
-FAST_TIER = "not pypto"
 HIDDEN_PYPTO = Path(__file__).resolve().parent / "data" / "no_pypto"
 
 
 def pytest_configure(config):
-    if " ".join(config.option.markexpr.split()) == FAST_TIER:
+    expression = " ".join(config.option.markexpr.split())
+    if "not pypto" in expression:
         _hide_pypto()
+    if "not browser" in expression:
+        from bench import browser
+
+        browser.HIDDEN = ("the tests without the browser marker open no browser (make test-fast "
+                          "runs where none is installed): mark this test @pytest.mark.browser")
 
 
 def _hide_pypto() -> None:

@@ -85,6 +85,7 @@ def test_the_page_holds_everything_inline(corpus_build):
     assert "default-src 'none'" in html   # the page's own policy forbids any fetch
 
 
+@pytest.mark.browser
 @pytest.mark.pypto
 def test_report_in_headless_chromium_matches_the_json_summary(corpus_build):
     summary, blob_path, report = corpus_build
@@ -282,6 +283,7 @@ def test_the_compiled_graph_download_keeps_the_graph_and_leaves_the_weights_out(
     assert len(graph.SerializeToString()) < len(message.onnx_model) / 4
 
 
+@pytest.mark.browser
 @pytest.mark.pypto
 @pytest.mark.parametrize("kernels", [1, 300])
 def test_a_page_of_1_or_300_kernels_stays_small_and_opens_fast(corpus_build, tmp_path, kernels):

@@ -186,6 +186,7 @@ def test_a_graph_past_the_bound_without_regions_to_merge_is_not_drawn(branches, 
     assert f"{branches * length + branches + 1:,} boxes" in drawing.notice
 
 
+@pytest.mark.browser
 @pytest.mark.parametrize("regions", [False, True])
 def test_the_page_of_a_3000_output_graph_has_its_tables_and_says_why_no_drawing(
         plain_message, regions, tmp_path):
@@ -208,6 +209,7 @@ def test_the_page_of_a_3000_output_graph_has_its_tables_and_says_why_no_drawing(
     assert errors == [] and "not drawn" in notice  # the script runs on a page without a drawing
 
 
+@pytest.mark.browser
 def test_a_click_on_a_region_drawn_as_one_box_opens_its_card(plain_message, tmp_path):
     message = with_graph(plain_message, parallel_model(graph_view.MAX_CLUSTERS + 1, 1), True)
     path = tmp_path / "page.html"

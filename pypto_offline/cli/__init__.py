@@ -27,11 +27,12 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from pypto_offline import __version__
-from pypto_offline.cli.builds import (Build, builds_of, gear_request, make_output_dir,
+from pypto_offline.cli.builds import (Build, builds_of, gear_request, output_dir,
                                       report_path)
 from pypto_offline.cli.text import (human_cache_clean, human_cache_info, human_summary,
                                     op_types_text, print_fallbacks, print_summary, printable,
                                     progress_on_stderr)
+from pypto_offline.entry import interrupted
 from pypto_offline.errors import PyptoOfflineError, UsageError
 from pypto_offline.targets import TARGETS, chip_names
 
@@ -191,19 +192,18 @@ def run_compile(argv: list[str]) -> int:
     api.check_cache(args.cache_dir, args.cache_trust_group)  # once, before any build's work
     if args.ray_address and args.executor != "ray":
         raise UsageError("--ray-address is for --executor ray", fix="add --executor ray")
-    if args.output_dir:
-        make_output_dir(Path(args.output_dir))
-    builds = builds_of(args)
-    inputs = _load_inputs(args.inputs)
-    codes, summaries = [], []
-    with progress_on_stderr(args.quiet) as progress, \
-            api.executor(args.executor, args.ray_address) as executor:
-        args.jobs = args.jobs or executor.slots or DEFAULT_JOBS
-        with _batch(api, args.jobs, len(builds)):
-            for build in builds:
-                code, summary = _run_build(build, args, inputs, progress, executor)
-                codes.append(code)
-                summaries.append(summary)
+    with output_dir(args.output_dir):  # made for the builds, removed if none writes in it
+        builds = builds_of(args)
+        inputs = _load_inputs(args.inputs)
+        codes, summaries = [], []
+        with progress_on_stderr(args.quiet) as progress, \
+                api.executor(args.executor, args.ray_address) as executor:
+            args.jobs = args.jobs or executor.slots or DEFAULT_JOBS
+            with _batch(api, args.jobs, len(builds)):
+                for build in builds:
+                    code, summary = _run_build(build, args, inputs, progress, executor)
+                    codes.append(code)
+                    summaries.append(summary)
     if len(builds) > 1 and not (args.json or args.quiet):
         print(_batch_table(summaries))
     return max(codes)
@@ -476,8 +476,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.close()
         return EXIT_OK
     except KeyboardInterrupt as interrupt:  # Ctrl-C, or SIGTERM as a BuildInterrupted
-        print("pypto-offline: interrupted", file=sys.stderr)
-        return 128 + getattr(interrupt, "signum", signal.SIGINT)
+        return interrupted(getattr(interrupt, "signum", signal.SIGINT))
     except Exception as err:  # a bug of ours: say so plainly, traceback only on request
         if debug:
             traceback.print_exc()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 from pypto_offline.cli.text import printable
@@ -12,12 +13,22 @@ from pypto_offline.errors import PyptoOfflineError, UsageError
 
 
 def input_shapes(args) -> dict[str, list[int]]:
-    """--input-shape NAME=DIMS and ATC's --input_shape "NAME:DIMS;...", together."""
-    from pypto_offline.importer.input_shapes import parse_atc_shapes, parse_shape_option
+    """--input-shape NAME=DIMS and ATC's --input_shape "NAME:DIMS;...", together; each shape
+    knows which of the two gave it, and messages name that one (``shape_option``)."""
+    from pypto_offline.importer.input_shapes import (parse_atc_shapes, parse_shape_option,
+                                                     shape_option)
 
     given = [parse_shape_option(text) for text in args.input_shape]
     given += [shape for text in args.atc_input_shape for shape in parse_atc_shapes(text)]
-    return once(given, "--input-shape/--input_shape", "give each input once")
+    named: dict = {}
+    for name, dims in given:
+        if name in named:
+            first, second = shape_option(named[name]), shape_option(dims)
+            said = f"{first} names {name!r} twice" if first == second else \
+                f"{first} and {second} both name {name!r}"
+            raise UsageError(said, fix="give each input once")
+        named[name] = dims
+    return named
 
 
 def once(pairs: list[tuple], option: str, fix: str) -> dict:
@@ -70,6 +81,7 @@ def shapes_per_model(args) -> dict[str, dict[str, list[int]]]:
     an input of its name (a model that cannot be read gets them all, and its build says why);
     a name no model has is an error."""
     from pypto_offline import api
+    from pypto_offline.importer.input_shapes import shape_option
 
     shapes = input_shapes(args)
     if len(args.models) == 1:
@@ -84,7 +96,8 @@ def shapes_per_model(args) -> dict[str, dict[str, list[int]]]:
         used |= names
     unknown = sorted(set(shapes) - used)
     if unknown:
-        raise UsageError(f"--input-shape names {unknown[0]!r}, an input of none of the models",
+        raise UsageError(f"{shape_option(shapes[unknown[0]])} names {unknown[0]!r}, an input "
+                         f"of none of the models",
                          fix="check the input's name (pypto-offline inspect shows a blob's)")
     return per_model
 
@@ -165,17 +178,34 @@ def refuse_shared_outputs(builds: list[Build]) -> None:
                                      "separate runs, each with its own --output-dir")
 
 
-def make_output_dir(folder: Path) -> None:
-    """--output-dir, created if missing; a file there (or a link to one, or a path through one,
-    or /dev/null) is the user's slip, refused before any work."""
+@contextmanager
+def output_dir(folder: str | None):
+    """--output-dir for the command's time: created if missing, with its missing parents, and
+    those it created removed again at the end if the command left them empty (a refusal found
+    after it was made, an unknown chip in a batch, every build failed, an interrupt): a command
+    that wrote nothing leaves nothing. A file there (or a link to one, a path through one,
+    /dev/null) is the user's slip, refused before any work."""
+    if folder is None:
+        yield
+        return
+    folder = Path(folder)
     if folder.exists() and not folder.is_dir():
         raise UsageError(f"--output-dir {str(folder)!r} is not a folder",
                          fix="give a folder (created if missing), not a file")
+    made = [path for path in (folder, *folder.parents) if not path.exists()]
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         raise UsageError(f"--output-dir {str(folder)!r} cannot be created: {error.strerror}",
                          fix="give a folder you can write to") from None
+    try:
+        yield
+    finally:
+        for path in made:  # the deepest first; one holding anything stays, with its parents
+            try:
+                path.rmdir()
+            except OSError:
+                break
 
 
 def report_path(blob: Path) -> Path:

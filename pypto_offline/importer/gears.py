@@ -24,7 +24,8 @@ from typing import Mapping, Sequence
 import onnx
 
 from pypto_offline.errors import UsageError
-from pypto_offline.importer.input_shapes import (check_named_dims, graph_inputs, symbolic_dims,
+from pypto_offline.importer.input_shapes import (GivenShape, check_named_dims, graph_inputs,
+                                                  shape_option, symbolic_dims,
                                                   symbolic_input_error)
 
 # ATC's limit on the gears of one model (--dynamic_batch_size and the others: at most 100)
@@ -102,17 +103,19 @@ def gear_values(request: GearRequest) -> list[dict]:
                          fix="give two --dim NAME=V1,V2,... or leave --gear-product out")
     if request.atc:
         _check_count(len(request.atc[1]))
-        gears = _atc_gears(request.atc, dynamic)
+        gears = _atc_gears(request.atc, dynamic, request.shapes)
     elif dynamic:
-        raise UsageError(f"--input_shape gives input {next(iter(dynamic))!r} a -1 dimension, "
-                         f"the mark of a gear, and no gears", fix=ONE_WAY)
+        name = next(iter(dynamic))
+        raise UsageError(f"{shape_option(request.shapes[name])} gives input {name!r} a -1 "
+                         f"dimension, the mark of a gear, and no gears", fix=ONE_WAY)
     else:
         gears = _dim_gears(geared, request.product)
     _check_given_once(gears)
     return gears
 
 
-def _atc_gears(atc, dynamic: Mapping[str, list[int]]) -> list[dict]:
+def _atc_gears(atc, dynamic: Mapping[str, list[int]],
+               shapes: Mapping[str, Sequence[int]]) -> list[dict]:
     option, values = atc
     if not dynamic:
         raise UsageError(f"--{option} gives gears, and --input_shape no -1 dimension for them",
@@ -133,7 +136,8 @@ def _atc_gears(atc, dynamic: Mapping[str, list[int]]) -> list[dict]:
             continue
         if len(gear) != count:
             raise UsageError(f"--dynamic_dims gear {','.join(map(str, gear))} has {len(gear)} "
-                             f"value(s), and --input_shape {count} -1 dimension(s)",
+                             f"value(s), and {shape_option(shapes[next(iter(dynamic))])} "
+                             f"{count} -1 dimension(s)",
                              fix="give each gear a value for every -1, in the order of the shapes")
         values_left = iter(gear)
         gears.append({name: [next(values_left) for _ in axes] for name, axes in dynamic.items()})
@@ -237,10 +241,10 @@ def _check_distinct(inputs: onnx.ModelProto, request: GearRequest, values: list[
             f"have the same shapes ({shapes_text(gears[pair[0]])})")
     if having and set(having) <= set(request.shapes):
         dims, given = ", ".join(changed), ", ".join(having)
-        raise UsageError(f"{same}: --dim {dims} sizes only {given}, whose shape --input-shape "
+        option = shape_option(request.shapes[having[0]])
+        raise UsageError(f"{same}: --dim {dims} sizes only {given}, whose shape {option} "
                          f"gives", where=label,
-                         fix=f"leave {given} out of --input-shape, or give --dim {dims} one "
-                             f"value")
+                         fix=f"leave {given} out of {option}, or give --dim {dims} one value")
     raise UsageError(f"{same}: no input's shape changes between them", where=label,
                      fix="give gears whose values change an input's shape")
 
@@ -252,7 +256,8 @@ def _options_of(request: GearRequest, gear: Mapping) -> tuple[dict, dict]:
     shapes = {}
     for name, dims in request.shapes.items():
         values = iter(gear.get(name, []) if request.atc else [])
-        shapes[name] = [next(values, DYNAMIC) if d == DYNAMIC else d for d in dims]
+        shapes[name] = GivenShape([next(values, DYNAMIC) if d == DYNAMIC else d for d in dims],
+                                  shape_option(dims))
     return shapes, {**request.static_dims, **({} if request.atc else gear)}
 
 

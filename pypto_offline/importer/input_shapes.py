@@ -27,16 +27,31 @@ MAX_TENSOR_BYTES = 256 << 20
 UNNAMED = "dynamic"
 
 
-def parse_shape_option(text: str) -> tuple[str, list[int]]:
+class GivenShape(list):
+    """An input's shape as the command line gave it: its dimensions, and the option that gave
+    them, ``--input-shape`` (NAME=DIMS) or ATC's ``--input_shape`` (NAME:DIMS;...), two syntaxes:
+    a message about the shape names the one the user typed (``shape_option``)."""
+
+    def __init__(self, dims=(), option: str = "--input-shape"):
+        super().__init__(dims)
+        self.option = option
+
+
+def shape_option(dims: Sequence[int]) -> str:
+    """The option that gave a shape; ``--input-shape`` for the Python API's plain lists."""
+    return getattr(dims, "option", "--input-shape")
+
+
+def parse_shape_option(text: str) -> tuple[str, GivenShape]:
     """``NAME=D0,D1,...`` (the CLI's ``--input-shape``) → (name, dims)."""
     name, sep, dims = text.rpartition("=")
     example = "for example --input-shape x=1,3,224,224"
     if not sep or not name:
         raise UsageError(f"--input-shape {text!r} is not NAME=D0,D1,...", fix=example)
-    return name, _whole_numbers(dims, f"--input-shape {text!r}", example)
+    return name, GivenShape(_whole_numbers(dims, f"--input-shape {text!r}", example))
 
 
-def parse_atc_shapes(text: str) -> list[tuple[str, list[int]]]:
+def parse_atc_shapes(text: str) -> list[tuple[str, GivenShape]]:
     """``NAME:D0,D1,...;NAME:D0,...`` (ATC's ``--input_shape``) → [(name, dims), ...]. The name
     is what precedes the last colon, as a TensorFlow name ``x:0`` may hold one; an empty part (a
     trailing ``;``) is skipped."""
@@ -47,7 +62,8 @@ def parse_atc_shapes(text: str) -> list[tuple[str, list[int]]]:
         if not sep or not name:
             raise UsageError(f"--input_shape {text!r}: {part!r} is not NAME:D0,D1,...",
                              fix=example)
-        shapes.append((name, _whole_numbers(dims, f"--input_shape {text!r}", example)))
+        dims = _whole_numbers(dims, f"--input_shape {text!r}", example)
+        shapes.append((name, GivenShape(dims, "--input_shape")))
     if not shapes:
         raise UsageError(f"--input_shape {text!r} names no input", fix=example)
     return shapes
@@ -144,7 +160,7 @@ def fix_input_shapes(model: onnx.ModelProto, input_shapes: Mapping[str, Sequence
             _check_not_empty(dims_given, where)
             check_tensor_bytes(dims_given, value.type.tensor_type.elem_type, where)
             if value.type.tensor_type.HasField("shape"):
-                _check_keeps_static_dims(shape, dims_given, where)
+                _check_keeps_static_dims(shape, dims_given, where, shape_option(given[name]))
             _write_dims(value, dims_given)
         elif value.type.tensor_type.HasField("shape"):
             _fix_named_dims(shape, named)
@@ -265,8 +281,8 @@ def _fix_named_dims(shape: onnx.TensorShapeProto, dims: Mapping[str, int]) -> No
             dim.dim_value = size  # clears dim_param: one of the two is set
 
 
-def _check_keeps_static_dims(shape: onnx.TensorShapeProto, dims: Sequence[int],
-                             where: str) -> None:
+def _check_keeps_static_dims(shape: onnx.TensorShapeProto, dims: Sequence[int], where: str,
+                             option: str) -> None:
     """A given shape has the declared rank and every static dimension the model declares: a
     model built for 224x224 does not compute the same thing at 256x256, so a shape that
     contradicts it is the caller's mistake, not a choice. Declared sizes 0 and -1 are
@@ -278,7 +294,7 @@ def _check_keeps_static_dims(shape: onnx.TensorShapeProto, dims: Sequence[int],
                 else (d.dim_param or "?") for d in shape.dim]
     for axis, (fixed, size) in enumerate(zip(declared, dims)):
         if isinstance(fixed, int) and fixed != size:
-            raise UsageError(f"--input-shape gives {list(dims)}, but the model declares "
+            raise UsageError(f"{option} gives {list(dims)}, but the model declares "
                              f"{declared}: dimension {axis} is static, {fixed}", where=where,
                              fix="keep the model's static dimensions; only its symbolic ones "
                                  "can be given")

@@ -9,6 +9,7 @@ from google.protobuf.message import DecodeError
 from onnx.external_data_helper import ExternalDataInfo, uses_external_data
 
 from pypto_offline.errors import ModelError, UsageError
+from pypto_offline.user_files import read_regular
 
 # The .ptom blob is one protobuf message holding the weights, and protobuf stops at 2 GiB; a phone
 # NPU model that large would not fit its memory either. Checked on the declared sizes, before any
@@ -39,11 +40,9 @@ def load_model(source, base_dir: str | os.PathLike | None = None) -> tuple[onnx.
 
 def _read_file(path: Path) -> bytes:
     try:
-        return path.read_bytes()
+        return read_regular(path, "the model's path", "give the path of an .onnx file")
     except FileNotFoundError:
         raise UsageError("no such file", where=str(path), fix="check the model path") from None
-    except IsADirectoryError:
-        raise UsageError("is a folder, not a model file", where=str(path)) from None
     except OSError as err:
         raise UsageError(f"cannot read the file: {err.strerror}", where=str(path)) from None
 

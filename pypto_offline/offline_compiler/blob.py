@@ -21,6 +21,7 @@ from google.protobuf.message import DecodeError
 
 from pypto_offline.errors import ModelError, UsageError
 from pypto_offline.offline_compiler import gears, ptom_pb2
+from pypto_offline.user_files import read_regular
 
 MAGIC = b"PTOM"
 FORMAT_VERSION = 1
@@ -132,7 +133,7 @@ def write(path: Path, message: ptom_pb2.CompiledModel) -> Path:
 
 def read(path: Path, expected_target: str | None = None) -> ptom_pb2.CompiledModel:
     try:
-        data = Path(path).read_bytes()
+        data = read_regular(path, "the blob's path", "give the path of a .ptom file")
     except OSError as error:
         raise ModelError(f"cannot read the blob: {error.strerror}", where=str(path),
                          fix="check the path") from None

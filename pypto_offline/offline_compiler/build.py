@@ -41,6 +41,7 @@ from pypto_offline.pypto_kernels.platform import (ISA, STOCK_PLATFORM, Platform,
                                                   platform_figures, platform_of)
 from pypto_offline.pypto_kernels.versions import DEFAULT_TIMEOUT_S, PYPTO_VERSION
 from pypto_offline.targets import Target
+from pypto_offline.user_files import read_regular
 
 
 @dataclass(frozen=True)
@@ -128,7 +129,8 @@ def model_bytes(source) -> tuple[bytes, str]:
         return bytes(source), "model"
     path = Path(source)
     try:
-        return path.read_bytes(), path.name
+        return read_regular(path, "the model's path", "give the path of an .onnx file"), \
+            path.name
     except OSError as error:
         raise UsageError(f"cannot read the model: {error.strerror}", where=str(path),
                          fix="check the model path") from None

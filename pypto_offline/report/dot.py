@@ -12,6 +12,7 @@ import shutil
 import subprocess
 
 from pypto_offline.errors import PyptoOfflineError
+from pypto_offline.progress import seconds_text
 
 # The attributes dot writes on each label for the fonts the drawing sets (the page's CSS sets them)
 FONT_ATTRIBUTES = (' text-anchor="middle"', ' font-family="Helvetica,sans-Serif"',
@@ -74,7 +75,7 @@ def lay_out(source: str, budget_s: float) -> str:
                               timeout=budget_s, check=False)
     except subprocess.TimeoutExpired:
         raise LayoutFailed(f"Graphviz's dot did not lay the graph out within its budget of "
-                           f"{budget_s:.0f} s") from None
+                           f"{seconds_text(budget_s)}") from None
     if done.returncode != 0:
         said = done.stderr.decode(errors="replace").strip().splitlines()
         raise LayoutFailed(f"Graphviz's dot failed on the graph (exit code {done.returncode}"

@@ -16,6 +16,8 @@ import enum
 import json
 from dataclasses import asdict, dataclass, field, fields, replace
 
+from pypto_offline.progress import seconds_text
+
 # The fork server's first line, once torch and pypto are imported: a server that dies before it
 # never ran a compile, so its death says something about the environment, not about a region.
 SERVER_READY = "ready"
@@ -102,7 +104,7 @@ class Failure:
 
 
 def timed_out(limit: float) -> Failure:
-    return Failure.of(FailureKind.TIMED_OUT, f" {limit:.0f} s", transient=True)
+    return Failure.of(FailureKind.TIMED_OUT, f" {seconds_text(limit)}", transient=True)
 
 
 def crashed(how: str) -> Failure:
