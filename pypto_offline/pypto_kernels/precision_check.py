@@ -16,6 +16,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from pypto_offline.fusion.classify import node_id
 from pypto_offline.fusion.records import Region
 from pypto_offline.importer import ImportedGraph
 from pypto_offline.importer.precision import original_name
@@ -44,14 +45,33 @@ def check_kernels(kernels: Sequence[Kernel], regions: Mapping[str, Region],
     original model's run; ``names``: that model's input and output names, in order."""
     constants = graph.constant_values()
     shipped = [k for k in kernels if _tile_of(k) is not None]
+    read_by_kernels = read_by_kernels_alone(
+        graph, [regions[k.region_id] for k in kernels if k.compiled])
 
     def check(kernel: Kernel) -> KernelPrecision:
         region = regions[kernel.region_id]
         data = _data(region, graph, constants, original, names)
         if isinstance(data, str):
             return KernelPrecision(region.id, None, data)
-        return KernelPrecision(region.id, *_run(kernel, region, setup, *data))
+        saturated = tuple(i for i, name in enumerate(region.outputs) if name in read_by_kernels)
+        return KernelPrecision(region.id, *_run(kernel, region, setup, *data, saturated))
     return {p.region_id: p for p in pool.each(shipped, jobs, check)}
+
+
+def read_by_kernels_alone(graph: ImportedGraph, compiled: Sequence[Region]) -> set[str]:
+    """The tensors that only compiled kernels read (none of the model's outputs): where an fp16
+    kernel's overflow is seen by the kernels reading it, which run on the model's values
+    rounded to fp16, so its output may be compared as fp16 can tell it
+    (``runtime.saturated_fp16``). A tensor an unfused op or the model's output reads is
+    compared as it is: onnxruntime's run of the model computes those fp16 ops in fp32 and
+    would not see the overflow (docs/precision.md)."""
+    in_kernels = {node for region in compiled for node in region.nodes}
+    readers: dict[str, list[str]] = {}
+    for node in graph.nodes:
+        for name in node.inputs:
+            readers.setdefault(name, []).append(node_id(node))
+    return {name for name, nodes in readers.items()
+            if name not in graph.outputs and all(node in in_kernels for node in nodes)}
 
 
 def _data(region: Region, graph: ImportedGraph, constants: dict, original, names):
@@ -84,7 +104,8 @@ def _tile_of(kernel: Kernel) -> TileResult | None:
     return min(compiled, key=lambda c: (c.aicore_us, c.total_us or 0), default=None)
 
 
-def _run(kernel: Kernel, region: Region, setup: Setup, arrays, expected) -> tuple:
+def _run(kernel: Kernel, region: Region, setup: Setup, arrays, expected,
+         saturated: tuple[int, ...]) -> tuple:
     tile = _tile_of(kernel)
     policy = TilePolicy(tile.budget_bytes, tile.swapped_transposes, tile.flat_rows,
                         tile.vec_merge)
@@ -92,7 +113,7 @@ def _run(kernel: Kernel, region: Region, setup: Setup, arrays, expected) -> tupl
     try:
         result = run_region_job(setup, staged / "precision", region, {policy: kernel.source},
                                 kernel.cache_key, arrays, expected, verify=True,
-                                original_reference=True)
+                                original_reference=True, saturated_outputs=saturated)
     finally:
         shutil.rmtree(staged, ignore_errors=True)
     answer = result.candidates[0] if result.candidates else None

@@ -376,7 +376,7 @@ def _candidate(job: dict, index: int, folder: Path, torch, data) -> dict:
     if job.get("verify") and outputs is not None:
         result["verdicts"] = verdicts(space / "verify")
         result.update(_compare(outputs, folder / "reference.npz",
-                               bool(job.get("original_reference"))))
+                               job.get("saturated_outputs", ())))
         # longest first: the run folder (named with a timestamp and pid) is inside the working
         # folder, which is inside `folder`
         portable = {result["run_dir"]: "<build>/run", str(space): "<build>",
@@ -438,14 +438,14 @@ def _forked(body: Callable[[], None]) -> int:
         os._exit(code)
 
 
-def _compare(outputs: list, reference: Path, original_reference: bool) -> dict:
-    """The kernel's outputs against the reference's (``runtime.kernel_check``; the original
-    model's values: ``Job.original_reference``)."""
+def _compare(outputs: list, reference: Path, saturated: list[int]) -> dict:
+    """The kernel's outputs against the reference's (``runtime.kernel_check``; against the
+    original model's values, the outputs ``Job.saturated_outputs`` lists as fp16 tells them)."""
     from pypto_offline.runtime import kernel_check
 
     expected = np.load(reference)
     return kernel_check([expected[f"out{index}"] for index in range(len(outputs))], outputs,
-                        saturating=original_reference)
+                        saturating=[index in saturated for index in range(len(outputs))])
 
 
 def guard_process_group() -> int | None:

@@ -167,9 +167,11 @@ class Job:
     # The reference is the original model's values, in another precision than the kernel's
     # (pypto_kernels/precision_check.py): PyPTO's own check is not given it (its tolerance,
     # 1e-3, would stop the run at the first difference), and an fp16 output is compared with
-    # it as fp16 can tell them (``runtime.saturated_fp16``). Else, with ``verify``, PyPTO
-    # compares the kernel's outputs with the reference's too.
+    # it as fp16 can tell them (``runtime.saturated_fp16``): those of its outputs that
+    # ``saturated_outputs`` lists by index (the ones only kernels read). Else, with ``verify``,
+    # PyPTO compares the kernel's outputs with the reference's too.
     original_reference: bool = False
+    saturated_outputs: tuple[int, ...] = ()
 
     def to_dict(self) -> dict:
         data = {"function": self.function, "verify": self.verify}
@@ -182,7 +184,7 @@ class Job:
         if self.cache_group is not None:  # only then: a job of one's own cache reads as before
             data["cache_group"] = self.cache_group
         if self.original_reference:
-            data["original_reference"] = True
+            data.update(original_reference=True, saturated_outputs=list(self.saturated_outputs))
         return data
 
     def to_json(self) -> str:
@@ -195,7 +197,8 @@ class Job:
                    tuple(Candidate.from_dict(c) for c in data["candidates"]),
                    tuple(data.get("outputs", ())), data.get("parallel"), data.get("folder"),
                    data.get("host_compiler_cache"), data.get("cache_group"),
-                   bool(data.get("original_reference", False)))
+                   bool(data.get("original_reference", False)),
+                   tuple(int(i) for i in data.get("saturated_outputs", ())))
 
     def rest(self, done: int) -> Job:
         """The job less its first ``done`` candidates (a child stops at its first failed
