@@ -83,7 +83,7 @@ def measure(name: str) -> dict:
             "kernels_after": [g["kernels_after"] for g in gears],
             "separate_kernels_after": [s["kernels_after"] for s, _ in separate],
             "blob_bytes": geared_bytes, "separate_blob_bytes": separate_bytes,
-            "verified": [g["verification"] for g in gears],
+            "verified": [g["verification"]["status"] for g in gears],
             "separate_verified": [s["verification"]["status"] for s, _ in separate],
             "pypto_compiles": summary["kernel_cache"]["pypto_compiles"],
             "separate_pypto_compiles": sum(s["kernel_cache"]["pypto_compiles"]

@@ -63,6 +63,8 @@ class CompiledModel:
         # The last ``verify``'s kernel sources derived again (None: not derived); not in the
         # blob, whose record is the build's.
         self.source_check: SourceCheck | None = None
+        # a blob of gears: each gear's, as ``verify`` derived them (the summary's per gear)
+        self._gear_sources: dict[int, SourceCheck] = {}
         # How this build got its kernels ({"hits": n, "compiled": m}, where compiled counts
         # PyPTO compiles: a region the generator refused is in neither); not in the blob,
         # which must not depend on the state of a cache.
@@ -163,6 +165,8 @@ class CompiledModel:
             results.append(one.verify_shape(given[index], seed, sources))
             gear_table.build_of(self.message, index).verification.CopyFrom(
                 one.message.verification)
+            if one.source_check is not None:
+                self._gear_sources[index] = one.source_check
             if index == 0 or results[-1].status == "failed":
                 self.source_check = one.source_check
         failed = [r for r in results if r.status == "failed"]
@@ -235,8 +239,11 @@ class CompiledModel:
             return str(self.loaded_from)
         return self.message.provenance.model_name or "the model"
 
-    def summary(self) -> dict:
-        return summarise(self.message, self.source_check)
+    def summary(self, gear: int | None = None) -> dict:
+        """The figures ``--json`` prints: of every gear (docs/gears.md), or of ``gear`` alone."""
+        if gear is not None:
+            self._check_gear(gear)
+        return summarise(self.message, self._gear_sources or self.source_check, gear)
 
     def write_report(self, path) -> Path:
         """The HTML fusion report, made from the blob's content alone (``pypto-offline report``

@@ -87,7 +87,8 @@ def test_summary_has_the_promised_fields(builds):
         "reference": None, "thresholds": None, "worst_output": None, "worst_kernel": None,
         "kernels_beyond_thresholds": [], "kernel_sources": None, "saturated_weights": [],
         "metrics": {"y": {"cosine": 1.0, "max_abs": 0.0, "max_rel": 0.0, "rms": 0.0,
-                          "rel_distance": 0.0, "passed": True}}}
+                          "rel_distance": 0.0, "passed": True}},
+        "gear": 0, "failed_gears": []}  # a blob of one shape: its one gear's check
     assert summary["precision_mode"] == "must_keep_origin_dtype" and summary["precision"] is None
     assert summary["build_record"] == {"kernels_checked": 1, "kernels_passed": 1}
     assert (summary["kernels_before"], summary["kernels_after"]) == (6, 2)
@@ -101,9 +102,14 @@ def test_cli_inspect_and_verify_agree(builds):
     assert verified.returncode == 0, verified.stderr
     verified = json.loads(verified.stdout)
     shared = set(compiled) - {"blob", "report", "kernel_cache", "compile_seconds", "timings",
-                              "model", "verification"}
+                              "model", "verification", "gears"}
     for key in shared:
         assert inspected[key] == compiled[key] == verified[key], key
+    # each gear's verification holds what was checked now, as the top level's does
+    assert [{**g, "verification": None} for g in inspected["gears"]] == \
+        [{**g, "verification": None} for g in verified["gears"]]
+    assert [g["verification"] for g in inspected["gears"]] == [
+        {**g["verification"], "kernel_sources": None} for g in verified["gears"]]
     # verify derived the kernel sources again; the build and inspect show no such check
     assert verified["verification"]["kernel_sources"]["matching"] == 1
     assert inspected["verification"] == compiled["verification"] == {
@@ -132,7 +138,7 @@ def test_every_json_output_follows_the_schema(builds, tmp_path):
     for kind, output in outputs.items():
         errors = [e.message for e in schema_validator(kind).iter_errors(output)]
         assert not errors, (kind, errors[:3])
-        assert output["schema_version"] == 6
+        assert output["schema_version"] == 7
     (kernel,) = compiled["kernels"]
     assert kernel["status"] == "compiled" and kernel["fallback_category"] is None
     broken = {**compiled, "kernels": [{**kernel, "status": "maybe"}]}
@@ -216,7 +222,7 @@ def test_real_inputs_from_npz_and_their_errors(builds, tmp_path, capfd):
 def test_targets_lists_every_chip_with_sources(capfd):
     assert cli.main(["targets", "--json"]) == 0
     printed = json.loads(capfd.readouterr().out)
-    assert printed["schema_version"] == 6
+    assert printed["schema_version"] == 7
     listing = printed["targets"]
     assert set(listing) == set(TARGETS)
     for name, figures in listing.items():

@@ -102,7 +102,8 @@ def test_an_untouched_blob_verifies_and_says_what_was_checked_now(example_build)
         "kernels_beyond_thresholds": [], "saturated_weights": [],
         "metrics": {"y": {"cosine": 1.0, "max_abs": 0.0, "max_rel": 0.0, "rms": 0.0,
                           "rel_distance": 0.0, "passed": True}},
-        "kernel_sources": {"compiled": 1, "matching": 1, "differing": [], "fell_back": []}}
+        "kernel_sources": {"compiled": 1, "matching": 1, "differing": [], "fell_back": []},
+        "gear": 0, "failed_gears": []}  # a blob of one shape: its one gear's check
     assert summary["build_record"] == {"kernels_checked": 1, "kernels_passed": 1}
 
 

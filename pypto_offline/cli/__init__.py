@@ -30,8 +30,8 @@ from pypto_offline import __version__
 from pypto_offline.cli.builds import (Build, builds_of, gear_request, output_dir,
                                       report_path)
 from pypto_offline.cli.text import (human_cache_clean, human_cache_info, human_summary,
-                                    op_types_text, print_fallbacks, print_summary, printable,
-                                    progress_on_stderr)
+                                    inspect_gear_text, kernel_lines, print_fallbacks,
+                                    print_summary, printable, progress_on_stderr)
 from pypto_offline.entry import interrupted
 from pypto_offline.errors import PyptoOfflineError, UsageError
 from pypto_offline.targets import TARGETS, chip_names
@@ -263,7 +263,7 @@ def _run_build(build: Build, args, inputs: dict, progress, executor) -> tuple[in
     print_summary(summary, args, human_summary)
     fell_back = [k for k in summary["kernels"] if k["status"] == "fell_back"]
     if args.fail_on_fallback and fell_back:
-        print_fallbacks(build, fell_back, len(summary["kernels"]))
+        print_fallbacks(build, summary["kernels"])
         return EXIT_VERIFY_FAILED, summary
     return EXIT_VERIFY_FAILED if verification_failed(summary) else EXIT_OK, summary
 
@@ -321,24 +321,23 @@ def _blob_parser(prog: str, description: str) -> argparse.ArgumentParser:
 
 
 def run_inspect(argv: list[str]) -> int:
-    args = _blob_parser("pypto-offline inspect", "Show what a blob holds.").parse_args(argv)
+    parser = _blob_parser("pypto-offline inspect", "Show what a blob holds: every gear's kernels "
+                                                   "(--gear N: that gear alone).")
+    parser.add_argument("--gear", type=int, metavar="N",
+                        help="show gear N alone, every figure its own (0 the first)")
+    args = parser.parse_args(argv)
     from pypto_offline import api
     from pypto_offline.offline_compiler.blob import format_version
-    from pypto_offline.offline_compiler.summary import provenance, shown
+    from pypto_offline.offline_compiler.summary import provenance
 
     compiled = api.load(args.blob)
-    summary = {**compiled.summary(), "blob": args.blob,
+    summary = {**compiled.summary(gear=args.gear), "blob": args.blob,
                "format_version": format_version(compiled.message),
-               "provenance": provenance(compiled.message)}
+               "provenance": provenance(compiled.message), "gear": args.gear}
 
     def human(s):
-        lines = [human_summary(s), "  kernels:"]
-        lines += [f"    {k['id']}: {op_types_text(k['ops'])} — "
-                  + (f"{shown(k['tuned_us'], '.2f', ' µs')} tuned, "
-                     f"{shown(k['default_us'], '.2f', ' µs')} default"
-                     if k["status"] == "compiled" else f"fell back: {k['fallback_reason']}")
-                  for k in s["kernels"]]
-        return "\n".join(lines)
+        return "\n".join([human_summary(s), *inspect_gear_text(s, compiled.gear_count),
+                          "  kernels:", *kernel_lines(s["kernels"], compiled.gear_count > 1)])
 
     print_summary(summary, args, human)
     return EXIT_OK
@@ -363,7 +362,8 @@ def run_verify(argv: list[str]) -> int:
     if args.onnx:
         compiled.use_reference(args.onnx)
     compiled.verify(_load_inputs(args.inputs), gear=args.gear)
-    summary = {**compiled.summary(), "blob": args.blob}
+    # --gear N: that gear's check is the verdict; else every gear's, the worst (docs/gears.md)
+    summary = {**compiled.summary(gear=args.gear), "blob": args.blob}
     print_summary(summary, args, human_summary)
     return EXIT_VERIFY_FAILED if verification_failed(summary) else EXIT_OK
 

@@ -106,15 +106,19 @@ def progress_on_stderr(quiet: bool):
         progress.close()
 
 
-def print_fallbacks(build, fell_back: list[dict], planned: int) -> None:
-    """--fail-on-fallback's failures (the summary's kernels that fell back), on stderr whatever
-    --quiet says: they are why the build failed."""
+def print_fallbacks(build, kernels: list[dict]) -> None:
+    """--fail-on-fallback's failures (those of the summary's kernels, every gear's, that fell
+    back), on stderr whatever --quiet says: they are why the build failed. A blob of gears names
+    each one's gear."""
+    fell_back = [k for k in kernels if k["status"] == "fell_back"]
+    geared = any(kernel["gear"] for kernel in kernels)
     for kernel in fell_back:
         ops = printable(op_types_text(kernel["ops"]))
-        print(f"pypto-offline: fell back: {printable(kernel['id'])} {ops}: "
+        print(f"pypto-offline: fell back: {gear_label(kernel) if geared else ''}"
+              f"{printable(kernel['id'])} {ops}: "
               f"{short_reason(kernel['fallback_reason'])}", file=sys.stderr)
     print(f"pypto-offline: --fail-on-fallback: {printable(build.model)} for {build.target}: "
-          f"{len(fell_back)} of {planned} planned regions fell back (the blob and report are "
+          f"{len(fell_back)} of {len(kernels)} planned regions fell back (the blob and report are "
           f"written)", file=sys.stderr)
 
 
@@ -151,14 +155,43 @@ def gears_text(s: dict) -> list[str]:
         return []
     from pypto_offline.offline_compiler.gears import shapes_text
 
-    lines = [f"  {len(s['gears'])} gears (the figures above: gear 0's):"]
+    lines = [f"  {len(s['gears'])} gears (the graph's figures above: gear 0's; PyPTO's counts "
+             f"and the verification: every gear's):"]
     for gear in s["gears"]:
         inputs = shapes_text(gear["inputs"])
+        fell_back = f", {gear['fell_back']} fell back" if gear["fell_back"] else ""
         lines.append(f"    gear {gear['index']}: {printable(inputs)} — {gear['kernels_after']} "
-                     f"kernels ({gear['kernels_referenced']} shared with an earlier gear), "
-                     f"GM {gear['gm_bytes_after'] / 1e6:.2f} MB, verification "
-                     f"{gear['verification']}")
+                     f"kernels ({gear['kernels_referenced']} shared with an earlier gear"
+                     f"{fell_back}), GM {gear['gm_bytes_after'] / 1e6:.2f} MB, verification "
+                     f"{gear['verification']['status']}")
     return lines
+
+
+def inspect_gear_text(s: dict, gear_count: int) -> list[str]:
+    """``inspect --gear N``: which gear the figures are (every one of them its own)."""
+    if s["gear"] is None:
+        return []
+    from pypto_offline.offline_compiler.gears import shapes_text
+
+    inputs = shapes_text(s["gears"][0]["inputs"])
+    return [f"  gear {s['gear']} of {gear_count}: {printable(inputs)}"]
+
+
+def gear_label(kernel: dict) -> str:
+    """``gear 1: ``, before a kernel of a blob of gears (its ids repeat from gear to gear)."""
+    return f"gear {kernel['gear']}: "
+
+
+def kernel_lines(kernels: list[dict], geared: bool) -> list[str]:
+    """``inspect``'s kernel list: each kernel's ops and PyPTO times, or why it fell back; in a
+    blob of gears, every gear's, each named by its gear."""
+    from pypto_offline.offline_compiler.summary import shown
+
+    return [f"    {gear_label(k) if geared else ''}{k['id']}: {op_types_text(k['ops'])} — "
+            + (f"{shown(k['tuned_us'], '.2f', ' µs')} tuned, "
+               f"{shown(k['default_us'], '.2f', ' µs')} default"
+               if k["status"] == "compiled" else f"fell back: {k['fallback_reason']}")
+            for k in kernels]
 
 
 def platform_text(s: dict) -> list[str]:
@@ -180,6 +213,12 @@ def verification_text(s: dict) -> list[str]:
     from pypto_offline.offline_compiler.summary import shown
 
     check, record = s["verification"], s["build_record"]
+    if len(s["gears"]) > 1 and (check["gear"] or check["failed_gears"]):
+        # the worst gear's check is the build's (docs/gears.md)
+        failed = check["failed_gears"]
+        check = {**check, "status": f"{check['status']} (" + (
+            f"gear{'s' if len(failed) > 1 else ''} {', '.join(map(str, failed))} failed; "
+            if failed else "") + f"gear {check['gear']}'s check below)"}
     onnxruntime = ("onnxruntime not run" if check["onnxruntime"] == "skipped" else
                    f"onnxruntime {check['onnxruntime']}, max abs diff "
                    f"{shown(check['max_abs_diff'], '.2e')}")

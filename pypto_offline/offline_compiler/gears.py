@@ -132,6 +132,13 @@ def gear_graph(message: ptom_pb2.CompiledModel, index: int, field: str = "onnx_m
                         getattr(message.gears[index].build, field))
 
 
+def gear_kernels(message: ptom_pb2.CompiledModel, index: int) -> list[ptom_pb2.Kernel]:
+    """Gear ``index``'s kernels, each one an earlier gear stores read from there: what its
+    build holds, without copying its graphs as ``gear_build`` does."""
+    return [_stored(message, k) if k.HasField("stored_in_gear") else k
+            for k in build_of(message, index).kernels]
+
+
 def _stored(message: ptom_pb2.CompiledModel, reference: ptom_pb2.Kernel) -> ptom_pb2.Kernel:
     owner = build_of(message, reference.stored_in_gear)
     return next(k for k in owner.kernels if k.id == reference.id)

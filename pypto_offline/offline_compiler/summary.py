@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import math
 import sys
-from typing import Sequence
+from dataclasses import dataclass
+from typing import Mapping, Sequence
 
 from pypto_offline.importer.precision import MUST_KEEP
 from pypto_offline.offline_compiler import gears as gear_table
@@ -18,8 +19,10 @@ from pypto_offline.pypto_kernels.records import legacy_fallback_kind
 NOT_MEASURED = "not measured"
 # The version of every JSON output's keys (``summary.schema.json``, in this folder): a change of
 # a key or of its meaning bumps it (docs/outputs.md, "JSON output").
-SCHEMA_VERSION = 6  # 6: gears; 5: a kernel's cut; 4: precision mode and verification metrics; 3: the platform the kernels compiled under; 2: verification's checks run
+# 7: every gear's kernels and verdicts; 6: gears; 5: a kernel's cut; 4: precision mode and
+# verification metrics; 3: the platform the kernels compiled under; 2: verification's checks run
 # now apart from the build's record
+SCHEMA_VERSION = 7
 
 
 def measured(message, field: str):
@@ -53,16 +56,28 @@ def kernels_below_lower_bound(message: ptom_pb2.CompiledModel) -> list[str]:
             and k.gm_bytes_read + k.gm_bytes_written < k.gm_bytes_lower_bound]
 
 
-def summarise(message: ptom_pb2.CompiledModel, sources: SourceCheck | None = None) -> dict:
-    """``sources``: the kernel sources as ``verify`` derived them again (None: not derived).
-    A blob of gears: the first gear's figures (the blob's own fields), and each gear's in
-    ``gears``."""
-    m, t = message, message.totals
-    checked = [k for k in m.kernels if k.verdicts]
+def summarise(message: ptom_pb2.CompiledModel,
+              sources: SourceCheck | Mapping[int, SourceCheck] | None = None,
+              gear: int | None = None) -> dict:
+    """``sources``: the kernel sources as ``verify`` derived them again, per gear (one
+    SourceCheck: the first gear's; None: not derived). A blob of gears: the figures of the
+    graph (nodes, kernels, bytes, times) are the first gear's, each gear's in ``gears``; what the
+    build did is every gear's (docs/gears.md, "How a gear's verdict reaches the build's"): the
+    kernels of every gear (each with its ``gear``), their counts, and the verification of the
+    worst gear, so that a build of gears is as strict as the strictest of its gears alone.
+    ``gear``: that gear alone, every figure its own (``inspect --gear``)."""
+    per_gear = _gear_records(message, _by_gear(sources))
+    if gear is not None:
+        per_gear = [per_gear[gear]]
+    m = gear_table.build_of(message, per_gear[0].index)  # the figures' gear: its own record
+    t = m.totals
+    kernels = [kernel for g in per_gear for kernel in g.kernels]
+    checked = [k for k in kernels if k.verdicts]
     return {
         "schema_version": SCHEMA_VERSION,
-        "model": m.provenance.model_name, "model_sha256": m.provenance.model_sha256,
-        "target": m.target.name, "platform": platform_summary(m),
+        "model": message.provenance.model_name,
+        "model_sha256": message.provenance.model_sha256,
+        "target": message.target.name, "platform": platform_summary(message),
         "precision_mode": m.precision.mode if m.HasField("precision") else MUST_KEEP,
         "precision": precision_summary(m),
         "platform_comparison": platform_comparison(m),
@@ -73,47 +88,83 @@ def summarise(message: ptom_pb2.CompiledModel, sources: SourceCheck | None = Non
         "gm_bytes_lower_bound": t.gm_bytes_lower_bound,
         "est_time_us_before": round(t.est_time_us_before, 3),
         "est_time_us_after": round(t.est_time_us_after, 3),
-        "pypto": {"compiled": t.pypto_compiled, "fell_back": t.pypto_fell_back,
+        "pypto": {"compiled": sum(g.totals.pypto_compiled for g in per_gear),
+                  "fell_back": sum(g.totals.pypto_fell_back for g in per_gear),
                   "cost_us_fused": measured(t, "cost_us_fused"),
                   "cost_us_unfused": measured(t, "cost_us_unfused"),
                   "cost_us_unfused_basis": t.cost_us_unfused_basis or None,
                   "kernels_cost_compared": t.kernels_cost_compared},
-        "verification": verification(m, sources),
+        "verification": worst_verification(per_gear),
         # what the blob says its build checked of each kernel (PyPTO's pass-verify against
         # onnxruntime): its record, not run again by anything that reads the blob
         "build_record": {"kernels_checked": len(checked),
                          "kernels_passed": sum(k.functional_ok for k in checked)},
-        "kernels": [kernel_summary(k) for k in m.kernels],
-        "gears": gears_summary(message),
+        "kernels": [{**kernel_summary(k), "gear": g.index} for g in per_gear for k in g.kernels],
+        "gears": [_gear_summary(g) for g in per_gear],
     }
 
 
-def gears_summary(message: ptom_pb2.CompiledModel) -> list[dict]:
-    """Each gear's input shapes and figures, in the order built (a blob of one shape: one);
-    ``kernels_stored``: the kernels its build holds, ``kernels_referenced``: those it shares
-    with an earlier gear, which stores them (docs/gears.md)."""
-    return [_gear_summary(message, index, shapes)
-            for index, shapes in enumerate(gear_table.shapes_of(message))]
+@dataclass(frozen=True)
+class _GearRecord:
+    """One gear as the summary reads it: its own record (figures, verification), its kernels
+    with those stored in an earlier gear resolved, and its verification's dict."""
+
+    index: int
+    shapes: dict
+    totals: ptom_pb2.Totals
+    kernels: list
+    referenced: int
+    verification: dict
 
 
-def _gear_summary(message: ptom_pb2.CompiledModel, index: int, shapes: dict) -> dict:
-    own = gear_table.build_of(message, index)  # its figures; kernels stored or referenced
-    t = own.totals
-    referenced = sum(k.HasField("stored_in_gear") for k in own.kernels)
-    return {"index": index, "inputs": {name: list(dims) for name, dims in shapes.items()},
+def _by_gear(sources) -> Mapping[int, SourceCheck]:
+    if sources is None:
+        return {}
+    return {0: sources} if isinstance(sources, SourceCheck) else sources
+
+
+def _gear_records(message: ptom_pb2.CompiledModel, sources: Mapping[int, SourceCheck]
+                  ) -> list[_GearRecord]:
+    records = []
+    for index, shapes in enumerate(gear_table.shapes_of(message)):
+        own = gear_table.build_of(message, index)
+        kernels = gear_table.gear_kernels(message, index)
+        records.append(_GearRecord(
+            index, shapes, own.totals, kernels,
+            sum(k.HasField("stored_in_gear") for k in own.kernels),
+            verification(own, sources.get(index), kernels)))
+    return records
+
+
+def _gear_summary(gear: _GearRecord) -> dict:
+    t = gear.totals
+    return {"index": gear.index, "inputs": {name: list(dims) for name, dims in gear.shapes.items()},
             "kernels_after": t.kernels_after, "fused_kernels": t.fused_kernels,
             "gm_bytes_after": t.gm_bytes_after,
             "est_time_us_after": round(t.est_time_us_after, 3),
             "cost_us_fused": measured(t, "cost_us_fused"),
-            "kernels_stored": len(own.kernels) - referenced,
-            "kernels_referenced": referenced,
-            "verification": own.verification.status or "skipped"}
+            "kernels_stored": len(gear.kernels) - gear.referenced,
+            "kernels_referenced": gear.referenced,
+            "compiled": t.pypto_compiled, "fell_back": t.pypto_fell_back,
+            "verification": gear.verification}
+
+
+# The order of verdicts, worst first: a build of gears has its worst gear's.
+STATUS_ORDER = ("failed", "skipped", "passed")
+
+
+def worst_verification(gears: Sequence[_GearRecord]) -> dict:
+    """The verification of the gear whose status is worst (the first such gear), with the
+    gear named and every failed gear listed: the build's verdict (docs/gears.md)."""
+    worst = min(gears, key=lambda g: STATUS_ORDER.index(g.verification["status"]))
+    failed = [g.index for g in gears if g.verification["status"] == "failed"]
+    return {**worst.verification, "gear": worst.index, "failed_gears": failed}
 
 
 def verification_failed(summary: dict) -> bool:
     """Whether the check failed, of any gear."""
     return summary["verification"]["status"] == "failed" or any(
-        gear["verification"] == "failed" for gear in summary["gears"])
+        gear["verification"]["status"] == "failed" for gear in summary["gears"])
 
 
 def precision_summary(message: ptom_pb2.CompiledModel) -> dict | None:
@@ -177,11 +228,13 @@ def platform_comparison(message: ptom_pb2.CompiledModel) -> dict | None:
             "pypto_us_910b": round(sum(measured(s, "aicore_us") or 0 for _, s in pairs), 3)}
 
 
-def verification(message: ptom_pb2.CompiledModel, sources: SourceCheck | None) -> dict:
-    """The checks of the compiled model: onnxruntime's (as recorded in the message: by the
-    build, or by the ``verify`` that ran it now) and the kernel sources derived again, when they
-    were (``kernel_sources``, None otherwise); ``status`` is failed if either failed."""
-    record = message.verification
+def verification(build: ptom_pb2.CompiledModel, sources: SourceCheck | None,
+                 kernels: Sequence[ptom_pb2.Kernel]) -> dict:
+    """The checks of one gear's compiled model (``build``: its own record; ``kernels``: its
+    kernels resolved): onnxruntime's (as recorded: by the build, or by the ``verify`` that ran it
+    now) and the kernel sources derived again, when they were (``kernel_sources``, None
+    otherwise); ``status`` is failed if either failed."""
+    record = build.verification
     onnxruntime = record.status or "skipped"
     differ = sources is not None and not sources.passed or bool(record.kernels_beyond)
     return {
@@ -200,8 +253,8 @@ def verification(message: ptom_pb2.CompiledModel, sources: SourceCheck | None) -
         "worst_output": min(record.outputs, key=lambda o: (o.passed, o.cosine)).name
         if record.HasField("thresholds") and record.outputs else None,
         "kernels_beyond_thresholds": list(record.kernels_beyond),
-        "worst_kernel": worst_kernel(message.kernels, record.kernels_beyond),
-        "saturated_weights": saturated_weights(message, message.kernels),
+        "worst_kernel": worst_kernel(kernels, record.kernels_beyond),
+        "saturated_weights": saturated_weights(build, kernels),
         "kernel_sources": None if sources is None else {
             "compiled": sources.compiled, "matching": sources.matching,
             "differing": [{"id": m.kernel, "reason": m.reason} for m in sources.mismatches],

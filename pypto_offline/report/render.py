@@ -15,7 +15,7 @@ from markupsafe import Markup
 from pypto_offline.offline_compiler import gears as gear_table
 from pypto_offline.offline_compiler import ptom_pb2
 from pypto_offline.offline_compiler.blob import write_atomically
-from pypto_offline.offline_compiler.summary import gears_summary, shown
+from pypto_offline.offline_compiler.summary import shown, summarise
 from pypto_offline.report.content import context
 
 TEMPLATES = Path(__file__).with_name("templates")
@@ -54,9 +54,9 @@ def _gears_page(message: ptom_pb2.CompiledModel) -> str:
     """Each gear's figures and the kernels it shares with an earlier gear, and each gear's own
     page (headline, graph, kernel table and cards) in a frame of its own, one shown at a time
     (docs/report.md, "Gears"): a data: URL, so that each page keeps its ids and script."""
-    figures = gears_summary(message)
+    summary = summarise(message)
     gears = []
-    for index, gear in enumerate(figures):
+    for index, gear in enumerate(summary["gears"]):
         own = gear_table.build_of(message, index)
         page = render_report(gear_table.gear_build(message, index)).encode()
         gears.append({**gear, "inputs": gear_table.shapes_text(gear["inputs"]),
@@ -64,7 +64,8 @@ def _gears_page(message: ptom_pb2.CompiledModel) -> str:
                                  if index and k.HasField("stored_in_gear")],
                       "page": base64.b64encode(page).decode()})
     return _environment().get_template("gears.html.j2").render(
-        model=message.provenance.model_name, target=message.target.name, gears=gears)
+        model=message.provenance.model_name, target=message.target.name, gears=gears,
+        verdict=summary["verification"], fell_back=summary["pypto"]["fell_back"])
 
 
 def write_report(path: Path, message: ptom_pb2.CompiledModel) -> Path:
