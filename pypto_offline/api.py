@@ -25,6 +25,7 @@ from pypto_offline.errors import UsageError
 from pypto_offline.importer.input_shapes import check_given_inputs
 from pypto_offline.offline_compiler import BuildOptions, blob, build, build_together, ptom_pb2
 from pypto_offline.offline_compiler import gears as gear_table
+from pypto_offline.offline_compiler.execute import Execution, execute
 from pypto_offline.offline_compiler.source_check import SourceCheck, recheck_sources
 from pypto_offline.offline_compiler.summary import kernel_precision, summarise
 from pypto_offline.progress import SILENT, Progress, Timings
@@ -137,18 +138,29 @@ class CompiledModel:
         return index
 
     def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """The compiled graph of the gear whose input shapes ``inputs`` match exactly, run in
-        onnxruntime (a kernel as its ops); inputs of any other shapes are refused with the
-        gears listed: the run-time contract (docs/gears.md)."""
+        """The outputs of the gear whose input shapes ``inputs`` match exactly
+        (``execute``)."""
+        return self.execute(inputs).outputs
+
+    def execute(self, inputs: Mapping[str, np.ndarray], gear: int | None = None) -> Execution:
+        """The compiled graph of the gear whose input shapes ``inputs`` match exactly (or of
+        ``gear``, whose shapes they must have), run by the reference runtime
+        (``offline_compiler.execute``, docs/runtime.md); inputs of any other shapes are refused
+        with the gears listed: the run-time contract (docs/gears.md)."""
         if self._gear_shapes is None:
             self._gear_shapes = gear_table.shapes_of(self.message)
-        index = gear_table.pick(self._gear_shapes, {n: np.shape(v) for n, v in inputs.items()})
+        given = {n: np.shape(v) for n, v in inputs.items()}
+        if gear is None:
+            index = gear_table.pick(self._gear_shapes, given)
+        else:  # that gear's shapes, or the refusal naming them
+            index = self._check_gear(gear)
+            gear_table.pick([self._gear_shapes[index]], given)
         if index not in self._run_graphs:
             self._run_graphs[index] = onnx.load_from_string(
                 gear_table.gear_graph(self.message, index))
         graph = self._run_graphs[index]
         check_given_inputs(graph, inputs, self.label)  # the blob's own dtypes, as onnxruntime's
-        return run_model(graph, inputs)
+        return execute(index, gear_table.gear_kernels(self.message, index), graph, inputs)
 
     def verify(self, inputs: Mapping[str, np.ndarray] | None = None, seed: int = 0,
                sources: bool | None = None, gear: int | None = None) -> Checked:
