@@ -25,7 +25,7 @@ from pypto_offline.pypto_kernels.cache import (MARKER, STAGING, KernelCache, ent
                                                nested_cache)
 from tests.cache_entries import as_json, stored
 from tests.malformed import EXAMPLE
-from tests.test_cache_trust import REPO, snapshot, unprivileged
+from tests.test_cache_trust import REPO, run_read_only, snapshot, unprivileged
 
 TWO_DAYS_AGO = time.time() - 2 * 86400
 KEY, NESTED_KEY = "ab" * 32, "cd" * 32
@@ -160,17 +160,7 @@ print(json.dumps({"read_only": cache.read_only, "read": cache.read(sys.argv[2], 
 
 def test_a_read_only_cache_of_an_earlier_release_is_read_without_a_marker(tmp_path):
     root = earlier_release_cache(tmp_path / "kernels")
-    for path in [root, *root.rglob("*")]:
-        path.chmod(stat.S_IMODE(path.lstat().st_mode) & ~0o222)
-    before = state(root)
-    try:
-        done = subprocess.run([*unprivileged(), sys.executable, "-c", READ_ONLY_READ, str(root),
-                               KEY], cwd=REPO, capture_output=True, text=True, timeout=120,
-                              env={**os.environ, "PYTHONPATH": str(REPO)})
-        after = state(root)
-    finally:
-        for path in [root, *root.rglob("*")]:  # for pytest to remove it
-            path.chmod(stat.S_IMODE(path.lstat().st_mode) | 0o200)
+    done, before, after = run_read_only(root, READ_ONLY_READ, KEY, timeout=120)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == {"read_only": True, "read": {"x": 1}}
     assert after == before  # no marker, nothing written

@@ -302,6 +302,24 @@ def unprivileged() -> list[str]:
     return ["setpriv", "--inh-caps=-all", "--bounding-set=-all", "--"]
 
 
+def run_read_only(root: Path, script: str, *args: str, timeout: int) -> tuple:
+    """``script`` run (python -c) by a process that cannot write ``root``, every path in it
+    made read-only for the run and writable again after (for pytest to remove it); the
+    finished process and ``snapshot`` of ``root`` before and after."""
+    for path in [root, *root.rglob("*")]:
+        path.chmod(stat.S_IMODE(path.lstat().st_mode) & ~0o222)
+    before = snapshot(root)
+    try:
+        done = subprocess.run([*unprivileged(), sys.executable, "-c", script, str(root), *args],
+                              cwd=REPO, capture_output=True, text=True, timeout=timeout,
+                              env={**os.environ, "PYTHONPATH": str(REPO)})
+        after = snapshot(root)
+    finally:
+        for path in [root, *root.rglob("*")]:
+            path.chmod(stat.S_IMODE(path.lstat().st_mode) | 0o200)
+    return done, before, after
+
+
 def test_a_read_only_cache_is_read_and_what_it_misses_is_built_uncached(tmp_path):
     """A cache its user cannot write (a read-only mount, a CI cache restored read-only): on
     cb4dc9a a hit worked but a miss ended the build (exit 3, EROFS/EACCES) and `cache clean`
@@ -316,17 +334,7 @@ def test_a_read_only_cache_is_read_and_what_it_misses_is_built_uncached(tmp_path
                                             ScriptedExecutor(figures(made_up_figures))),
                    graph.constant_values(), search=False)  # a made-up outcome, stored
     assert len(entry_folders(cache)) == 2  # the kernel's entry and its compile's
-    for path in [cache, *cache.rglob("*")]:
-        path.chmod(stat.S_IMODE(path.lstat().st_mode) & ~0o222)
-    before = snapshot(cache)
-    try:
-        done = subprocess.run([*unprivileged(), sys.executable, "-c", READ_ONLY_BUILD, str(cache)],
-                              cwd=REPO, capture_output=True, text=True, timeout=300,
-                              env={**os.environ, "PYTHONPATH": str(REPO)})
-        after = snapshot(cache)
-    finally:
-        for path in [cache, *cache.rglob("*")]:  # for pytest to remove it
-            path.chmod(stat.S_IMODE(path.lstat().st_mode) | 0o200)
+    done, before, after = run_read_only(cache, READ_ONLY_BUILD, timeout=300)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout.splitlines()[-1]) == {
         "read_only": True, "from_cache": [True, False, False], "jobs": 2, "clean": 2}
