@@ -22,6 +22,7 @@ import numpy as np
 import onnx
 
 from pypto_offline.errors import UsageError
+from pypto_offline.importer.input_format import parse_input_format
 from pypto_offline.importer.input_shapes import check_given_inputs
 from pypto_offline.offline_compiler import BuildOptions, blob, build, build_together, ptom_pb2
 from pypto_offline.offline_compiler import gears as gear_table
@@ -296,7 +297,7 @@ def compile(model, target: str = "kirin9050",  # noqa: A001 - the API's verb
             dims: Mapping[str, int] | None = None, executor=None,
             compare_platform: bool = False, precision_mode: str = MUST_KEEP,
             keep_dtype=None, input_fp16_nodes: str | None = None,
-            output_type: str | None = None,
+            output_type: str | None = None, input_format: str | None = None,
             gears: Sequence[Mapping[str, Sequence[int]]] | None = None) -> CompiledModel:
     """Compile ``model`` for ``target``. ``inputs``: real values of some inputs, checked against
     the model and used to find the shapes that depend on them. ``verify``: also run the
@@ -315,6 +316,8 @@ def compile(model, target: str = "kirin9050",  # noqa: A001 - the API's verb
     compiles the graph in the types it came with); ``keep_dtype``: ATC's ``--keep_dtype`` file of
     ops kept in their precision; ``input_fp16_nodes`` (``"a;b"``) and ``output_type``
     (``"FP16"``): ATC's spellings for fp16 model inputs and outputs (docs/precision.md).
+    ``input_format``: ATC's ``--input_format`` (``"NCHW"``, ``"NCDHW"`` or ``"ND"``), checked
+    against the model's inputs and recorded in the blob (``importer/input_format.py``).
     ``gears``: each gear's input shapes (``importer.gears.plan`` gives them from ATC's
     options or ``--dim`` lists), two or more: one blob of every gear, built in one pool on one
     kernel cache, each verified with ``verify`` (docs/gears.md)."""
@@ -331,6 +334,8 @@ def compile(model, target: str = "kirin9050",  # noqa: A001 - the API's verb
                            compare_platform=compare_platform, precision_mode=precision_mode,
                            **({"keep_dtype": keep} if keep else {}),
                            half_io=half_io(input_fp16_nodes, output_type),
+                           input_format=parse_input_format(input_format) if input_format
+                           else None,
                            **({"kernel_timeout_s": kernel_timeout} if kernel_timeout else {}))
     if gears is not None:
         if len(gears) < 2:

@@ -27,6 +27,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from pypto_offline import __version__
+from pypto_offline.cli.atc import add_atc_options, check_atc_options
 from pypto_offline.cli.builds import (Build, builds_of, gear_request, output_dir,
                                       report_path)
 from pypto_offline.cli.text import (human_cache_clean, human_cache_info, human_summary,
@@ -80,9 +81,10 @@ def compile_parser() -> argparse.ArgumentParser:
         "Compile an ONNX model for a Huawei NPU: fuse memory-bound ops into PyPTO kernels, pack "
         "them into one blob, and check the result against onnxruntime. Other commands: "
         + ", ".join(SUBCOMMANDS) + "."))
-    parser.add_argument("models", nargs="+", metavar="MODEL",
+    parser.add_argument("models", nargs="*", metavar="MODEL",
                         help="path of an .onnx model (several: a batch build, one worker pool "
                              "and one kernel cache for all)")
+    add_atc_options(parser)  # --model=FILE, --framework 5, --input_format
     parser.add_argument("--target", "--soc_version", dest="target", required=True,
                         metavar="CHIP[,CHIP...]",
                         help=f"chips, comma-separated: {', '.join(TARGETS)}, or their names as "
@@ -186,6 +188,7 @@ def _load_inputs(path: str | None) -> dict:
 
 def run_compile(argv: list[str]) -> int:
     args = compile_parser().parse_args(argv)
+    check_atc_options(args)
     from pypto_offline import api
 
     api.check_limits(1 if args.jobs is None else args.jobs, args.kernel_timeout)
@@ -242,7 +245,7 @@ def _run_build(build: Build, args, inputs: dict, progress, executor) -> tuple[in
                                compare_platform=args.compare_platform,
                                precision_mode=args.precision_mode, keep_dtype=args.keep_dtype,
                                input_fp16_nodes=args.input_fp16_nodes,
-                               output_type=args.output_type)
+                               output_type=args.output_type, input_format=args.input_format)
         pool.raise_if_interrupted()  # an interrupt whose raise was lost: nothing is written
         progress.stage("writing the blob" + (" and the report" if build.report else ""))
         compiled.save(build.output, report=build.report)

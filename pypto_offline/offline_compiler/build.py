@@ -21,6 +21,7 @@ from pypto_offline.fusion import (Cut, FusionPlan, Region, plan_fusion, with_par
 from pypto_offline.fusion.cost import cube_handoff_bytes, cube_reread_bytes
 from pypto_offline.fusion.records import DOES_NOT_PAY, FAILED_CHECK, RegionOp
 from pypto_offline.importer import ImportedGraph, import_model, precision
+from pypto_offline.importer.input_format import check_input_format
 from pypto_offline.importer.input_shapes import graph_inputs, symbolic_input_error
 from pypto_offline.importer.shape_probe import check_memory, every_value
 from pypto_offline.importer.ops import MATMUL, kind_of
@@ -72,6 +73,9 @@ class BuildOptions:
     precision_mode: str = precision.MUST_KEEP
     keep_dtype: precision.KeepDtype = precision.KeepDtype()
     half_io: precision.HalfIO = precision.HalfIO()  # --input_fp16_nodes, --output_type FP16
+    # ATC's --input_format (NCHW, NCDHW, ND): checked against the model's inputs, compiles the
+    # same (importer/input_format.py)
+    input_format: str | None = None
 
     def provenance(self) -> dict[str, str]:
         """The options that change the output (not jobs, cache folder or time limit)."""
@@ -88,6 +92,8 @@ class BuildOptions:
                 options["output_type"] = "FP16"
         if self.compare_platform:  # only when given, as dims
             options["compare_platform"] = "910b"
+        if self.input_format:  # only when given, as dims
+            options["input_format"] = self.input_format
         if self.dims:  # only when given: a blob built without them stays byte-identical
             options["dims"] = ";".join(f"{k}={v}" for k, v in sorted(self.dims.items()))
         if self.inputs:  # their values may fix shapes the model leaves to them
@@ -174,6 +180,7 @@ def build_steps(source, target: Target, options: BuildOptions, progress: Progres
                              must_run=options.verify, dims=options.dims,
                              input_dtypes=_blob_input_dtypes(options))
         _require_static_inputs(graph, name)
+        check_input_format(graph, options.input_format)
         original, graph, conversion = _in_precision(graph, target, options)
     progress.stage("planning fusion")
     with timings.stage("plan_s"):

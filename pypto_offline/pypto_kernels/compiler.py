@@ -36,7 +36,8 @@ from pypto_offline.pypto_kernels.codegen import (CannotExpress, flat_rows_change
 from pypto_offline.pypto_kernels.entries import (cached_kernel, kernel_key, load_kernel,
                                                  save_kernel)
 from pypto_offline.pypto_kernels.jobs import pool
-from pypto_offline.pypto_kernels.jobs.executor import Executor, LocalExecutor
+from pypto_offline.pypto_kernels.jobs.executor import (Executor, LocalExecutor,
+                                                       noticing_first_build)
 from pypto_offline.pypto_kernels.jobs.protocol import Failure, FailureKind
 from pypto_offline.pypto_kernels.records import Kernel
 from pypto_offline.pypto_kernels.search import Setup, largest_tensor_bytes, search_tiles
@@ -74,7 +75,10 @@ def compile_regions(work: Sequence[tuple[Region, ImportedGraph]], setup: Setup, 
     constants = {id(graph): graph.constant_values() for _, graph in work}
     graph_of = {id(region): graph for region, graph in work}
     regions = [region for region, _ in work]
-    reported = _reporting(progress, len(regions))
+    said = threading.Lock()  # one line at a time on ``progress``, from any pool thread
+    reported = _reporting(progress, len(regions), said)
+    setup = replace(setup, executor=noticing_first_build(setup.executor,
+                                                         _saying(progress, said)))
     spare = pool.SpareThreads(jobs, len(regions))
 
     def compile_one(region: Region) -> Kernel:
@@ -105,10 +109,18 @@ def compile_order(regions: Sequence[Region], constants: Sequence[dict]) -> list[
     return sorted(first, key=lambda i: -work[i]) + repeats
 
 
-def _reporting(progress: Progress, total: int):
+def _saying(progress: Progress, lock: threading.Lock) -> Callable[[str], None]:
+    """``progress.stage`` from a pool thread, under the lock finished kernels are reported
+    under."""
+    def say(stage: str) -> None:
+        with lock:
+            progress.stage(stage)
+    return say
+
+
+def _reporting(progress: Progress, total: int, lock: threading.Lock):
     """A pool thread's hand-over of a finished kernel to ``progress``: counted and reported
     under one lock, so the numbers follow completion order and no two lines interleave."""
-    lock = threading.Lock()
     done = 0
 
     def report(region: Region, kernel: Kernel) -> Kernel:

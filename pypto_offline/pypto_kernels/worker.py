@@ -99,13 +99,15 @@ def load_calculator(cache: Path) -> None:
     """Build PyPTO's torch-based interpreter once per machine (about 30 s), then load it."""
     from pypto._utils import BuildOnlineManager
 
+    from pypto_offline.pypto_kernels.jobs.protocol import calculator_library
+
     manager = BuildOnlineManager()
     if manager.calculator_loaded:
         return
     import torch
 
-    root = cache / f"pypto0.2.0-torch{torch.__version__}"
-    library = root / "install" / "lib" / "libtile_fwk_calculator.so"
+    library = calculator_library(cache, torch.__version__)
+    root = library.parents[2]
     if not library.exists():
         real_environ = os.environ  # _TorchContext replaces os.environ with a plain dict
         try:
@@ -122,7 +124,6 @@ def load_calculator(cache: Path) -> None:
         cmake_ctx.compile(ctx)
         with contextlib.suppress(OSError):  # another process may have won the race
             os.rename(staging, root)
-        library = root / "install" / "lib" / "libtile_fwk_calculator.so"
     ctypes.CDLL(str(library), mode=ctypes.RTLD_GLOBAL)
     manager.calculator_loaded = True
 

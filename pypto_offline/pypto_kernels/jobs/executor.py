@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from pathlib import Path
-from typing import Protocol
+from typing import Callable, Protocol
 
 from pypto_offline.pypto_kernels.cache import cache_root_of
 from pypto_offline.pypto_kernels.jobs import pool
-from pypto_offline.pypto_kernels.jobs.processes import Cancelled, ServerGone
+from pypto_offline.pypto_kernels.jobs.processes import Cancelled, ServerGone, calculator_built
 from pypto_offline.pypto_kernels.jobs.protocol import (DATA_FILES, JOB_FILE, RESULT_FILE, Job,
                                                        JobResult, crashed, timed_out)
 from pypto_offline.pypto_kernels.platform import platform_of
@@ -74,6 +75,36 @@ class LocalExecutor:
         if code == 0 and result_path.exists():  # a child killed or failed after writing its
             return JobResult.from_dict(json.loads(result_path.read_text()))  # answer is not
         return JobResult.failed(crashed(f"exit code {code}"))  # trusted with it either
+
+
+# What a build says before the job whose fork server builds PyPTO's calculator (docs/workers.md)
+HOST_LIBRARY_NOTICE = "building PyPTO's host library once (~2 min)"
+
+
+class FirstBuildNotice:
+    """``executor`` (this machine's fork servers), saying ``HOST_LIBRARY_NOTICE`` through
+    ``say`` before its first job when PyPTO's calculator is not built yet: the first server on a
+    machine builds it, about two minutes in which nothing else would be said. Asked once, at the
+    first job: a build whose kernels all come from the cache starts no server and says nothing."""
+
+    def __init__(self, executor: Executor, say: Callable[[str], None]):
+        self._executor, self._say = executor, say
+        self.slots = executor.slots
+        self._lock, self._asked = threading.Lock(), False
+
+    def run(self, folder: Path, job: Job, target: Target, timeout: float) -> JobResult:
+        with self._lock:
+            if not self._asked:
+                self._asked = True
+                if not calculator_built():
+                    self._say(HOST_LIBRARY_NOTICE)
+        return self._executor.run(folder, job, target, timeout)
+
+
+def noticing_first_build(executor: Executor, say: Callable[[str], None]) -> Executor:
+    """``executor`` with a ``FirstBuildNotice`` when its jobs run on this machine (a Ray node
+    builds its own calculator, out of the build's sight)."""
+    return FirstBuildNotice(executor, say) if isinstance(executor, LocalExecutor) else executor
 
 
 def run_job(executor: Executor, folder: Path, job: Job, target: Target,

@@ -9,6 +9,7 @@ function of its job alone (docs/determinism.md).
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 import json
 import os
 import select
@@ -25,7 +26,7 @@ from pypto_offline.errors import WorkerCannotStart
 from pypto_offline.pypto_kernels import no_host_address
 from pypto_offline.pypto_kernels.cache import new_staging, user_cache_base
 from pypto_offline.pypto_kernels.jobs.protocol import (PR_SET_PDEATHSIG, SERVER_READY,
-                                                       workspace)
+                                                       calculator_library, workspace)
 from pypto_offline.pypto_kernels.platform import Platform
 from pypto_offline.pypto_kernels.versions import PYPTO_VERSION
 
@@ -306,3 +307,14 @@ def last_line(log: Path) -> str:
 
 def calculator_cache() -> Path:
     return user_cache_base() / "calculator"
+
+
+def calculator_built() -> bool:
+    """Whether this machine's fork servers find PyPTO's calculator built; if not, the first one
+    builds it (``protocol.calculator_library``). Asked of torch's installed version, as the
+    build does not import torch."""
+    try:
+        torch_version = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        return True  # no server starts without torch: nothing will be built (the build says why)
+    return calculator_library(calculator_cache(), torch_version).exists()

@@ -15,6 +15,7 @@ from __future__ import annotations
 import enum
 import json
 from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
 
 from pypto_offline.progress import seconds_text
 
@@ -300,3 +301,12 @@ class JobResult:
 
     def relocated(self, old: str, new: str) -> JobResult:
         return replace(self, candidates=tuple(c.relocated(old, new) for c in self.candidates))
+
+
+def calculator_library(cache: Path, torch_version: str) -> Path:
+    """PyPTO's calculator (pass-verify's interpreter, a host library built against torch) in
+    ``cache``: a fork server builds it there once per machine and torch (``worker.
+    load_calculator``, about 2 min on 2 cores), and a build looks for it to say so before its
+    first job (``executor.FirstBuildNotice``)."""
+    return cache / f"pypto0.2.0-torch{torch_version}" / "install" / "lib" / \
+        "libtile_fwk_calculator.so"
