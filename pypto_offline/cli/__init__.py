@@ -6,6 +6,8 @@
     pypto-offline inspect BLOB [--json]               what a blob holds
     pypto-offline verify BLOB [--onnx MODEL] [--json] check a blob again: its kernel sources derived
                                                       again, the onnxruntime check re-run
+    pypto-offline run BLOB --inputs IN.npz [--loop N] run the blob on the host: outputs as .npy,
+                                                      host and modelled device time
     pypto-offline report BLOB [-o PATH]               the HTML fusion report, from the blob alone
     pypto-offline cache info|clean [options]          the kernel cache: its size; removing entries
 
@@ -40,7 +42,7 @@ from pypto_offline.targets import TARGETS, chip_names
 # 1 is also a build's exit code under --fail-on-fallback when a region fell back.
 EXIT_OK, EXIT_VERIFY_FAILED, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
 DEFAULT_JOBS = 2
-SUBCOMMANDS = ("targets", "inspect", "verify", "report", "cache")
+SUBCOMMANDS = ("targets", "inspect", "verify", "run", "report", "cache")
 CACHE_DIR_HELP = ("kernel cache folder (default: $PYPTO_OFFLINE_CACHE, else "
                   "~/.cache/pypto-offline/kernels)")
 CACHE_GROUP_HELP = ("a team's shared kernel cache: also trust what this group wrote in it "
@@ -392,6 +394,13 @@ def run_report(argv: list[str]) -> int:
     return EXIT_OK
 
 
+def run_run(argv: list[str]) -> int:
+    """``run``: the blob executed on the host (cli/run_command.py, docs/runtime.md)."""
+    from pypto_offline.cli.run_command import run_blob, run_parser
+
+    return run_blob(run_parser(_blob_parser).parse_args(argv))
+
+
 def cache_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="pypto-offline cache", description=(
         "The kernel cache: what it holds, and removing entries (safe while builds use it: "
@@ -436,7 +445,8 @@ def run_cache(argv: list[str]) -> int:
 def run(argv: list[str]) -> int:
     if argv and argv[0] in SUBCOMMANDS:
         return {"targets": run_targets, "inspect": run_inspect, "verify": run_verify,
-                "report": run_report, "cache": run_cache}[argv[0]](argv[1:])
+                "run": run_run, "report": run_report,
+                "cache": run_cache}[argv[0]](argv[1:])
     return run_compile(argv)
 
 

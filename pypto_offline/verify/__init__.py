@@ -7,7 +7,8 @@ Inputs are seeded and respect each input's dtype and valid range (``runtime.gene
 which the importer's own checks use too). Tolerances are per dtype; integers and booleans must
 match exactly. Knows nothing of kernels or blobs. ``check_memory_limits`` applies the build's
 memory limits to a graph before any input of it is made; ``load_inputs`` reads real inputs from
-an .npz, sizes checked before any byte is decompressed.
+an .npz, sizes checked before any byte is decompressed (``read_inputs``: an .npz or
+``NAME=FILE.npy,...``, for ``run``).
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 import math
+import os
 import zipfile
 import zlib
 
@@ -171,7 +173,12 @@ def load_inputs(path) -> dict[str, np.ndarray]:
                                  f"than the {human_bytes(MAX_PROBE_BYTES)} allowed",
                                  where=str(path), fix=NPZ_FIX)
             for member in members:
-                _check_npy_header(archive, member, path)
+                where = f"{path}, {member.filename}"
+                if not member.filename.endswith(".npy"):
+                    raise UsageError("the archive holds a file that is not an .npy array",
+                                     where=where, fix=NPZ_FIX)
+                with archive.open(member) as array:  # decompresses only the header's bytes
+                    _check_npy_header(array, member.file_size, where, NPZ_FIX)
             stream.seek(0)
             with np.load(stream, allow_pickle=False) as data:
                 return {name: data[name] for name in data.files}
@@ -179,22 +186,72 @@ def load_inputs(path) -> dict[str, np.ndarray]:
         raise UsageError(f"cannot read --inputs: {error}", where=str(path), fix=NPZ_FIX) from None
 
 
-def _check_npy_header(archive: zipfile.ZipFile, member: zipfile.ZipInfo, path) -> None:
-    where = f"{path}, {member.filename}"
-    if not member.filename.endswith(".npy"):
-        raise UsageError("the archive holds a file that is not an .npy array", where=where,
-                         fix=NPZ_FIX)
-    with archive.open(member) as stream:  # decompresses only the header's few bytes
-        version = np.lib.format.read_magic(stream)
-        read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
-                       else np.lib.format.read_array_header_2_0)
-        shape, _, dtype = read_header(stream, max_header_size=10_000)
-        data_bytes = member.file_size - stream.tell()
+def _check_npy_header(stream, size: int, where: str, fix: str) -> None:
+    """An .npy's header read from ``stream`` (``size`` bytes in all): no Python objects, and
+    the shape × itemsize it declares exactly the data it holds (not truncated, not padded)."""
+    version = np.lib.format.read_magic(stream)
+    read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                   else np.lib.format.read_array_header_2_0)
+    shape, _, dtype = read_header(stream, max_header_size=10_000)
+    data_bytes = size - stream.tell()
     if dtype.hasobject:
         raise UsageError("the array holds Python objects, which are not read (they could run "
-                         "code)", where=where, fix=NPZ_FIX)
+                         "code)", where=where, fix=fix)
     expected = int(np.prod(shape, dtype=object)) * dtype.itemsize
     if expected != data_bytes:
         raise UsageError(f"the array's header says shape {list(shape)} {dtype} ({expected} "
                          f"bytes) but it holds {data_bytes} bytes: the file is truncated or "
-                         f"damaged", where=where, fix=NPZ_FIX)
+                         f"damaged", where=where, fix=fix)
+
+
+NPY_FIX = ("give --inputs an .npz, or NAME=FILE.npy,... with each file made by numpy.save "
+           "(one array per input name)")
+
+
+def read_inputs(spec: str) -> dict[str, np.ndarray]:
+    """``run --inputs``: an .npz (``load_inputs``), or ``NAME=FILE.npy,...``, each .npy read as
+    safely (a regular file, its header checked before its data is read, no pickles, all of
+    them within the .npz's budget). An existing file of that name is an .npz, whatever it
+    holds: the form is told by the path, not guessed from a '='."""
+    files = input_files(spec)
+    if None in files:
+        return load_inputs(spec)
+    arrays: dict[str, np.ndarray] = {}
+    budget = MAX_PROBE_BYTES
+    for name, path in files.items():
+        size, arrays[name] = _load_npy(path, f"{path} (--inputs {name})", budget)
+        budget -= size
+    return arrays
+
+
+def input_files(spec: str) -> dict[str | None, str]:
+    """The files ``read_inputs`` reads for ``spec``: ``{None: spec}`` for an .npz, else each
+    input's .npy by its name (``NAME=FILE.npy,...``, every item checked)."""
+    if os.path.isfile(spec) or "=" not in spec:
+        return {None: spec}
+    files: dict[str | None, str] = {}
+    for item in spec.split(","):
+        name, _, path = (part.strip() for part in item.partition("="))
+        if not name or not path:
+            raise UsageError(f"--inputs item {item!r} is not NAME=FILE.npy", fix=NPY_FIX)
+        if name in files:
+            raise UsageError(f"--inputs names {name!r} twice", fix="give each input once")
+        files[name] = path
+    return files
+
+
+def _load_npy(path: str, where: str, budget: int) -> tuple[int, np.ndarray]:
+    """One .npy of ``NAME=FILE.npy`` (its size in bytes, its array): at most ``budget`` bytes,
+    checked from its size first."""
+    try:
+        with open_regular(path, "--inputs", NPY_FIX) as stream:
+            size = os.fstat(stream.fileno()).st_size
+            if size > budget:
+                raise UsageError(f"--inputs would read {human_bytes(size)} more, past the "
+                                 f"{human_bytes(MAX_PROBE_BYTES)} allowed", where=where,
+                                 fix=NPY_FIX)
+            _check_npy_header(stream, size, where, NPY_FIX)
+            stream.seek(0)
+            return size, np.load(stream, allow_pickle=False)
+    except (OSError, ValueError, EOFError) as error:
+        raise UsageError(f"cannot read --inputs: {error}", where=where, fix=NPY_FIX) from None
