@@ -97,6 +97,8 @@ BAD = {  # what is given → what the one-line refusal names
     "no gear's shape": (lambda d: ["--inputs", npz(d, x=np.zeros((3, 3), np.float32))],
                         "no gear of this blob takes inputs of shapes x=3,3"),
     "missing": (lambda d: [], "--inputs gives no value for 'x'"),
+    "another gear's shape": (lambda d: ["--inputs", npz(d, x=X23), "--gear", "0"],
+                             "--gear 0 takes inputs of shapes x=1,3, not x=2,3"),
     "a FIFO": (lambda d: (os.mkfifo(d / "fifo"), ["--inputs", str(d / "fifo")])[1],
                "--inputs names a pipe (FIFO)"),
     "a FIFO as NAME=FILE": (lambda d: (os.mkfifo(d / "x.npy"), ["--inputs", f"x={d / 'x.npy'}"])[1],

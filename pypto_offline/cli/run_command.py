@@ -115,8 +115,13 @@ def _gear(compiled, given: Mapping[str, np.ndarray], asked: int | None, generate
     indices = range(len(shapes)) if asked is None else [asked]
     fitting = [i for i in indices if all(given_shapes[name] == tuple(dims)
                                          for name, dims in shapes[i].items() if name in given)]
+    if not fitting and asked is not None:
+        raise UsageError(f"--gear {asked} takes inputs of shapes "
+                         f"{gear_table.shapes_text(shapes[asked])}, not "
+                         f"{gear_table.shapes_text(given_shapes)}", where=compiled.label,
+                         fix="give that gear's shapes, or leave --gear out")
     if not fitting:  # the refusal that lists the gears (docs/gears.md)
-        gear_table.pick([shapes[i] for i in indices], given_shapes)
+        gear_table.pick(shapes, given_shapes)
     if len(fitting) > 1 and generate and not set(shapes[fitting[0]]) <= set(given):
         raise UsageError(f"gears {', '.join(map(str, fitting))} all take the given inputs",
                          where=compiled.label, fix="say which with --gear N")
