@@ -188,8 +188,17 @@ def _check_files(files: Mapping[str, Path], args) -> None:
 
 
 def _loop(compiled, feeds: Mapping[str, np.ndarray], gear: int, args) -> list:
-    """``args.loop`` executions of the gear; a progress line on stderr for each of the first
-    runs and then every few seconds (none with --quiet or for one run)."""
+    """``args.loop`` executions of the gear, in one pool of PyPTO workers (a kernel run by
+    PyPTO needs a worker, whose start imports torch and PyPTO: once, not once a run); a
+    progress line on stderr for each of the first runs and then every few seconds (none with
+    --quiet or for one run)."""
+    from pypto_offline import api
+
+    with api.shared_workers(1):
+        return _runs(compiled, feeds, gear, args)
+
+
+def _runs(compiled, feeds: Mapping[str, np.ndarray], gear: int, args) -> list:
     executions, said = [], time.monotonic()
     for index in range(1, args.loop + 1):
         executions.append(compiled.execute(feeds, gear=gear))
