@@ -199,3 +199,29 @@ def test_output_file_names_are_safe_and_distinct(name, file):
     assert output_file_name(name) == file
     long = output_file_name("x" * 300)
     assert len(long) <= 210 and long != output_file_name("x" * 301)
+
+
+@pytest.mark.pypto
+def test_run_of_the_bundled_example_equals_onnxruntime_and_times_its_kernel(example_cache,
+                                                                           tmp_path, capfd):
+    """The example's one compiled kernel: the modelled time is its PyPTO cost-model time, a
+    launch, and the unfused Conv's bandwidth estimate."""
+    from tests.malformed import EXAMPLE
+
+    blob = tmp_path / "example.ptom"  # conftest's build, alone in a folder of its own
+    blob.write_bytes((example_cache.parent / "example.ptom").read_bytes())
+    x = np.random.default_rng(0).uniform(-1, 1, (1, 3, 64, 64)).astype(np.float32)
+    assert run(blob, "--inputs", npz(tmp_path, x=x), "--loop", "2", "--json") == 0
+    summary = json.loads(capfd.readouterr().out)
+    schema_validator("run").validate(summary)
+    [expected] = onnxruntime_outputs(EXAMPLE.read_bytes(), {"x": x})
+    np.testing.assert_allclose(np.load(summary["outputs"][0]["file"]), expected, rtol=1e-5,
+                               atol=1e-5)
+    device = summary["device"]
+    [kernel] = device["kernels"]
+    assert kernel["basis"] == "pypto cost model" and kernel["kernel_us"] > 0
+    assert kernel["total_us"] == pytest.approx(kernel["kernel_us"] + device["launch_us"])
+    assert device["total_us"] == pytest.approx(kernel["total_us"] + device["unfused_us"],
+                                               abs=1e-2)
+    assert device["unfused_ops"] >= 1 and device["unfused_us"] > device["launch_us"]
+    assert [k["id"] for k in summary["kernels"]] == [kernel["id"]]
