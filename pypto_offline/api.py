@@ -26,11 +26,11 @@ from pypto_offline.importer.input_format import parse_input_format
 from pypto_offline.importer.input_shapes import check_given_inputs
 from pypto_offline.offline_compiler import BuildOptions, blob, build, build_together, ptom_pb2
 from pypto_offline.offline_compiler import gears as gear_table
-from pypto_offline.offline_compiler.execute import Execution, execute
+from pypto_offline.offline_compiler.execute import BY_ONNXRUNTIME, BY_PYPTO, Execution, execute
 from pypto_offline.offline_compiler.source_check import SourceCheck, recheck_sources
 from pypto_offline.offline_compiler.summary import kernel_precision, summarise
 from pypto_offline.progress import SILENT, Progress, Timings
-from pypto_offline.runtime import finite, run_model
+from pypto_offline.runtime import finite
 from pypto_offline.targets import Target, known_names, resolve_target
 from pypto_offline.importer.precision import MUST_KEEP, check_mode, half_io, read_keep_dtype
 from pypto_offline.verify import (Thresholds, Verification, check_memory_limits, compare,
@@ -143,11 +143,15 @@ class CompiledModel:
         (``execute``)."""
         return self.execute(inputs).outputs
 
-    def execute(self, inputs: Mapping[str, np.ndarray], gear: int | None = None) -> Execution:
+    def execute(self, inputs: Mapping[str, np.ndarray], gear: int | None = None,
+                kernels: str = BY_PYPTO, cache_dir=None) -> Execution:
         """The compiled graph of the gear whose input shapes ``inputs`` match exactly (or of
         ``gear``, whose shapes they must have), run by the reference runtime
         (``offline_compiler.execute``, docs/runtime.md); inputs of any other shapes are refused
-        with the gears listed: the run-time contract (docs/gears.md)."""
+        with the gears listed: the run-time contract (docs/gears.md). ``kernels``: ``"pypto"``
+        runs each compiled kernel by its shipped program in a PyPTO worker staged in the kernel
+        cache ``cache_dir`` (a kernel PyPTO cannot run runs as its ops, its ``KernelRun``
+        saying why); ``"onnxruntime"`` runs every kernel as its ops (no PyPTO needed)."""
         if self._gear_shapes is None:
             self._gear_shapes = gear_table.shapes_of(self.message)
         given = {n: np.shape(v) for n, v in inputs.items()}
@@ -161,7 +165,9 @@ class CompiledModel:
                 gear_table.gear_graph(self.message, index))
         graph = self._run_graphs[index]
         check_given_inputs(graph, inputs, self.label)  # the blob's own dtypes, as onnxruntime's
-        return execute(index, gear_table.gear_kernels(self.message, index), graph, inputs)
+        return execute(index, gear_table.gear_kernels(self.message, index), graph, inputs,
+                       kernels, target=self.target, cache_dir=cache_dir,
+                       imported=gear_table.gear_graph(self.message, index, "source_onnx_model"))
 
     def verify(self, inputs: Mapping[str, np.ndarray] | None = None, seed: int = 0,
                sources: bool | None = None, gear: int | None = None) -> Checked:
@@ -204,11 +210,16 @@ class CompiledModel:
         thresholds = self._thresholds()
         with self._timed("verify_s"):
             result = compare(reference, compiled, generate_inputs(imported, seed, given),
-                             thresholds)
+                             thresholds, run=self._as_its_ops)
         self._record(result, seed, bool(given), thresholds)
         if self.loaded_from is not None if sources is None else sources:
             self.source_check = recheck_sources(self.message)
         return Checked(result, self.source_check, tuple(self.message.verification.kernels_beyond))
+
+    def _as_its_ops(self, graph: onnx.ModelProto, feeds) -> dict[str, np.ndarray]:
+        """The compiled graph run by the reference runtime with every kernel as its ops:
+        verify's run, ``run``'s executor without PyPTO."""
+        return execute(0, self.message.kernels, graph, feeds, BY_ONNXRUNTIME).outputs
 
     def _thresholds(self) -> Thresholds | None:
         """A converted model against the original (the build's own, or ``use_reference``'s) is

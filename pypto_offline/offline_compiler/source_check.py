@@ -87,6 +87,14 @@ def _calls_that_disagree(message: ptom_pb2.CompiledModel) -> dict[str, str]:
     return reasons
 
 
+def derivation(imported: bytes, target: str) -> _Source | str:
+    """What a kernel of a blob's graph ``imported`` (for ``target``, a target's name) is
+    derived from: its region (``region``) and constants, and whether its record's source is the
+    generator's (``why_it_differs``, None when it is); or why the graph does not import. The
+    reference runtime runs a kernel from these (offline_compiler/execute.py)."""
+    return _Source.of_graph(imported, target)
+
+
 @dataclass(frozen=True)
 class _Source:
     """What a kernel's source is derived from: the blob's graph imported again, its nodes by id,
@@ -101,12 +109,23 @@ class _Source:
     def of(cls, message: ptom_pb2.CompiledModel) -> _Source | str:
         """Or why the graph cannot be imported again: then no kernel can be derived, which is
         the verdict on each (the caller has applied the memory limits before)."""
+        return cls.of_graph(message.source_onnx_model, message.target.name)
+
+    @classmethod
+    def of_graph(cls, imported: bytes, target: str) -> _Source | str:
+        """A blob's (or a gear's) imported graph and target name, as ``of`` takes them."""
         try:
-            graph = import_model(message.source_onnx_model)
+            graph = import_model(imported)
         except PyptoOfflineError as error:
             return f"cannot be derived again: the blob's imported graph does not import ({error})"
         return cls(graph, {node_id(node): node for node in graph.nodes}, graph.constant_values(),
-                   resolve_target(message.target.name))
+                   resolve_target(target))
+
+    def region(self, kernel: ptom_pb2.Kernel) -> Region:
+        """The kernel's region as the partition makes it from the nodes its record names (the
+        record's nodes must be the graph's: ``why_it_differs`` says when they are not)."""
+        return make_region(kernel.id, [self.nodes[name] for name in kernel.nodes], self.graph,
+                           self.target)
 
     def why_it_differs(self, kernel: ptom_pb2.Kernel) -> str | None:
         """None when the record's source is the one the generator writes for its region and
@@ -121,8 +140,7 @@ class _Source:
         policy = TilePolicy(tile.budget_bytes, tile.swapped_transposes, tile.flat_rows,
                             tile.vec_merge)
         try:  # whatever the generator makes of a hostile record is text, never run
-            region = make_region(kernel.id, [self.nodes[name] for name in kernel.nodes],
-                                 self.graph, self.target)
+            region = self.region(kernel)
             differ = _record_differs(kernel, region)
             if differ:
                 return (f"its region record is not the region the blob's graph gives for its "

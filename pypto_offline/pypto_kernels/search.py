@@ -247,16 +247,18 @@ def _hit(policy: TilePolicy, entry: dict) -> CandidateResult:
 def run_region_job(setup: Setup, folder: Path, region: Region, sources: dict[TilePolicy, str],
                    key: str, arrays, reference, verify: bool, parallel: int = 1,
                    original_reference: bool = False,
-                   saturated_outputs: tuple[int, ...] = ()) -> JobResult:
+                   saturated_outputs: tuple[int, ...] = (),
+                   save_outputs: bool = False) -> JobResult:
     """One job compiling ``sources`` of the region (its data written into ``folder``);
-    ``original_reference`` and ``saturated_outputs``: ``Job``'s."""
+    ``original_reference``, ``saturated_outputs`` and ``save_outputs``: ``Job``'s."""
     folder.mkdir(parents=True)
     np.savez(folder / "inputs.npz", **{f"in{i}": a for i, a in enumerate(arrays)})
     np.savez(folder / "reference.npz", **{f"out{i}": a for i, a in enumerate(reference)})
     job = Job(KERNEL_FUNCTION, verify,
               tuple(job_candidate(p, key, text) for p, text in sources.items()),
               output_specs(region), parallel, cache_group=setup.cache.trust.group,
-              original_reference=original_reference, saturated_outputs=saturated_outputs)
+              original_reference=original_reference, saturated_outputs=saturated_outputs,
+              save_outputs=save_outputs)
     return run_job(setup.executor, folder, job, setup.target, setup.timeout)
 
 

@@ -13,7 +13,7 @@ an .npz, sizes checked before any byte is decompressed (``read_inputs``: an .npz
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Callable, Mapping
 
 import math
 import os
@@ -119,8 +119,10 @@ def _check_input_memory(value: onnx.ValueInfoProto, where: str) -> None:
 
 
 def compare(reference: onnx.ModelProto, candidate: onnx.ModelProto,
-            feeds: Mapping[str, np.ndarray], thresholds: Thresholds | None = None
-            ) -> Verification:
+            feeds: Mapping[str, np.ndarray], thresholds: Thresholds | None = None,
+            run: Callable[[onnx.ModelProto, Mapping], dict] = run_model) -> Verification:
+    """``candidate`` run by ``run`` (a blob's compiled graph: the reference runtime's
+    executor) against ``reference`` run in onnxruntime, on ``feeds``."""
     try:  # the original model takes float32 where a converted one takes fp16
         expected = run_model(reference, in_input_types(reference, feeds))
     except CannotRun as why:  # a custom-domain op: not the compiler's fault, nothing to check
@@ -130,7 +132,7 @@ def compare(reference: onnx.ModelProto, candidate: onnx.ModelProto,
                          fix="give the inputs its shapes depend on with --inputs; --no-verify "
                              "builds it without the check") from None
     try:
-        actual = run_model(candidate, feeds)
+        actual = run(candidate, feeds)
     except CannotRun as why:
         return Verification("failed", (), f"the compiled graph does not run: {why}")
     checks = tuple(_check(name, want, actual.get(name), thresholds)

@@ -30,6 +30,9 @@ WORK = "work"
 JOB_FILE, RESULT_FILE = "job.json", "result.json"
 # The files of a job's folder the build writes for it (the rest the job writes itself).
 DATA_FILES = ("inputs.npz", "reference.npz")
+# What a job asked for its outputs (``Job.save_outputs``) writes in its folder: the arrays the
+# kernel's run filled, ``out0``, ``out1``, ... (the reference runtime: offline_compiler/execute.py)
+OUTPUTS_FILE = "outputs.npz"
 # The name a generated module gives the per-argument shapes it declares (codegen writes it,
 # the worker reads it).
 ARGUMENT_SHAPES = "ARGUMENT_SHAPES"
@@ -173,6 +176,9 @@ class Job:
     # PyPTO compares the kernel's outputs with the reference's too.
     original_reference: bool = False
     saturated_outputs: tuple[int, ...] = ()
+    # A run, not a check: the job's one candidate runs on its inputs and its outputs are saved
+    # (``OUTPUTS_FILE``), with no reference (the reference runtime executes a blob's kernel).
+    save_outputs: bool = False
 
     def to_dict(self) -> dict:
         data = {"function": self.function, "verify": self.verify}
@@ -186,6 +192,8 @@ class Job:
             data["cache_group"] = self.cache_group
         if self.original_reference:
             data.update(original_reference=True, saturated_outputs=list(self.saturated_outputs))
+        if self.save_outputs:  # only then: every other job's text (and cache key) is as before
+            data["save_outputs"] = True
         return data
 
     def to_json(self) -> str:
@@ -199,7 +207,8 @@ class Job:
                    tuple(data.get("outputs", ())), data.get("parallel"), data.get("folder"),
                    data.get("host_compiler_cache"), data.get("cache_group"),
                    bool(data.get("original_reference", False)),
-                   tuple(int(i) for i in data.get("saturated_outputs", ())))
+                   tuple(int(i) for i in data.get("saturated_outputs", ())),
+                   bool(data.get("save_outputs", False)))
 
     def rest(self, done: int) -> Job:
         """The job less its first ``done`` candidates (a child stops at its first failed
