@@ -10,9 +10,8 @@ inside the folder. The server says ``ready`` once torch and pypto are imported; 
 children die with their build, and so do PyPTO's own child processes (``guard_process_group``;
 docs/workers.md).
 
-Of the compiler it imports the job protocol only (``jobs/protocol.py``); the package around it
-still imports the stages (docs/determinism.md, "What the fork server imports": the server's
-imports reach the kernels' bytes).
+Of the compiler it imports the job protocol only (``jobs/protocol.py``); the package imports the
+stages (docs/determinism.md, "What the fork server imports": they reach the kernels' bytes).
 
 Recipes (docs/pypto-recipes.md):
 - a quiet simulator config through ``TILEFWK_CONFIG_PATH``;
@@ -46,7 +45,8 @@ import numpy as np
 from pypto_offline.pypto_kernels import host_compiler_cache
 from pypto_offline.pypto_kernels.jobs.protocol import (ARGUMENT_SHAPES, OUTPUTS_FILE, PAD,
                                                        PR_SET_PDEATHSIG, SERVER_READY,
-                                                       STARTED_MARKER, WORK, crashed, workspace)
+                                                       STARTED_MARKER, WORK, calculator_library,
+                                                       crashed, workspace)
 from pypto_offline.pypto_kernels.program_figures import (buffer_refusal, cost_of, copy_traffic,
                                                          keep_artifacts, log_sizes,
                                                          read_program, ub_peak, verdicts)
@@ -98,8 +98,6 @@ def _overlay_first(folder: Path, file_text: str) -> Path:
 def load_calculator(cache: Path) -> None:
     """Build PyPTO's torch-based interpreter once per machine (about 30 s), then load it."""
     from pypto._utils import BuildOnlineManager
-
-    from pypto_offline.pypto_kernels.jobs.protocol import calculator_library
 
     manager = BuildOnlineManager()
     if manager.calculator_loaded:
@@ -306,8 +304,7 @@ def _run_kernel(job: dict, candidate: dict, folder: Path, inputs: list, outputs:
     kernel, declared = _load_kernel(candidate, job["function"])
     arguments = as_arguments(inputs + outputs, declared)
     if job.get("verify") and not (job.get("original_reference") or job.get("save_outputs")):
-        # PyPTO compares them too (a run of the reference runtime has no reference)
-        import pypto
+        import pypto  # PyPTO compares them too (a run of the reference runtime has none)
 
         reference = np.load(folder / "reference.npz")
         goldens = [torch.from_numpy(np.ascontiguousarray(reference[f"out{i}"]).reshape(
@@ -375,12 +372,11 @@ def _candidate(job: dict, index: int, folder: Path, torch, data) -> dict:
     space, kept = enter_workspace(job, folder, index), folder / "artifacts" / f"c{index}"
     result = _compile_once(own, candidate, folder, arrays, torch)
     outputs = result.pop("outputs", None)
+    if job.get("verify") and outputs is not None:  # pass-verify's interpreter filled them
+        result["verdicts"] = verdicts(space / "verify")
     if job.get("save_outputs") and outputs is not None:  # a run: its outputs are the answer
-        if job.get("verify"):  # pass-verify's interpreter filled them (docs/pypto-recipes.md)
-            result["verdicts"] = verdicts(space / "verify")
         np.savez(folder / OUTPUTS_FILE, **{f"out{i}": o for i, o in enumerate(outputs)})
     elif job.get("verify") and outputs is not None:
-        result["verdicts"] = verdicts(space / "verify")
         result.update(_compare(outputs, folder / "reference.npz",
                                job.get("saturated_outputs", ())))
         # longest first: the run folder (named with a timestamp and pid) is inside the working
