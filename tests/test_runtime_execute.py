@@ -180,3 +180,28 @@ def test_a_job_asking_for_its_outputs_says_so_and_every_other_job_reads_as_befor
     assert "save_outputs" not in job.to_json()
     asked = Job("kernel", True, (), save_outputs=True)
     assert Job.from_dict(asked.to_dict()) == asked and asked.to_dict()["save_outputs"] is True
+
+
+@pytest.mark.pypto
+def test_a_force_fp16_blob_run_by_pypto_holds_its_mode_s_thresholds(tmp_path, example_cache):
+    """A converted blob's run (kernels by their fp16 PyPTO programs) against onnxruntime on the
+    original fp32 model: held to the mode's thresholds (cosine and relative distance,
+    docs/precision.md), as its build's check is, since fp16 cannot equal fp32 to 1e-5."""
+    from pypto_offline.runtime import precision_metrics
+    from pypto_offline.verify import Thresholds
+
+    model, blob_path = tmp_path / "example.onnx", tmp_path / "example.ptom"
+    shutil.copy(EXAMPLE, model)
+    cache = warm_cache(example_cache, tmp_path)
+    assert cli.main([str(model), "--target", "kirin9050", "--input-shape", "x=1,3,64,64",
+                     "--precision_mode", "force_fp16", "-o", str(blob_path), "--no-report",
+                     "--quiet", "--cache-dir", str(cache)]) == 0
+    model.unlink()
+    inputs = example_input(seed=2)
+    execution = api.load(blob_path).execute(inputs, cache_dir=cache)
+    assert execution.kernels and all(k.by == BY_PYPTO for k in execution.kernels)
+    expected = run_model(onnx.load(EXAMPLE), inputs)
+    thresholds = Thresholds.of("force_fp16")
+    for name, want in expected.items():
+        metrics = precision_metrics(want, execution.outputs[name].astype(want.dtype))
+        assert thresholds.holds(metrics), (name, metrics)
