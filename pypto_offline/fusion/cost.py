@@ -19,7 +19,7 @@ from pypto_offline.fusion.records import Cost, RegionOp
 from pypto_offline.fusion.rows import broadcasts_to
 from pypto_offline.importer import ImportedGraph, Node
 from pypto_offline.importer.input_shapes import tensor_bytes as bytes_of
-from pypto_offline.importer.ops import (MATMUL, POINTWISE_OPS, READS_ALL,
+from pypto_offline.importer.ops import (CONV_OPS, MATMUL, POINTWISE_OPS, READS_ALL,
                                         READS_WINDOW, VIEW_ONLY_OPS, kind_of, matmul_extents,
                                         is_depthwise_conv, reads_of, stride_one_span)
 from pypto_offline.targets import ASCEND910B, Target
@@ -98,7 +98,7 @@ def cube_reread_bytes(ops: Sequence[RegionOp], tensor_types) -> int:
         (left, left_dtype), (right, right_dtype) = (tensor_types[t] for t in op.inputs[:2])
         out = list(tensor_types[op.outputs[0]][0])
         left_bytes, right_bytes = bytes_of((), left_dtype), bytes_of((), right_dtype)
-        if op.op_type == "Conv":  # W[Cout, Cin·kh·kw] @ columns[Cin·kh·kw, Ho·Wo] (codegen)
+        if op.op_type in CONV_OPS:  # W[Cout, Cin·kh·kw] @ columns[Cin·kh·kw, Ho·Wo] (codegen)
             (m, n), k, slices = matmul_extents("Conv", out, 2), left[1] * prod(right[2:]), 1
             left_bytes, right_bytes = right_bytes, left_bytes
         elif len(right) == 2:  # the left operand's leading axes fold into M
@@ -152,7 +152,7 @@ def cube_handoff_bytes(ops: Sequence[RegionOp], tensor_types) -> int:
         if kind_of(op.op_type, op.params) != MATMUL:
             continue
         product = op.outputs[0]
-        vector_bias = op.op_type == "Conv" and len(op.inputs) > 2 and bool(op.inputs[2])
+        vector_bias = op.op_type in CONV_OPS and len(op.inputs) > 2 and bool(op.inputs[2])
         if product in readers or vector_bias:
             handoff += 2 * bytes_of(*tensor_types[product])
     return handoff
@@ -166,7 +166,7 @@ def staging_bytes(op: Node, image, out, itemsize: int) -> int:
     image once. Below what PyPTO measures (3x3 depthwise, C=32, 40x40: 2.77 MB estimated, 3.23
     measured beyond the bound), so a bound too. 0 for any other op
     and for a 1x1 convolution (the image is the cube's operand as it is)."""
-    if op.op_type != "Conv" or not op.params:
+    if op.op_type not in CONV_OPS or not op.params:
         return 0
     channels, height, width = image[1:]
     top, left, bottom, right = op.params["pads"]

@@ -38,9 +38,9 @@ from typing import Collection, Mapping, Sequence
 import numpy as np
 
 from pypto_offline.fusion.records import RegionOp
-from pypto_offline.importer.ops import (BROADCAST, ELEMENTWISE, OPS, PER_ROW_PARAMETER_OPS,
-                                        POINTWISE_OPS, REDUCTION, ROW_RESULT_OPS, VIEW,
-                                        is_cube_conv, kind_of)
+from pypto_offline.importer.ops import (BROADCAST, CONV_OPS, ELEMENTWISE, OPS,
+                                        PER_ROW_PARAMETER_OPS, POINTWISE_OPS, REDUCTION,
+                                        ROW_RESULT_OPS, VIEW, is_cube_conv, kind_of)
 
 FULL, ROW, COLUMN, SCALAR, EXPANDED, OWN = "full", "row", "column", "scalar", "expanded", "own"
 
@@ -110,7 +110,7 @@ def row_layout(ops: Sequence[RegionOp], shapes: Mapping[str, Sequence[int]],
     sources: dict[str, list[str]] = {}  # an op on EXPANDED operands: its output → its operands
     own: dict[str, tuple[int, int]] = {}
     for op in ops:  # a computed tensor has its producer's kind first
-        if op.op_type == "Conv":
+        if op.op_type in CONV_OPS:
             _conv_planes(op, shapes, rows, columns, kinds, own)
         elif _on_own(op, shapes, kinds, own, sources):
             continue

@@ -17,7 +17,7 @@ import numpy as np
 import onnx
 
 from pypto_offline.errors import ModelError
-from pypto_offline.importer import batchnorm, folding, shape_probe
+from pypto_offline.importer import batchnorm, folding, quantised, shape_probe
 from pypto_offline.importer.graph import ImportedGraph, ImportStats, Node, TensorInfo
 from pypto_offline.importer.input_shapes import (check_dims, check_given_inputs, fix_input_shapes,
                                                  graph_inputs)
@@ -60,7 +60,7 @@ def import_model(source: "str | os.PathLike | bytes | onnx.ModelProto",
     fix_input_shapes(model, input_shapes, label, dims)
     check_given_inputs(model, inputs or {}, label, input_dtypes)
     given = in_input_types(model, inputs or {})
-    model, probed, cannot_run = _fold_to_fixed_point(model, given, label)
+    model, probed, cannot_run, integer = _fold_to_fixed_point(model, given, label)
     nodes_after_folding = len(model.graph.node)
     inferred = _inferred_types(model)
     tensors, corrected = _merge_shapes(model, inferred, probed, label)
@@ -85,6 +85,7 @@ def import_model(source: "str | os.PathLike | bytes | onnx.ModelProto",
         nodes_after_folding=nodes_after_folding,
         nodes_normalised=_count_normalised(records),
         shapes_corrected=tuple(corrected),
+        quantised=integer,
         seconds=time.perf_counter() - started)
     return ImportedGraph(
         model=model, opset=opset, nodes=tuple(records), tensors=tensors,
@@ -96,14 +97,17 @@ def import_model(source: "str | os.PathLike | bytes | onnx.ModelProto",
 
 
 def _fold_to_fixed_point(model: onnx.ModelProto, given: Mapping[str, np.ndarray], label: str):
-    """(folded model, probed shapes, the error if onnxruntime cannot run the model at all).
-    Each fold and each probe runs only once its model's tensors fit the memory budget."""
+    """(folded model, probed shapes, the error if onnxruntime cannot run the model at all,
+    what ``quantised`` made integer). Each fold and each probe runs only once its model's
+    tensors fit the memory budget."""
     # The source's weights are in memory already, as initializers or as Constant nodes (which
     # folding lifts to initializers of the same name): only what is computed counts.
     weights = {t.name for t in model.graph.initializer}
     weights |= {n.output[0] for n in model.graph.node if n.op_type == "Constant" and n.output}
     shape_probe.check_memory(model, label, weights)
     model = batchnorm.fold_batch_norms(folding.fold(model))
+    model, integer = quantised.fold_quantised(model)
+    integer = integer.summary()
     try:
         shape_probe.check_memory(model, label, weights)
         probed = shape_probe.probe(model, given)
@@ -115,8 +119,8 @@ def _fold_to_fixed_point(model: onnx.ModelProto, given: Mapping[str, np.ndarray]
             shape_probe.check_memory(model, label, weights)
             probed = shape_probe.probe(model, given)
     except CannotRun as error:
-        return model, {}, error
-    return model, probed, None
+        return model, {}, error, integer
+    return model, probed, None, integer
 
 
 def _has_foldable_shape_ops(model: onnx.ModelProto, probed) -> bool:

@@ -515,4 +515,4 @@ for _op in ("Cast", "Identity", "DepthToSpace", "SpaceToDepth"):
 
 
 # The contractions' normalisers register themselves (their module imports this one's tools)
-from pypto_offline.importer import contractions  # noqa: E402,F401
+from pypto_offline.importer import contractions, quantised  # noqa: E402,F401

@@ -25,7 +25,7 @@ def _within_cube_bound(form: str, inner_axes: dict[str, int]) -> None:
                                f"PyPTO's cube limit of {CUBE_INNER_AXIS_LIMIT})")
 
 
-@normaliser("MatMul")
+@normaliser("MatMul", "MatMulInteger")
 def _matmul(ctx: NodeContext) -> dict[str, Any]:
     """Canonical: both operands of rank 2 or more, and the right one 2-D (a weight) or with the
     left one's batch axes. A 1-D operand or batch axes that broadcast stay a boundary."""
@@ -69,7 +69,7 @@ WINDOW_LIMITS = {"kernel_shape": 5, "strides": 2, "dilations": 2}
 MAX_GROUPS = 8
 
 
-@normaliser("Conv")
+@normaliser("Conv", "ConvInteger")
 def _conv(ctx: NodeContext) -> dict[str, Any]:
     """Canonical: a convolution of one 2-D image, of one group or depthwise (a group per input
     channel, one filter each), with a small window. A 1x1 one of one group with unit strides

@@ -150,6 +150,19 @@ def _conv(p, inputs, opset, const):
     return _window({k: v for k, v in p.items() if k != "depthwise"}, inputs, opset, const)
 
 
+def _quantise(p, inputs, opset, const):
+    """A per-tensor QuantizeLinear: its scale, and its zero point in the type it writes."""
+    zero = np.asarray(p["zero_point"], helper.tensor_dtype_to_np_dtype(p["to"]))
+    return inputs + [const.array("scale", np.float32(p["scale"])),
+                     const.array("zero_point", zero)], {}
+
+
+def _dequantise(p, inputs, opset, const):
+    """A per-tensor DequantizeLinear: its scale, and its zero point in its input's type."""
+    return inputs + [const.array("scale", np.float32(p["scale"])),
+                     const.scalar("zero_point", p["zero_point"])], {}
+
+
 def _no_attributes(p, inputs, opset, const):
     """Ops whose canonical parameters are implied by the op (global pooling's axes)."""
     return inputs, {}
@@ -172,7 +185,7 @@ def _never_canonical(p, inputs, opset, const):
 # perm, Flatten's axis, Gemm's transposes; a canonical MatMul has none). Listed rather
 # than a default: an op whose encoding changed at some opset must say so.
 _ATTRIBUTE_OPS = (
-    "Flatten Identity Concat Transpose DepthToSpace SpaceToDepth Cast MatMul Gemm "
+    "Flatten Identity Concat Transpose DepthToSpace SpaceToDepth Cast MatMul Gemm MatMulInteger "
     "Abs Neg Not Relu Sigmoid Exp Log Sqrt Reciprocal IsNaN IsInf Floor Ceil Round Sign Sin Cos "
     "LeakyRelu HardSigmoid HardSwish Softsign ThresholdedRelu Shrink Swish Tanh Erf Tan Asin "
     "Acos Atan Sinh Cosh Asinh Acosh Atanh Elu Selu Celu Softplus Gelu Mish "
@@ -187,6 +200,7 @@ ENCODERS: Mapping[str, Callable] = MappingProxyType({
     "Softmax": _softmax, "LogSoftmax": _softmax, "LayerNormalization": _layer_normalization,
     "InstanceNormalization": _instance_normalization, "GroupNormalization": _group_normalization,
     **{op: _reduce(op) for op in REDUCE_OPS}, **{op: _window for op in POOL_OPS}, "Conv": _conv,
+    "ConvInteger": _conv, "QuantizeLinear": _quantise, "DequantizeLinear": _dequantise,
     **{op: _no_attributes for op in GLOBAL_POOL_OPS}, "BatchNormalization": _never_canonical,
     **{op: same_in_every_opset for op in _ATTRIBUTE_OPS.split()},
 })

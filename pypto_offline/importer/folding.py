@@ -13,6 +13,8 @@ import onnx
 import onnx_ir as ir
 import onnxscript.optimizer
 
+from pypto_offline.importer.quantised import keeps_quantised
+
 # Element counts: large enough to fold weight transposes and shape tables, small enough that folding
 # never materialises a broadcast activation as a constant.
 INPUT_SIZE_LIMIT = 1 << 22
@@ -24,8 +26,12 @@ MAX_ROUNDS = 6
 logging.getLogger("onnxscript.optimizer").addHandler(logging.NullHandler())
 
 
-def _fold_constant_of_shape(node: ir.Node) -> bool | None:
+def _should_fold(node: ir.Node) -> bool | None:
     # onnxscript leaves ConstantOfShape alone by default; exporters build pads and masks with it.
+    # A DequantizeLinear of int8 weights is kept for importer/quantised.py, which multiplies
+    # the int8 values on the cube (and folds the DQs it does not take itself).
+    if keeps_quantised(node.op_type, node.domain):
+        return False
     return True if node.op_type == "ConstantOfShape" and node.domain == "" else None
 
 
@@ -39,7 +45,7 @@ def fold(model: onnx.ModelProto, known_shapes: Mapping[str, tuple[int, ...]] | N
     for _ in range(MAX_ROUNDS):
         result = onnxscript.optimizer.fold_constants(
             ir_model, onnx_shape_inference=True, input_size_limit=INPUT_SIZE_LIMIT,
-            output_size_limit=OUTPUT_SIZE_LIMIT, should_fold=_fold_constant_of_shape)
+            output_size_limit=OUTPUT_SIZE_LIMIT, should_fold=_should_fold)
         onnxscript.optimizer.remove_unused_nodes(ir_model)
         if not result.modified:
             break

@@ -61,6 +61,9 @@ class ImportStats:
     nodes_normalised: Mapping[str, int]
     shapes_corrected: tuple[str, ...]
     seconds: float
+    # A QDQ model's contractions made integer, and those left float with why
+    # (importer/quantised.py): {"integer": [output names], "left_float": {output: why}}
+    quantised: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
 
 
 @dataclass(frozen=True)
@@ -109,4 +112,5 @@ class ImportedGraph:
             "shapes_corrected": list(self.stats.shapes_corrected),
             "ops": dict(sorted(ops.items())),
             "import_seconds": round(self.stats.seconds, 3),
+            **({"quantised": dict(self.stats.quantised)} if self.stats.quantised else {}),
         }

@@ -185,14 +185,23 @@ OPS: MappingProxyType = MappingProxyType({
     # own unless its elementwise epilogue joins it (TVM's kOutEWiseFusable, IREE's root op).
     # The cube takes fp16 operands (and accumulates in L0C, fp32 on the 910B's DAV_2201).
     **_defs(MATMUL, "MatMul Gemm Conv", "MatMul Gemm Conv", precision_reduce=True),
+    # A QDQ model's quantised contractions (importer/quantised.py): int8 operands, an int32
+    # product the epilogue dequantises; no precision mode converts them (docs/int8.md)
+    **_defs(MATMUL, "MatMulInteger ConvInteger", "MatMulInteger ConvInteger"),
+    # An activation's quantisation, per tensor: a DQ reads int8 (1 byte an element across GM)
+    # and computes in float; a Q rounds half to even and saturates (docs/int8.md)
+    **_defs(ELEMENTWISE, "DequantizeLinear", "DequantizeLinear", data_inputs=1),
+    **_defs(ELEMENTWISE, "QuantizeLinear", "QuantizeLinear", data_inputs=1, floats_only=True),
 })
+# The convolutions: a Conv, and a quantised one (ConvInteger), alike in their attributes
+CONV_OPS = frozenset({"Conv", "ConvInteger"})
 
 
 def matmul_extents(op_type: str, out_shape, right_rank: int) -> tuple[int, int]:
     """The rows and columns (M, N) of the product a matmul-kind op computes, as the kernel
     generator writes it: a 1x1 Conv as ``W[Cout, Cin] @ x[Cin, H*W]``, a 2-D right operand with
     the left operand's leading axes folded into M, else a batch of ``out[-2:]`` matrices."""
-    if op_type == "Conv":
+    if op_type in CONV_OPS:
         return out_shape[1], out_shape[2] * out_shape[3]
     if right_rank == 2:
         return prod(out_shape[:-1]), out_shape[-1]
@@ -216,14 +225,14 @@ def in_scope(op_type: str, domain: str = "") -> bool:
 def is_depthwise_conv(op_type: str, params) -> bool:
     """A canonical Conv of a group per channel, one filter each (importer/contractions._conv,
     which records ``depthwise``): a window op."""
-    return op_type == "Conv" and bool((params or {}).get("depthwise"))
+    return op_type in CONV_OPS and bool((params or {}).get("depthwise"))
 
 
 def is_cube_conv(op_type: str, params) -> bool:
     """A canonical Conv the cube computes as ``W[Cout, Cin·kh·kw] @ columns[Cin·kh·kw, Ho·Wo]``:
     a 1x1 one (no parameters: the columns are the image), or any other that is not depthwise
     (a grouped one with block-diagonal weights)."""
-    return op_type == "Conv" and not is_depthwise_conv(op_type, params)
+    return op_type in CONV_OPS and not is_depthwise_conv(op_type, params)
 
 
 def kind_of(op_type: str, params=None) -> str | None:

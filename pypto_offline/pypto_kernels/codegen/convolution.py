@@ -183,4 +183,4 @@ def _per_channel(w: Writer, tensor: str, window, offsets, width: int, dtype: int
     return let(w, f"pypto.expand_clone({value}, [1, {channels}, 1, {width}])")
 
 
-LOWERINGS: Mapping[str, Callable[[Writer, RegionOp], None]] = {"Conv": _conv}
+LOWERINGS: Mapping[str, Callable[[Writer, RegionOp], None]] = {"Conv": _conv, "ConvInteger": _conv}

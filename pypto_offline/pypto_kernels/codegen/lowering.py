@@ -9,7 +9,7 @@ from pypto_offline.fusion.records import RegionOp
 from pypto_offline.fusion.rules import DECOMPOSED
 from pypto_offline.importer.ops import VIEW_ONLY_OPS
 from pypto_offline.pypto_kernels.codegen import (convolution, elementwise, matmul, movement,
-                                                 reduction)
+                                                 quantisation, reduction)
 from pypto_offline.pypto_kernels.codegen.writer import CannotExpress, Writer
 
 Lowering = Callable[[Writer, RegionOp], None]
@@ -30,7 +30,7 @@ def merged(tables: Mapping[str, Mapping[str, Lowering]]) -> dict[str, Lowering]:
 LOWERINGS: dict[str, Lowering] = merged({
     "movement": movement.LOWERINGS, "elementwise": elementwise.LOWERINGS,
     "reduction": reduction.LOWERINGS, "matmul": matmul.LOWERINGS,
-    "convolution": convolution.LOWERINGS,
+    "convolution": convolution.LOWERINGS, "quantisation": quantisation.LOWERINGS,
 })
 
 

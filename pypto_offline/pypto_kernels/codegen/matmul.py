@@ -224,5 +224,5 @@ def _hold_slice(w: Writer, tensor: str, argument: str, indexes, batch) -> None:
 
 
 LOWERINGS: dict[str, Callable[[Writer, RegionOp], None]] = {
-    "MatMul": _matmul, "Gemm": _matmul,
+    "MatMul": _matmul, "Gemm": _matmul, "MatMulInteger": _matmul,
 }

@@ -1,0 +1,66 @@
+"""Lowerings of an activation's quantisation (docs/int8.md): ``DequantizeLinear`` reads the
+int8 tensor and computes in fp32, ``QuantizeLinear`` writes int8. Both per tensor
+(``importer/quantised.py``). Measured exact against numpy in PyPTO 0.2.0's interpreter: int8 ->
+fp32 casts; fp32 -> int32 rounds half to even by default (ONNX's rounding); int32 -> fp16 ->
+int8 keeps an integer of [-128, 255] as it is."""
+from __future__ import annotations
+
+from typing import Callable
+
+import onnx
+
+from pypto_offline.fusion.records import RegionOp
+from pypto_offline.pypto_kernels.activations import literal as float_literal
+from pypto_offline.pypto_kernels.codegen.layout import elementwise_shape
+from pypto_offline.pypto_kernels.codegen.writer import Writer, full, let, pypto_dtype
+
+FLOAT = onnx.TensorProto.FLOAT
+# The values each quantised type holds: a Q saturates to them
+SATURATION = {onnx.TensorProto.INT8: (-128, 127), onnx.TensorProto.UINT8: (0, 255)}
+
+
+def _in_fp32(w: Writer, op: RegionOp) -> tuple[str, list[int]]:
+    """The op's input as fp32 (cast from any other type), and the shape it runs on; the tile
+    is fp32's, what its temporaries are held in."""
+    out = op.outputs[0]
+    shape = elementwise_shape(w, out, op.inputs[0])
+    value = w.value(op.inputs[0], shape)
+    w.follow(shape, FLOAT, op.inputs)
+    if w.dtype(op.inputs[0]) != FLOAT:
+        value = let(w, f"pypto.cast({value}, pypto.DT_FP32)")
+    return value, shape
+
+
+def _dequantize(w: Writer, op: RegionOp) -> None:
+    """``(x - zero_point) * scale`` in fp32; cast to the output's type if it is another."""
+    value, shape = _in_fp32(w, op)
+    zero, scale = op.params["zero_point"], op.params["scale"]
+    if zero:
+        value = f"({value} - {float_literal(float(zero))})"
+    value = f"{value} * {float_literal(scale)}"
+    out_dtype = w.dtype(op.outputs[0])
+    if out_dtype != FLOAT:
+        value = f"pypto.cast({value}, {pypto_dtype(out_dtype)})"
+    w.assign(op.outputs[0], value, shape)
+
+
+def _quantize(w: Writer, op: RegionOp) -> None:
+    """``saturate(round_half_even(x / scale) + zero_point)``: the division as ONNX writes it
+    (a product by 1/scale rounds differently), the bounds in fp32, the rounding by the cast to
+    int32, then through fp16 to the 8-bit type (PyPTO 0.2.0 casts int32 to no 8-bit type)."""
+    value, shape = _in_fp32(w, op)
+    low, high = SATURATION[op.params["to"]]
+    zero = float(op.params["zero_point"])
+    value = let(w, f"pypto.div({value}, {full(w, shape, op.params['scale'], FLOAT)})")
+    if zero:
+        value = f"({value} + {float_literal(zero)})"
+    value = (f"pypto.minimum(pypto.maximum({value}, {float_literal(float(low))}), "
+             f"{float_literal(float(high))})")
+    rounded = let(w, f"pypto.cast({value}, pypto.DT_INT32)")
+    half = let(w, f"pypto.cast({rounded}, pypto.DT_FP16)")
+    w.assign(op.outputs[0], f"pypto.cast({half}, {pypto_dtype(op.params['to'])})", shape)
+
+
+LOWERINGS: dict[str, Callable[[Writer, RegionOp], None]] = {
+    "DequantizeLinear": _dequantize, "QuantizeLinear": _quantize,
+}
