@@ -1,0 +1,97 @@
+"""Small QDQ models for unit tests (issue 52), made as a phone pipeline makes them: a float model
+quantised by onnxruntime's ``quantize_static`` (``bench.int8.quantise``: QDQ format, per-channel
+int8 weights, int8 activations, MinMax on seeded random calibration batches).
+
+Each builder returns ``(qdq_model, fp32_model)`` as protos (as tests/onnx_builders.py does): the
+tests compare the QDQ build's kernels with the fp32 model's. The same bytes on every call (seeded
+weights and calibration; quantize_static is deterministic). ``BUILDERS`` names them all.
+"""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+
+from bench.int8 import quantise
+from tests.onnx_builders import GraphBuilder
+
+CALIBRATION = 8
+IMAGE = (1, 16, 16, 16)  # NCHW
+
+
+def calibration_feeds(model: onnx.ModelProto, batches: int = CALIBRATION) -> list[dict]:
+    """Seeded standard-normal batches for every input (seeds 1..batches; tests use seed 0)."""
+    return [inputs_of(model, seed) for seed in range(1, batches + 1)]
+
+
+def inputs_of(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {value.name: rng.standard_normal(
+        [d.dim_value for d in value.type.tensor_type.shape.dim]).astype(np.float32)
+        for value in model.graph.input}
+
+
+def _weight(shape, seed: int) -> np.ndarray:
+    """He-scaled seeded weights: activations stay of order 1 layer after layer."""
+    fan_in = int(np.prod(shape[1:])) if len(shape) == 4 else shape[0]
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal(shape) * np.sqrt(2.0 / fan_in)).astype(np.float32)
+
+
+def _bias(size: int, seed: int) -> np.ndarray:
+    return (np.random.default_rng(seed).standard_normal(size) * 0.1).astype(np.float32)
+
+
+def _conv(b: GraphBuilder, x: str, c_in: int, c_out: int, kernel: int, seed: int,
+          group: int = 1) -> str:
+    weight = b.const(_weight((c_out, c_in // group, kernel, kernel), seed))
+    return b.op("Conv", [x, weight, b.const(_bias(c_out, seed + 100))], group=group,
+                kernel_shape=[kernel, kernel], pads=[kernel // 2] * 4)
+
+
+def _quantised(fp32: onnx.ModelProto) -> tuple[onnx.ModelProto, onnx.ModelProto]:
+    # no quant_pre_process: its graph optimisation would fuse MatMul + Add into a Gemm, and
+    # these models are the op patterns they are named for
+    return quantise(fp32, calibration_feeds(fp32), prepare=False), fp32
+
+
+def matmul_bias_relu() -> tuple[onnx.ModelProto, onnx.ModelProto]:
+    """Relu(x[64,128] @ W[128,64] + b[64])."""
+    b = GraphBuilder()
+    x = b.input("x", [64, 128])
+    y = b.op("MatMul", [x, b.const(_weight((128, 64), 1))])
+    y = b.op("Relu", [b.op("Add", [y, b.const(_bias(64, 2))])])
+    return _quantised(b.model(y))
+
+
+def conv1x1_relu() -> tuple[onnx.ModelProto, onnx.ModelProto]:
+    """Relu(Conv 1x1, 16 -> 32 channels) on 1x16x16x16."""
+    b = GraphBuilder()
+    y = b.op("Relu", [_conv(b, b.input("x", IMAGE), 16, 32, 1, seed=3)])
+    return _quantised(b.model(y))
+
+
+def conv3x3_relu() -> tuple[onnx.ModelProto, onnx.ModelProto]:
+    """Relu(Conv 3x3 pad 1, 16 -> 32 channels) on 1x16x16x16."""
+    b = GraphBuilder()
+    y = b.op("Relu", [_conv(b, b.input("x", IMAGE), 16, 32, 3, seed=4)])
+    return _quantised(b.model(y))
+
+
+def depthwise3x3_relu6() -> tuple[onnx.ModelProto, onnx.ModelProto]:
+    """Clip(depthwise Conv 3x3 pad 1 (group = 16 channels), 0, 6) on 1x16x16x16."""
+    b = GraphBuilder()
+    y = _conv(b, b.input("x", IMAGE), 16, 16, 3, seed=5, group=16)
+    y = b.op("Clip", [y, b.const(np.float32(0.0)), b.const(np.float32(6.0))])
+    return _quantised(b.model(y))
+
+
+def residual_convs() -> tuple[onnx.ModelProto, onnx.ModelProto]:
+    """A residual block of two 1x1 convs, 16 channels: r = Relu(conv1(x)); conv2(r) + r."""
+    b = GraphBuilder()
+    r = b.op("Relu", [_conv(b, b.input("x", IMAGE), 16, 16, 1, seed=6)])
+    y = b.op("Add", [_conv(b, r, 16, 16, 1, seed=7), r])
+    return _quantised(b.model(y))
+
+
+BUILDERS = {f.__name__: f for f in (matmul_bias_relu, conv1x1_relu, conv3x3_relu,
+                                    depthwise3x3_relu6, residual_convs)}
