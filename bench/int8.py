@@ -1,7 +1,7 @@
 """Corpus models quantised as a phone pipeline would, built as int8 (issue 52).
 
     python -m bench.int8 [--models ppocr_cls_v2,...] [--target kirin9050] [--name int8]
-                         [--qdq-dir DIR] [--cache-dir DIR] [--out bench/results/int8]
+                         [--qdq-dir DIR] [--cache-dir DIR] [--out bench/results/int8] [--table]
 
 Each model is quantised with onnxruntime's ``quantize_static`` as its documentation says a user
 should: ``quant_pre_process`` first (onnx's shape inference, basic graph optimisation), then QDQ
@@ -40,6 +40,7 @@ MODELS = ("ppocr_cls_v2", "nudenet_yolov8n_320", "tf_bert_encoder", "tf_vit")
 CALIBRATION = 8
 PER_CHANNEL_OPSET = 13  # DequantizeLinear's axis
 GM_TARGET = 0.4
+INTEGER_OPS = {"MatMulInteger", "ConvInteger", "QLinearMatMul", "QLinearConv"}
 
 
 def qdq_path(name: str, folder: Path) -> Path:
@@ -115,8 +116,12 @@ def build(path: Path, name: str, target: str, cache_dir: Path, feeds: dict) -> d
     check = s["verification"]
     return {"kernels_after": s["kernels_after"], "gm_bytes_after": s["gm_bytes_after"],
             "est_time_us_after": s["est_time_us_after"],
+            "compiled": s["pypto"]["compiled"],
             "fell_back": sum(k["status"] == "fell_back" for k in s["kernels"]),
-            "verification": check["status"], "outputs": check["metrics"]}
+            # the kernels holding an integer contraction (docs/int8.md)
+            "integer_kernels": sum(bool(INTEGER_OPS & set(k["ops"])) for k in s["kernels"]),
+            "verification": check["status"], "outputs": check["metrics"],
+            "kernels_beyond": check.get("kernels_beyond_thresholds", [])}
 
 
 def qdq_accuracy(name: str, qdq: Path, feeds: dict) -> dict:
@@ -153,27 +158,30 @@ def measure(name: str, target: str, qdq_dir: Path, cache_dir: Path) -> dict:
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| model | kernels int8 (fp32) | ratio | GM bytes int8 (fp32) | ratio | modelled µs "
-             "int8 (fp32) | verification int8 vs QDQ in onnxruntime (least cosine, max abs) | "
-             "QDQ vs fp32 in onnxruntime (least cosine, max abs) | fp32 verification | target "
-             f"(GM ≤ {GM_TARGET}x, kernels ≤ fp32) |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| model | kernels int8 (fp32) | ratio | int8 kernels with an integer contraction "
+             "| GM bytes int8 (fp32) | ratio | modelled µs int8 (fp32) | verification int8 vs "
+             "QDQ in onnxruntime (least cosine, max abs; kernels beyond) | QDQ vs fp32 in "
+             "onnxruntime (least cosine, max abs) | fp32 verification | target "
+             f"(GM ≤ {GM_TARGET}x, kernels ≤ fp32) |", "|---" * 11 + "|"]
     for r in rows:
         fp32, int8 = r["fp32"], r["int8"]
         accuracy = _least(r["qdq_vs_fp32"])
         if "error" in fp32 or "error" in int8:
             error = int8.get("error") or fp32.get("error")
-            lines.append(f"| {r['model']} | error: {error[:100]} | | | | | | {accuracy} | | "
-                         "|")
+            lines.append(f"| {r['model']} | error: {error[:100]} | | | | | | | {accuracy} | "
+                         "| |")
             continue
         ratio = r["ratio"]
         met = ratio["gm_bytes_after"] <= GM_TARGET and int8["kernels_after"] <= fp32[
             "kernels_after"]
         lines.append(
             f"| {r['model']} | {int8['kernels_after']} ({fp32['kernels_after']}) | "
-            f"{ratio['kernels_after']:.2f} | {int8['gm_bytes_after']:,} "
+            f"{ratio['kernels_after']:.2f} | {int8.get('integer_kernels', '—')} | "
+            f"{int8['gm_bytes_after']:,} "
             f"({fp32['gm_bytes_after']:,}) | {ratio['gm_bytes_after']:.2f} | "
             f"{int8['est_time_us_after']:.1f} ({fp32['est_time_us_after']:.1f}) | "
-            f"{int8['verification']} ({_least(int8['outputs'])}) | {accuracy} | "
+            f"{int8['verification']} ({_least(int8['outputs'])}; "
+            f"{len(int8.get('kernels_beyond', []))}) | {accuracy} | "
             f"{fp32['verification']} | {'met' if met else 'missed'} |")
     return "\n".join(lines) + "\n"
 
@@ -196,10 +204,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cache-dir", type=Path, default=None,
                         help="the kernel cache (default: the user's, warm for the fp32 corpus)")
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--table", action="store_true",
+                        help="only write NAME.md again from NAME.json")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"{args.name}.json"
     rows = json.loads(path.read_text()) if path.exists() else []
+    if args.table:
+        (args.out / f"{args.name}.md").write_text(table(rows))
+        return 0
     for name in args.models.split(","):
         row = measure(name, args.target, args.qdq_dir, args.cache_dir)
         rows = [r for r in rows if r["model"] != name] + [row]
