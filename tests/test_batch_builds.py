@@ -57,7 +57,7 @@ def test_a_batch_writes_every_build_and_one_json_line_each_in_order(batch):
     assert [(Path(b["model"]).stem, b["target"]) for b in builds] == [
         (m.stem, t) for m in models for t in TARGETS.split(",")]
     for build in builds:
-        assert build["schema_version"] == 7 and build["verification"]["status"] == "passed"
+        assert build["schema_version"] == 8 and build["verification"]["status"] == "passed"
         assert Path(build["blob"]) == folder / "out" / f"{Path(build['model']).stem}." \
                                                        f"{build['target']}.ptom"
         assert Path(build["blob"]).is_file() and Path(build["report"]).is_file()

@@ -86,6 +86,7 @@ def test_summary_has_the_promised_fields(builds):
         "status": "passed", "onnxruntime": "passed", "max_abs_diff": 0.0,
         "reference": None, "thresholds": None, "worst_output": None, "worst_kernel": None,
         "kernels_beyond_thresholds": [], "kernel_sources": None, "saturated_weights": [],
+        "float_original": None,
         "metrics": {"y": {"cosine": 1.0, "max_abs": 0.0, "max_rel": 0.0, "rms": 0.0,
                           "rel_distance": 0.0, "passed": True}},
         "gear": 0, "failed_gears": []}  # a blob of one shape: its one gear's check
@@ -138,7 +139,7 @@ def test_every_json_output_follows_the_schema(builds, tmp_path):
     for kind, output in outputs.items():
         errors = [e.message for e in schema_validator(kind).iter_errors(output)]
         assert not errors, (kind, errors[:3])
-        assert output["schema_version"] == 7
+        assert output["schema_version"] == 8
     (kernel,) = compiled["kernels"]
     assert kernel["status"] == "compiled" and kernel["fallback_category"] is None
     broken = {**compiled, "kernels": [{**kernel, "status": "maybe"}]}
@@ -222,7 +223,7 @@ def test_real_inputs_from_npz_and_their_errors(builds, tmp_path, capfd):
 def test_targets_lists_every_chip_with_sources(capfd):
     assert cli.main(["targets", "--json"]) == 0
     printed = json.loads(capfd.readouterr().out)
-    assert printed["schema_version"] == 7
+    assert printed["schema_version"] == 8
     listing = printed["targets"]
     assert set(listing) == set(TARGETS)
     for name, figures in listing.items():

@@ -320,7 +320,7 @@ def built(tmp_path_factory):
 def test_a_two_gear_blob_verifies_each_gear_and_stores_the_shared_kernel_once(built, capsys):
     assert cli.main(["verify", str(built["dim"]), "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
-    schema_validator("summary").validate(summary)  # schema_version 7
+    schema_validator("summary").validate(summary)  # schema_version 8
     assert [g["verification"]["status"] for g in summary["gears"]] == ["passed", "passed"]
     assert [g["inputs"]["x"] for g in summary["gears"]] == [[1, 64], [4, 64]]
     assert [(g["kernels_stored"], g["kernels_referenced"]) for g in summary["gears"]] == \

@@ -99,7 +99,7 @@ def test_an_untouched_blob_verifies_and_says_what_was_checked_now(example_build)
         "status": "passed", "onnxruntime": "passed", "max_abs_diff": 0.0,
         # a graph compiled in its own types: no thresholds, the per-dtype tolerance
         "reference": None, "thresholds": None, "worst_output": None, "worst_kernel": None,
-        "kernels_beyond_thresholds": [], "saturated_weights": [],
+        "kernels_beyond_thresholds": [], "saturated_weights": [], "float_original": None,
         "metrics": {"y": {"cosine": 1.0, "max_abs": 0.0, "max_rel": 0.0, "rms": 0.0,
                           "rel_distance": 0.0, "passed": True}},
         "kernel_sources": {"compiled": 1, "matching": 1, "differing": [], "fell_back": []},

@@ -10,6 +10,8 @@ import sys
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
+import onnx
+
 from pypto_offline.importer.precision import MUST_KEEP
 from pypto_offline.offline_compiler import gears as gear_table
 from pypto_offline.offline_compiler import ptom_pb2
@@ -19,10 +21,11 @@ from pypto_offline.pypto_kernels.records import legacy_fallback_kind
 NOT_MEASURED = "not measured"
 # The version of every JSON output's keys (``summary.schema.json``, in this folder): a change of
 # a key or of its meaning bumps it (docs/outputs.md, "JSON output").
-# 7: every gear's kernels and verdicts; 6: gears; 5: a kernel's cut; 4: precision mode and
+# 8: each kernel's dtypes, int8 outputs' steps, metrics against a quantised blob's float
+# original; 7: every gear's kernels and verdicts; 6: gears; 5: a kernel's cut; 4: precision mode and
 # verification metrics; 3: the platform the kernels compiled under; 2: verification's checks run
 # now apart from the build's record
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 
 def measured(message, field: str):
@@ -73,6 +76,7 @@ def summarise(message: ptom_pb2.CompiledModel,
     t = m.totals
     kernels = [kernel for g in per_gear for kernel in g.kernels]
     checked = [k for k in kernels if k.verdicts]
+    dtypes = tensor_dtypes(message.source_onnx_model)
     return {
         "schema_version": SCHEMA_VERSION,
         "model": message.provenance.model_name,
@@ -99,7 +103,8 @@ def summarise(message: ptom_pb2.CompiledModel,
         # onnxruntime): its record, not run again by anything that reads the blob
         "build_record": {"kernels_checked": len(checked),
                          "kernels_passed": sum(k.functional_ok for k in checked)},
-        "kernels": [{**kernel_summary(k), "gear": g.index} for g in per_gear for k in g.kernels],
+        "kernels": [{**kernel_summary(k, dtypes), "gear": g.index}
+                    for g in per_gear for k in g.kernels],
         "gears": [_gear_summary(g) for g in per_gear],
     }
 
@@ -242,10 +247,10 @@ def verification(build: ptom_pb2.CompiledModel, sources: SourceCheck | None,
         "onnxruntime": onnxruntime,
         "max_abs_diff": max((o.max_abs_diff for o in record.outputs), default=None),
         "reference": record.reference or None,
-        "metrics": {o.name: {"cosine": o.cosine, "max_abs": o.max_abs_diff,
-                             "max_rel": o.max_rel_diff, "rms": o.rms, "passed": o.passed,
-                             **_recorded(o, "rel_distance")}
+        "metrics": {o.name: {**output_metrics(o), "passed": o.passed, **_int8_steps(o)}
                     for o in record.outputs},
+        # verify --onnx naming a quantised blob's float original: reported, never failing
+        "float_original": {o.name: output_metrics(o) for o in record.float_original} or None,
         "thresholds": ({"min_cosine": record.thresholds.min_cosine,
                         **_recorded(record.thresholds, "max_rel_distance")}
                        if record.HasField("thresholds") else None),
@@ -259,6 +264,21 @@ def verification(build: ptom_pb2.CompiledModel, sources: SourceCheck | None,
             "compiled": sources.compiled, "matching": sources.matching,
             "differing": [{"id": m.kernel, "reason": m.reason} for m in sources.mismatches],
             "fell_back": list(sources.fell_back)}}
+
+
+def output_metrics(check: ptom_pb2.OutputCheck) -> dict:
+    """An output's msaccucmp metrics against what it was compared with (docs/precision.md)."""
+    return {"cosine": check.cosine, "max_abs": check.max_abs_diff, "max_rel": check.max_rel_diff,
+            "rms": check.rms, **_recorded(check, "rel_distance")}
+
+
+def _int8_steps(check: ptom_pb2.OutputCheck) -> dict:
+    """A dequantised int8 output's differences in steps of its scale (docs/int8.md)."""
+    if not check.HasField("int8_steps"):
+        return {}
+    steps = check.int8_steps
+    return {"int8_steps": {"scale": steps.scale, "off_by_one": steps.off_by_one,
+                           "max_steps": steps.max_steps, "elements": steps.elements}}
 
 
 def kernel_precision(kernel: ptom_pb2.Kernel) -> dict | None:
@@ -314,8 +334,9 @@ def fallback_category(kernel: ptom_pb2.Kernel) -> str:
     return legacy.value if legacy else "other"
 
 
-def kernel_summary(kernel: ptom_pb2.Kernel) -> dict:
-    """One planned region's kernel: compiled, or fallen back with its category and reason."""
+def kernel_summary(kernel: ptom_pb2.Kernel, dtypes: Mapping[str, str] | None = None) -> dict:
+    """One planned region's kernel: compiled, or fallen back with its category and reason;
+    ``dtypes``: every tensor's (``tensor_dtypes``), for its ``dtypes``."""
     tile = kernel.tuned_tile if kernel.HasField("tuned_tile") else None
     on_910b = kernel.platform_910b_tile if kernel.HasField("platform_910b_tile") else None
     return {"id": kernel.id, "ops": [op.op_type for op in kernel.original],
@@ -331,7 +352,32 @@ def kernel_summary(kernel: ptom_pb2.Kernel) -> dict:
             "gm_bytes_lower_bound": kernel.gm_bytes_lower_bound,
             "gm_bytes_handoff": kernel.gm_bytes_handoff,
             "gm_bytes_cube_rereads": kernel.gm_bytes_cube_rereads,
-            "precision": kernel_precision(kernel), "cut": cut_summary(kernel)}
+            "precision": kernel_precision(kernel), "cut": cut_summary(kernel),
+            "dtypes": kernel_dtypes(kernel, dtypes or {})}
+
+
+# A contraction on integer operands whose output is its accumulator (docs/int8.md)
+INTEGER_CONTRACTIONS = frozenset({"MatMulInteger", "ConvInteger"})
+
+
+def kernel_dtypes(kernel: ptom_pb2.Kernel, dtypes: Mapping[str, str]) -> dict:
+    """The element types of a kernel's inputs and outputs, in order (as the imported graph
+    declares them: "unknown" where it does not), and the accumulator of its integer matmul or
+    convolution ("int32"; None for a kernel without one)."""
+    accumulators = {dtypes.get(op.outputs[0], "unknown") for op in kernel.original
+                    if op.op_type in INTEGER_CONTRACTIONS and op.outputs}
+    return {"in": [dtypes.get(name, "unknown") for name in kernel.inputs],
+            "out": [dtypes.get(name, "unknown") for name in kernel.outputs],
+            "accumulate": ", ".join(sorted(accumulators)) or None}
+
+
+def tensor_dtypes(imported: bytes) -> dict[str, str]:
+    """Every named tensor's element type in the blob's imported graph (``source_onnx_model``:
+    the importer wrote a value_info for each), numpy's names. A gear's tensors have the first
+    gear's types: gears differ in shapes only."""
+    from pypto_offline.report.tensors import tensor_types  # the report's one reading of it
+
+    return {name: t.dtype for name, t in tensor_types(onnx.load_from_string(imported)).items()}
 
 
 def cut_summary(kernel: ptom_pb2.Kernel) -> dict | None:

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from pypto_offline.offline_compiler import ptom_pb2
-from pypto_offline.offline_compiler.summary import fallback_category, measured, tile_us
+from pypto_offline.offline_compiler.summary import (fallback_category, kernel_dtypes, measured,
+                                                  tile_us)
 from pypto_offline.report.tensors import UNKNOWN, TensorType
 
 # Within this factor of 1 a kernel is "even": the cost model's noise, not a gain or a loss.
@@ -61,6 +62,7 @@ class Row:
     gm_bytes: int               # per kernel: measured from the program; fallen back, unfused
     gm_bytes_unfused: int
     time_us: float | None       # PyPTO cost model, tuned tile, per kernel
+    dtypes: str = ""            # ``dtypes_text``
 
     @property
     def count(self) -> int:
@@ -89,14 +91,24 @@ def program(kernel: ptom_pb2.Kernel, types: Mapping[str, TensorType]) -> tuple:
     return ops, tuple(types.get(name, UNKNOWN) for name in index)
 
 
-def rows(grouped: list[list[ptom_pb2.Kernel]]) -> list[Row]:
+def dtypes_text(kernel: ptom_pb2.Kernel, types: Mapping[str, TensorType]) -> str:
+    """``float32, int8 → int8 (int32 accumulate)``: the distinct dtypes of a kernel's inputs and
+    of its outputs (``summary.kernel_dtypes``), and its integer matmul's accumulator."""
+    dtypes = kernel_dtypes(kernel, {name: t.dtype for name, t in types.items()})
+    distinct = lambda names: ", ".join(dict.fromkeys(names))  # noqa: E731
+    accumulate = f" ({dtypes['accumulate']} accumulate)" if dtypes["accumulate"] else ""
+    return f"{distinct(dtypes['in'])} → {distinct(dtypes['out'])}{accumulate}"
+
+
+def rows(grouped: list[list[ptom_pb2.Kernel]], types: Mapping[str, TensorType] | None = None
+         ) -> list[Row]:
     """One row per group of ``groups``."""
-    return [_row(kernels) for kernels in grouped]
+    return [_row(kernels, types or {}) for kernels in grouped]
 
 
-def _row(kernels: list[ptom_pb2.Kernel]) -> Row:
+def _row(kernels: list[ptom_pb2.Kernel], types: Mapping[str, TensorType]) -> Row:
     first = kernels[0]
     measured_bytes = first.gm_bytes_read + first.gm_bytes_written
     return Row(tuple(k.id for k in kernels), tuple(op.op_type for op in first.original),
                verdict(first), measured_bytes if first.compiled else first.gm_bytes_unfused,
-               first.gm_bytes_unfused, tile_us(first, "tuned_tile"))
+               first.gm_bytes_unfused, tile_us(first, "tuned_tile"), dtypes_text(first, types))

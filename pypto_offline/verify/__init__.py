@@ -12,7 +12,7 @@ an .npz, sizes checked before any byte is decompressed (``read_inputs``: an .npz
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Mapping
 
 import math
@@ -22,14 +22,15 @@ import zlib
 
 import numpy as np
 import onnx
+import onnx.numpy_helper
 
 from pypto_offline.errors import ModelError, UsageError
 from pypto_offline.importer.input_shapes import (check_dims, check_tensor_bytes, graph_inputs,
                                                  human_bytes)
 from pypto_offline.importer.precision import MAX_REL_DISTANCE, MIN_COSINE
 from pypto_offline.importer.shape_probe import MAX_PROBE_BYTES, check_memory
-from pypto_offline.runtime import (TOLERANCE, CannotRun, generate_inputs, in_input_types,
-                                   precision_metrics, run_model)
+from pypto_offline.runtime import (TOLERANCE, CannotRun, abs_diff, generate_inputs,
+                                   in_input_types, precision_metrics, run_model)
 from pypto_offline.user_files import open_regular
 
 @dataclass(frozen=True)
@@ -44,6 +45,9 @@ class OutputCheck:
     cosine: float = 1.0
     rms: float = 0.0
     rel_distance: float = 0.0
+    # an output a DequantizeLinear makes of int8/uint8 (``quantised_outputs``): its differences
+    # in steps of its scale (``int8_steps``); None for any other output
+    int8_steps: Mapping[str, float] | None = None
 
 
 FP16_SMALLEST_NORMAL = float(np.finfo(np.float16).tiny)  # 2^-14: below it, subnormals
@@ -87,6 +91,9 @@ class Verification:
     status: str  # passed | failed
     outputs: tuple[OutputCheck, ...]
     error: str | None = None  # the compiled graph did not run at all
+    # a quantised blob's outputs against the float model its QDQ model was made from
+    # (``float_metrics``): reported, never part of the status (docs/int8.md "Verification")
+    float_original: tuple[OutputCheck, ...] = ()
 
     @property
     def max_abs_diff(self) -> float:
@@ -120,9 +127,16 @@ def _check_input_memory(value: onnx.ValueInfoProto, where: str) -> None:
 
 def compare(reference: onnx.ModelProto, candidate: onnx.ModelProto,
             feeds: Mapping[str, np.ndarray], thresholds: Thresholds | None = None,
-            run: Callable[[onnx.ModelProto, Mapping], dict] = run_model) -> Verification:
+            run: Callable[[onnx.ModelProto, Mapping], dict] = run_model,
+            float_original: onnx.ModelProto | None = None,
+            propagated: Thresholds | None = None) -> Verification:
     """``candidate`` run by ``run`` (a blob's compiled graph: the reference runtime's
-    executor) against ``reference`` run in onnxruntime, on ``feeds``."""
+    executor) against ``reference`` run in onnxruntime, on ``feeds``; an output a
+    DequantizeLinear makes of int8 held to ``int8_steps``. ``float_original``: the float model
+    a quantised reference was made from, whose metrics are reported (``float_metrics``).
+    ``propagated``: what an int8 output more than one step off is held to, where the reference
+    computes its contractions otherwise (the QDQ model itself: in float) and an early layer's
+    off-by-one may travel (None: it fails; docs/int8.md, "Verification")."""
     try:  # the original model takes float32 where a converted one takes fp16
         expected = run_model(reference, in_input_types(reference, feeds))
     except CannotRun as why:  # a custom-domain op: not the compiler's fault, nothing to check
@@ -135,12 +149,27 @@ def compare(reference: onnx.ModelProto, candidate: onnx.ModelProto,
         actual = run(candidate, feeds)
     except CannotRun as why:
         return Verification("failed", (), f"the compiled graph does not run: {why}")
-    checks = tuple(_check(name, want, actual.get(name), thresholds)
+    steps = quantised_outputs(reference)
+    checks = tuple(_check(name, want, actual.get(name), thresholds, steps.get(name), propagated)
                    for name, want in expected.items())
-    return Verification("passed" if all(c.passed for c in checks) else "failed", checks)
+    return Verification("passed" if all(c.passed for c in checks) else "failed", checks,
+                        float_original=() if float_original is None
+                        else float_metrics(float_original, actual, feeds))
 
 
-def _check(name: str, expected, actual, thresholds: Thresholds | None) -> OutputCheck:
+def float_metrics(float_model: onnx.ModelProto, candidate_outputs: Mapping[str, np.ndarray],
+                  feeds: Mapping[str, np.ndarray]) -> tuple[OutputCheck, ...]:
+    """A quantised blob's outputs (``candidate_outputs``, from ``compare``'s run) against the
+    float model its QDQ model was made from, run in onnxruntime on ``feeds``: the int8 model's
+    accuracy, not the compiler's, so every check passes and only the metrics say anything."""
+    expected = run_model(float_model, in_input_types(float_model, feeds))
+    checks = (_check(name, want, candidate_outputs.get(name), None, None)
+              for name, want in expected.items())
+    return tuple(replace(c, passed=True) for c in checks)
+
+
+def _check(name: str, expected, actual, thresholds: Thresholds | None,
+           step: float | None = None, propagated: Thresholds | None = None) -> OutputCheck:
     dtype = str(np.asarray(expected).dtype)
     tolerance = TOLERANCE.get(dtype, 0.0)
     if actual is None or np.shape(actual) != np.shape(expected):
@@ -153,8 +182,81 @@ def _check(name: str, expected, actual, thresholds: Thresholds | None) -> Output
     float_output = np.issubdtype(np.asarray(expected).dtype, np.floating)
     passed = m["max_abs"] <= tolerance if thresholds is None or not float_output else \
         thresholds.holds(m)
+    steps = int8_steps(expected, actual, step) if step is not None and float_output else None
+    if steps is not None:  # a converting mode's thresholds may pass what one step does not
+        passed = passed or steps["max_steps"] <= 1 or (
+            propagated is not None and propagated.holds(m))
     return OutputCheck(name, dtype, m["max_abs"], m["max_rel"], tolerance, bool(passed),
-                       m["cosine"], m["rms"], m["rel_distance"])
+                       m["cosine"], m["rms"], m["rel_distance"], steps)
+
+
+# Both sides are (q - zero_point) * scale rounded to fp32, so a difference is a whole number of
+# steps up to fp32's rounding of each: at most 255 steps * 2^-24 each, below 2e-5 of a step.
+# Within this fraction of a whole number of steps, a difference is that number.
+STEP_SLACK = 1e-3
+
+
+def int8_steps(expected: np.ndarray, actual: np.ndarray, scale: float) -> dict:
+    """The differences of a dequantised int8 output in steps of its ``scale``: ``off_by_one``
+    elements one step apart (both sides rounded a value on either side of a rounding boundary
+    to neighbouring integers: onnxruntime's float contraction and the compiler's exact int32
+    one), ``max_steps`` the largest difference rounded up (0: bit-exact). The check passes an
+    output of at most one step (docs/int8.md, "Verification")."""
+    steps = abs_diff(expected, actual) / scale
+    within = steps <= 1 + STEP_SLACK
+    largest = float(steps.max(initial=0.0))
+    return {"scale": float(scale), "off_by_one": int(np.count_nonzero(within & (steps > 0))),
+            "max_steps": int(math.ceil(largest - STEP_SLACK)) if np.isfinite(largest)
+            else np.iinfo(np.int64).max, "elements": int(steps.size)}
+
+
+# The ops a quantised graph holds and a float one does not (QDQ and QOperator formats)
+QUANTISED_OPS = frozenset({"QuantizeLinear", "DequantizeLinear", "MatMulInteger", "ConvInteger",
+                           "QLinearMatMul", "QLinearConv", "DynamicQuantizeLinear"})
+
+
+def float_original_of(quantised: onnx.ModelProto, model: onnx.ModelProto) -> bool:
+    """Whether ``model`` can be the float model the quantised graph ``quantised`` was made
+    from: ``quantised`` holds quantised ops and ``model`` none, with the same input and output
+    names (``quantize_static`` keeps them). What it cannot check, the weights, is why only
+    metrics against it are reported (``float_metrics``)."""
+    def ops(graph: onnx.ModelProto) -> set[str]:
+        return {node.op_type for node in graph.graph.node}
+
+    def names(graph: onnx.ModelProto) -> tuple:
+        weights = {t.name for t in graph.graph.initializer}
+        return ({v.name for v in graph.graph.input if v.name not in weights},
+                [v.name for v in graph.graph.output])
+
+    return bool(ops(quantised) & QUANTISED_OPS) and not ops(model) & QUANTISED_OPS \
+        and names(quantised) == names(model)
+
+
+QUANTISED_DTYPES = frozenset({onnx.TensorProto.INT8, onnx.TensorProto.UINT8})
+
+
+def quantised_outputs(model: onnx.ModelProto) -> dict[str, float]:
+    """Each output of ``model`` a per-tensor ``DequantizeLinear`` makes of an int8 or uint8
+    tensor, with its scale: the outputs held to ``int8_steps``."""
+    constants = {t.name: t for t in model.graph.initializer}
+    constants.update((node.output[0], attribute.t) for node in model.graph.node
+                     if node.op_type == "Constant" for attribute in node.attribute
+                     if attribute.name == "value")
+    types = {v.name: v.type.tensor_type.elem_type
+             for v in (*model.graph.input, *model.graph.value_info, *model.graph.output)}
+    types.update((name, t.data_type) for name, t in constants.items())
+    made_by = {node.output[0]: node for node in model.graph.node if node.output}
+    found = {}
+    for output in model.graph.output:
+        node = made_by.get(output.name)
+        if node is None or node.op_type != "DequantizeLinear" or node.input[1] not in constants:
+            continue
+        scale = onnx.numpy_helper.to_array(constants[node.input[1]])
+        zero_point = node.input[2] if len(node.input) > 2 and node.input[2] else None
+        quantised = types.get(zero_point) if zero_point else types.get(node.input[0])
+        if scale.size == 1 and quantised in QUANTISED_DTYPES and float(scale.ravel()[0]) > 0:
+            found[output.name] = float(scale.ravel()[0])
+    return found
 
 
 NPZ_FIX = "give an .npz made with numpy.savez, one array per input name"
