@@ -189,13 +189,34 @@ def _matmul_is_root(graph: ImportedGraph, members: list[Node], target: Target) -
     if not is_cube_conv(root.op_type, root.params) \
             and any(kind_of(n.op_type) == REDUCTION for n in members):
         return False
-    if any(name in produced for name in root.inputs):
+    prologue = _quantising_prologue(members, root, produced)
+    if prologue is None:
         return False
     if any(op_def(n.op_type).reorders for n in members) and not _aligned_matmul(graph, root,
                                                                               target):
         return False
     return all(any(name in produced for name in data_inputs(n.op_type, n.inputs))
-               or _float_cast(graph, n) for n in members if n is not root)
+               or _float_cast(graph, n) for n in members if n is not root and n not in prologue)
+
+
+def _quantising_prologue(members: list[Node], root: Node, produced: set[str]) -> list[Node]:
+    """The QuantizeLinear (and the DequantizeLinear after it, for a float matmul) making a
+    matmul's data operand (a MatMul's left one, a Conv's image) from a float tensor from
+    outside the region: the kernel quantises the operand in UB and the cube multiplies it, one
+    kernel where the float model has one (docs/int8.md, "Regions"). Empty if the matmul's
+    operands all come from outside, None if one comes from inside otherwise."""
+    by_output = {name: node for node in members for name in node.outputs}
+    chain, operand = [], root.inputs[0]
+    if any(name in produced for name in root.inputs[1:]):
+        return None
+    for op_type in ("DequantizeLinear", "QuantizeLinear"):
+        node = by_output.get(operand)
+        if node is not None and node.op_type == op_type:
+            chain.append(node)
+            operand = node.inputs[0]
+    if not chain or chain[-1].op_type != "QuantizeLinear" or operand in produced:
+        return None if root.inputs[0] in produced else []
+    return chain
 
 
 def _convolutions_with_a_reduction(members: list[Node], matmuls: list[Node]) -> bool:

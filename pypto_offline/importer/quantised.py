@@ -31,6 +31,10 @@ from onnx import helper, numpy_helper
 from pypto_offline.importer.canonical import NodeContext, NotCanonical, normaliser
 
 QUANTISED_TYPES = frozenset({onnx.TensorProto.INT8, onnx.TensorProto.UINT8})
+# PyPTO 0.2.0's int8 fractal is 16 x 32: an int8 matmul whose depth (K) is not a multiple of 32
+# failed to parse (F21004, a 1x1 Conv of 16 channels; 32 and 128 compiled, exact). Such a
+# contraction stays float (docs/int8.md); pypto_kernels/tiling.INT8_CUBE_DEPTH tiles by it.
+INT8_CUBE_DEPTH = 32
 DEQUANTIZE = "DequantizeLinear"
 
 
@@ -172,6 +176,8 @@ def _matmul(g: _Graph, index: int, node: onnx.NodeProto) -> str | None:
     if weights.ndim != 2 or w.scale.size not in (1, weights.shape[1]) \
             or (w.scale.size > 1 and w.axis not in (1, -1)):
         return "weights that are not one matrix scaled per tensor or per column"
+    if weights.shape[0] % INT8_CUBE_DEPTH:
+        return _too_shallow(weights.shape[0])
     scale = float(x.scale.reshape(-1)[0]) * _per_filter(w.scale, weights.shape[1])
     shift = -float(x.zero_point.reshape(-1)[0]) * scale * weights.astype(np.int64).sum(axis=0)
     _integer_product(g, index, node, "MatMulInteger", [x.quantised, w.quantised], {},
@@ -195,6 +201,8 @@ def _gemm(g: _Graph, index: int, node: onnx.NodeProto) -> str | None:
     else:
         right = w.quantised
     columns = weights.shape[1]
+    if weights.shape[0] % INT8_CUBE_DEPTH:
+        return _too_shallow(weights.shape[0])
     if w.scale.size not in (1, columns):
         return "weights scaled neither per tensor nor per output column"
     scale = (float(attrs.get("alpha", 1.0)) * float(x.scale.reshape(-1)[0])
@@ -228,6 +236,8 @@ def _conv(g: _Graph, index: int, node: onnx.NodeProto) -> str | None:
                  (b"NOTSET", b"VALID", "NOTSET", "VALID")):
         return (f"a padded convolution of an activation with zero point {zero}: the border's "
                 "taps read the padding, not the zero point")
+    if (weights.size // filters) % INT8_CUBE_DEPTH:
+        return _too_shallow(weights.size // filters)
     if w.scale.size not in (1, filters) or (w.scale.size > 1 and w.axis != 0):
         return "weights scaled neither per tensor nor per filter"
     scale = float(x.scale.reshape(-1)[0]) * _per_filter(w.scale, filters)
@@ -244,6 +254,11 @@ def _conv(g: _Graph, index: int, node: onnx.NodeProto) -> str | None:
 
 
 _CONTRACTIONS = {"MatMul": _matmul, "Gemm": _gemm, "Conv": _conv}
+
+
+def _too_shallow(depth: int) -> str:
+    return (f"a depth of {depth}, not a multiple of {INT8_CUBE_DEPTH}: PyPTO 0.2.0's int8 "
+            "fractal is 32 deep")
 
 
 def _constant_float(g: _Graph, name: str) -> np.ndarray | None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from math import prod
 
+from pypto_offline.importer.quantised import INT8_CUBE_DEPTH
 from pypto_offline.fusion.cost import (CUBE_FRACTAL, L0_BYTES, L0C_BYTES, operand_rereads,
                                        product_tiles)
 
@@ -121,6 +122,7 @@ CUBE_K_BYTES = 256
 # tile follows the candidate's budget (``PRODUCT_BYTES_PER_BUDGET``): magika's 2048x257x128
 # matmul with its epilogue needed 192 KiB of UB at 256 x 128 whatever the vector tile.
 PRODUCT_BYTES_PER_BUDGET = 8
+
 MIN_PRODUCT_BYTES = 16 * 1024
 BIAS_TABLE_COLUMNS = 256
 
@@ -138,8 +140,10 @@ def cube_tiles(m: int, k: int, n: int, itemsize: int, budget_bytes: int, bias: b
     (docs/pypto-ops.md "MatMul"). The K side is budget / (128 x itemsize) elements, 16 at the least and 256 bytes
     at the most, and within L0A and L0B. With a ``bias`` the N side holds in the cube's bias
     table (``BIAS_TABLE_COLUMNS``)."""
-    def side(extent: int, cap: int) -> int:
-        return max(CUBE_ALIGN, min(-(-extent // CUBE_ALIGN) * CUBE_ALIGN, cap))
+    def side(extent: int, cap: int, align: int = CUBE_ALIGN) -> int:
+        return max(align, min(-(-extent // align) * align, cap))
+    # an int8 fractal is 16 x 32: its K side is 32 deep (docs/int8.md)
+    k_align = INT8_CUBE_DEPTH if itemsize == 1 else CUBE_ALIGN
     itemsize = max(itemsize, 2)
 
     def rereads(sides: tuple[int, int]) -> tuple[int, int]:
@@ -154,7 +158,7 @@ def cube_tiles(m: int, k: int, n: int, itemsize: int, budget_bytes: int, bias: b
     m_tile, n_tile = side(m, m_cap), side(n, n_cap)
     k_cap = min(CUBE_K_BYTES // itemsize, budget_bytes // (CUBE_SIDE * itemsize),
                 L0_BYTES // (max(m_tile, n_tile) * itemsize))
-    k_tile = side(k, max(CUBE_ALIGN, k_cap // CUBE_ALIGN * CUBE_ALIGN))
+    k_tile = side(k, max(k_align, k_cap // k_align * k_align), k_align)
     return [m_tile, m_tile], [k_tile, k_tile], [n_tile, n_tile]
 
 
