@@ -15,7 +15,7 @@ from bench.int8 import quantise
 from tests.onnx_builders import GraphBuilder
 
 CALIBRATION = 8
-IMAGE = (1, 16, 16, 16)  # NCHW
+IMAGE = (1, 32, 16, 16)  # NCHW: 32 channels, the depth of PyPTO's int8 fractal (docs/int8.md)
 
 
 def calibration_feeds(model: onnx.ModelProto, batches: int = CALIBRATION) -> list[dict]:
@@ -64,32 +64,32 @@ def matmul_bias_relu() -> tuple[onnx.ModelProto, onnx.ModelProto]:
 
 
 def conv1x1_relu() -> tuple[onnx.ModelProto, onnx.ModelProto]:
-    """Relu(Conv 1x1, 16 -> 32 channels) on 1x16x16x16."""
+    """Relu(Conv 1x1, 32 -> 64 channels) on 1x32x16x16."""
     b = GraphBuilder()
-    y = b.op("Relu", [_conv(b, b.input("x", IMAGE), 16, 32, 1, seed=3)])
+    y = b.op("Relu", [_conv(b, b.input("x", IMAGE), 32, 64, 1, seed=3)])
     return _quantised(b.model(y))
 
 
 def conv3x3_relu() -> tuple[onnx.ModelProto, onnx.ModelProto]:
-    """Relu(Conv 3x3 pad 1, 16 -> 32 channels) on 1x16x16x16."""
+    """Relu(Conv 3x3 pad 1, 32 -> 32 channels) on 1x32x16x16."""
     b = GraphBuilder()
-    y = b.op("Relu", [_conv(b, b.input("x", IMAGE), 16, 32, 3, seed=4)])
+    y = b.op("Relu", [_conv(b, b.input("x", IMAGE), 32, 32, 3, seed=4)])
     return _quantised(b.model(y))
 
 
 def depthwise3x3_relu6() -> tuple[onnx.ModelProto, onnx.ModelProto]:
-    """Clip(depthwise Conv 3x3 pad 1 (group = 16 channels), 0, 6) on 1x16x16x16."""
+    """Clip(depthwise Conv 3x3 pad 1 (group = 32 channels), 0, 6) on 1x32x16x16."""
     b = GraphBuilder()
-    y = _conv(b, b.input("x", IMAGE), 16, 16, 3, seed=5, group=16)
+    y = _conv(b, b.input("x", IMAGE), 32, 32, 3, seed=5, group=32)
     y = b.op("Clip", [y, b.const(np.float32(0.0)), b.const(np.float32(6.0))])
     return _quantised(b.model(y))
 
 
 def residual_convs() -> tuple[onnx.ModelProto, onnx.ModelProto]:
-    """A residual block of two 1x1 convs, 16 channels: r = Relu(conv1(x)); conv2(r) + r."""
+    """A residual block of two 1x1 convs, 32 channels: r = Relu(conv1(x)); conv2(r) + r."""
     b = GraphBuilder()
-    r = b.op("Relu", [_conv(b, b.input("x", IMAGE), 16, 16, 1, seed=6)])
-    y = b.op("Add", [_conv(b, r, 16, 16, 1, seed=7), r])
+    r = b.op("Relu", [_conv(b, b.input("x", IMAGE), 32, 32, 1, seed=6)])
+    y = b.op("Add", [_conv(b, r, 32, 32, 1, seed=7), r])
     return _quantised(b.model(y))
 
 

@@ -20,7 +20,13 @@ BOUNDARY_FORMS = {"LayerNormalization": "Mean or InvStdDev output is used",
                   "MatMul": "a MatMul of matrices with equal batch axes",
                   "Gemm": "a Gemm A @ B(^T) + C with a per-column C",
                   "Conv": "the kernel generator takes a convolution of one image",
-                  "BatchNormalization": "in training mode"}
+                  "BatchNormalization": "in training mode",
+                  # per axis, blocked, float8/int4/int16 (importer/quantised.py)
+                  "QuantizeLinear": "a quantisation of a tensor by one scale",
+                  "DequantizeLinear": "a quantisation of a tensor by one scale",
+                  # uint8 or a zero point (importer/contractions.py)
+                  "ConvInteger": "integer contraction of int8 operands without zero points",
+                  "MatMulInteger": "integer contraction of int8 operands without zero points"}
 # Pooling the kernel generator writes as shifted views: 2-D, undilated, one output, the padding
 # counted in a mean, no window past the input
 POOL_BOUNDARIES = ("not a 2-D pooling of an NCHW tensor with one output",
@@ -42,7 +48,7 @@ def test_the_suite_covers_every_data_movement_op_and_reduction():
 
 
 def _is_tensor_case(case) -> bool:
-    return all(isinstance(v, np.ndarray) for v in list(case.inputs.values()) + case.outputs)
+    return all(isinstance(v, (np.ndarray, np.generic)) for v in list(case.inputs.values()) + case.outputs)
 
 
 def _assert_same(expected, actual, case, name):

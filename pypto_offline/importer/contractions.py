@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+import onnx
+
 from pypto_offline.importer.canonical import (NodeContext, NotCanonical, as_ints, normaliser,
                                               window_extents, window_pads)
 
@@ -25,10 +28,44 @@ def _within_cube_bound(form: str, inner_axes: dict[str, int]) -> None:
                                f"PyPTO's cube limit of {CUBE_INNER_AXIS_LIMIT})")
 
 
+INTEGER_FORM = ("the kernel generator takes an integer contraction of int8 operands without "
+                "zero points, one group and a depth that is a multiple of 32")
+# PyPTO 0.2.0's int8 fractal is 16 x 32: an int8 matmul whose depth (K) is not a multiple of 32
+# failed to parse (F21004, a 1x1 Conv of 16 channels; 32 and 128 compiled, exact). quantised.py
+# leaves such a contraction float; pypto_kernels/tiling.py aligns int8 K tiles to it
+# (docs/int8.md, "Regions").
+INT8_CUBE_DEPTH = 32
+
+
+def _int8_without_offsets(ctx: NodeContext) -> None:
+    """MatMulInteger/ConvInteger: PyPTO 0.2.0's cube multiplies int8 by int8 into int32 and
+    takes no offset (docs/int8.md, "What PyPTO 0.2.0 does"). A uint8 operand, a zero point
+    that is not a constant 0 (QOperator models, onnxruntime's dynamic quantisation), a grouped
+    convolution or a depth the int8 fractal does not divide stays a boundary that onnxruntime
+    computes."""
+    if ctx.node.op_type not in ("MatMulInteger", "ConvInteger"):
+        return
+    for index in (0, 1):
+        if ctx.dtypes.get(ctx.node.input[index]) != onnx.TensorProto.INT8:
+            dtype = onnx.TensorProto.DataType.Name(ctx.dtypes.get(ctx.node.input[index]) or 0)
+            raise NotCanonical(f"{INTEGER_FORM} (operand {index} is {dtype})")
+    for name in ctx.node.input[2:4]:
+        if name and (name not in ctx.constants or ctx.constants[name].any()):
+            raise NotCanonical(f"{INTEGER_FORM} (zero point {name!r} is not a constant 0)")
+    weights = ctx.in_shape(1)
+    if ctx.node.op_type == "ConvInteger" and int(ctx.attr("group", 1)) != 1:
+        raise NotCanonical(f"{INTEGER_FORM} ({ctx.attr('group', 1)} groups)")
+    depth = ctx.in_shape(0)[-1] if ctx.node.op_type == "MatMulInteger" \
+        else int(np.prod(weights[1:]))
+    if depth % INT8_CUBE_DEPTH:
+        raise NotCanonical(f"{INTEGER_FORM} (a depth of {depth})")
+
+
 @normaliser("MatMul", "MatMulInteger")
 def _matmul(ctx: NodeContext) -> dict[str, Any]:
     """Canonical: both operands of rank 2 or more, and the right one 2-D (a weight) or with the
     left one's batch axes. A 1-D operand or batch axes that broadcast stay a boundary."""
+    _int8_without_offsets(ctx)
     left, right = ctx.in_shape(0), ctx.in_shape(1)
     if len(left) < 2 or len(right) < 2:
         raise NotCanonical(f"{MATMUL_FORM} (a 1-D operand)")
@@ -77,6 +114,7 @@ def _conv(ctx: NodeContext) -> dict[str, Any]:
     has its window, strides, dilations, group and explicit pads (``auto_pad`` resolved).
     PyPTO 0.2.0's own conv is not usable (docs/pypto-ops.md, "Depthwise convolution"): a larger
     window, stride or dilation, or more than ``MAX_GROUPS`` groups, stays a boundary."""
+    _int8_without_offsets(ctx)
     image, weights = ctx.in_shape(0), ctx.in_shape(1)
     for name in ctx.node.input[2:]:
         if name:

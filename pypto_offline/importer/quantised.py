@@ -29,12 +29,9 @@ import onnx
 from onnx import helper, numpy_helper
 
 from pypto_offline.importer.canonical import NodeContext, NotCanonical, normaliser
+from pypto_offline.importer.contractions import INT8_CUBE_DEPTH
 
 QUANTISED_TYPES = frozenset({onnx.TensorProto.INT8, onnx.TensorProto.UINT8})
-# PyPTO 0.2.0's int8 fractal is 16 x 32: an int8 matmul whose depth (K) is not a multiple of 32
-# failed to parse (F21004, a 1x1 Conv of 16 channels; 32 and 128 compiled, exact). Such a
-# contraction stays float (docs/int8.md); pypto_kernels/tiling.INT8_CUBE_DEPTH tiles by it.
-INT8_CUBE_DEPTH = 32
 DEQUANTIZE = "DequantizeLinear"
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from math import prod
 
-from pypto_offline.importer.quantised import INT8_CUBE_DEPTH
+from pypto_offline.importer.contractions import INT8_CUBE_DEPTH
 from pypto_offline.fusion.cost import (CUBE_FRACTAL, L0_BYTES, L0C_BYTES, operand_rereads,
                                        product_tiles)
 
