@@ -193,9 +193,9 @@ def why_staging_does_not_pay(node: Node, graph: ImportedGraph, target: Target) -
     whole kernel's time, so a ceiling), where the chip's figures say 50 and 1,420 GB/s; at the
     chip's rate fp16 halved the estimate and fused convolutions whose kernels then cost more
     than the fp32 build's (docs/regions.md, "Whether it pays")."""
-    out = graph.tensors[node.outputs[0]]
-    staged = staging_bytes(node, graph.tensors[node.inputs[0]].shape, out.shape,
-                           out.np_dtype.itemsize)
+    image, out = graph.tensors[node.inputs[0]], graph.tensors[node.outputs[0]]
+    # the image's element is what is staged (an int8 one for a ConvInteger, int32 out)
+    staged = staging_bytes(node, image.shape, out.shape, image.np_dtype.itemsize)
     if not staged:
         return None
     cost = target.seconds_for_bytes_on_one_core(staged) * 1e6

@@ -200,23 +200,31 @@ def _matmul_is_root(graph: ImportedGraph, members: list[Node], target: Target) -
 
 
 def _quantising_prologue(members: list[Node], root: Node, produced: set[str]) -> list[Node]:
-    """The QuantizeLinear (and the DequantizeLinear after it, for a float matmul) making a
-    matmul's data operand (a MatMul's left one, a Conv's image) from a float tensor from
-    outside the region: the kernel quantises the operand in UB and the cube multiplies it, one
-    kernel where the float model has one (docs/int8.md, "Regions"). Empty if the matmul's
-    operands all come from outside, None if one comes from inside otherwise."""
+    """The QuantizeLinear (and the DequantizeLinear after it, for a float matmul; the Pad with
+    zeros before it, for a convolution of an image padded with its zero point,
+    ``importer/quantised._quantised_with_padding``) making a matmul's data operand (a MatMul's
+    left one, a Conv's image) from a float tensor from outside the region: the kernel quantises
+    the operand in UB and the cube multiplies it, one kernel where the float model has one
+    (docs/int8.md, "Regions"). Empty if the matmul's operands all come from outside, None if
+    one comes from inside otherwise."""
     by_output = {name: node for node in members for name in node.outputs}
     chain, operand = [], root.inputs[0]
     if any(name in produced for name in root.inputs[1:]):
         return None
-    for op_type in ("DequantizeLinear", "QuantizeLinear"):
+    for op_type in ("DequantizeLinear", "QuantizeLinear", "Pad"):
         node = by_output.get(operand)
-        if node is not None and node.op_type == op_type:
+        if node is not None and node.op_type == op_type and (
+                op_type != "Pad" or _pads_with_zeros(node)):
             chain.append(node)
             operand = node.inputs[0]
-    if not chain or chain[-1].op_type != "QuantizeLinear" or operand in produced:
+    quantises = [n for n in chain if n.op_type == "QuantizeLinear"]
+    if not quantises or chain[-1].op_type == "DequantizeLinear" or operand in produced:
         return None if root.inputs[0] in produced else []
     return chain
+
+
+def _pads_with_zeros(node: Node) -> bool:
+    return node.params.get("mode") == "constant" and not node.params.get("value")
 
 
 def _convolutions_with_a_reduction(members: list[Node], matmuls: list[Node]) -> bool:

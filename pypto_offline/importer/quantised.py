@@ -76,6 +76,8 @@ class _Graph:
         self.producer = {out: node for node in self.graph.node for out in node.output}
         self.new_nodes: dict[int, list[onnx.NodeProto]] = {}
         self.new_constants: list[onnx.TensorProto] = []
+        # nodes the next integer product reads, placed before it (a padded image's Pad and Q)
+        self.prologue_nodes: list[onnx.NodeProto] = []
 
     def value(self, name: str) -> np.ndarray | None:
         tensor = self.constants.get(name)
@@ -228,15 +230,11 @@ def _conv(g: _Graph, index: int, node: onnx.NodeProto) -> str | None:
     if attrs.get("group", 1) != 1:
         return ("a grouped or depthwise convolution: computed in float on its dequantised "
                 "input, inside its kernel")
-    zero = int(x.zero_point.reshape(-1)[0])
-    if zero and (any(attrs.get("pads", [])) or attrs.get("auto_pad", b"NOTSET") not in
-                 (b"NOTSET", b"VALID", "NOTSET", "VALID")):
-        return (f"a padded convolution of an activation with zero point {zero}: the border's "
-                "taps read the padding, not the zero point")
     if (weights.size // filters) % INT8_CUBE_DEPTH:
         return _too_shallow(weights.size // filters)
     if w.scale.size not in (1, filters) or (w.scale.size > 1 and w.axis != 0):
         return "weights scaled neither per tensor nor per filter"
+    zero = int(x.zero_point.reshape(-1)[0])
     scale = float(x.scale.reshape(-1)[0]) * _per_filter(w.scale, filters)
     shift = -zero * scale * weights.astype(np.int64).reshape(filters, -1).sum(axis=1)
     if len(node.input) > 2 and node.input[2]:
@@ -244,10 +242,52 @@ def _conv(g: _Graph, index: int, node: onnx.NodeProto) -> str | None:
         if bias is None:
             return "a convolution whose bias is not a constant"
         shift = shift + np.broadcast_to(bias.reshape(-1), (filters,))
-    conv_attrs = {k: v for k, v in attrs.items()}
-    _integer_product(g, index, node, "ConvInteger", [x.quantised, w.quantised], conv_attrs,
+    image = x.quantised
+    if zero and _padded(attrs):
+        image = _quantised_with_padding(g, x, attrs)
+        if image is None:
+            return (f"a padded convolution of an activation with zero point {zero} that no "
+                    "QuantizeLinear in the graph makes with explicit pads: the border's taps "
+                    "would read the padding, not the zero point")
+        attrs = {k: v for k, v in attrs.items() if k != "pads"}
+    _integer_product(g, index, node, "ConvInteger", [image, w.quantised], attrs,
                      scale, shift, filter_axis=1)
     return None
+
+
+def _padded(attrs: dict) -> bool:
+    return any(attrs.get("pads", [])) or attrs.get("auto_pad", b"NOTSET") not in (
+        b"NOTSET", b"VALID", "NOTSET", "VALID")
+
+
+def _quantised_with_padding(g: _Graph, x: Dequantised, attrs: dict) -> str | None:
+    """The int8 image padded with its zero point, for a ConvInteger without pads: the float
+    image before its QuantizeLinear padded with zeros, then quantised again (Q(0) is the zero
+    point), so the border's taps contribute ``zx * w``, which the shift's ``-zx * colsum(w)``
+    takes out as it does everywhere else: exact. Pad and Q are the kernel's prologue
+    (fusion/partition.py); None when no Q with the DQ's scale and zero point makes the
+    image, or the padding is an ``auto_pad`` one."""
+    quantise = g.producer.get(x.quantised)
+    if quantise is None or quantise.op_type != "QuantizeLinear" or "pads" not in attrs \
+            or attrs.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET"):
+        return None
+    scale = g.value(quantise.input[1])
+    zero = g.value(quantise.input[2]) if len(quantise.input) > 2 and quantise.input[2] else None
+    if scale is None or zero is None or scale.size != 1 or zero.size != 1 \
+            or float(scale.reshape(-1)[0]) != float(x.scale.reshape(-1)[0]) \
+            or int(zero.reshape(-1)[0]) != int(x.zero_point.reshape(-1)[0]):
+        return None
+    top, left, bottom, right = attrs["pads"]
+    pads = g.constant(f"{x.quantised}_pads",
+                      np.array([0, 0, top, left, 0, 0, bottom, right], np.int64))
+    padded, image = g._fresh(f"{quantise.input[0]}_padded"), g._fresh(f"{x.quantised}_padded")
+    g.prologue_nodes.extend([
+        helper.make_node("Pad", [quantise.input[0], pads], [padded], name=f"{padded}_pad",
+                         mode="constant"),
+        helper.make_node("QuantizeLinear", [padded, *quantise.input[1:]], [image],
+                         name=f"{image}_quantise",
+                         **{a.name: helper.get_attribute_value(a) for a in quantise.attribute})])
+    return image
 
 
 _CONTRACTIONS = {"MatMul": _matmul, "Gemm": _gemm, "Conv": _conv}
@@ -284,7 +324,8 @@ def _integer_product(g: _Graph, index: int, node: onnx.NodeProto, op_type: str,
     out = node.output[0]
     base = node.name or out
     acc, real = g._fresh(f"{out}_int32"), g._fresh(f"{out}_product")
-    nodes = [helper.make_node(op_type, operands, [acc], name=f"{base}_int8", **attrs),
+    nodes = g.prologue_nodes + [
+        helper.make_node(op_type, operands, [acc], name=f"{base}_int8", **attrs),
              helper.make_node("Cast", [acc], [real], name=f"{base}_to_float",
                               to=onnx.TensorProto.FLOAT)]
     scaled = out if not np.any(shift) else g._fresh(f"{out}_scaled")
@@ -295,6 +336,7 @@ def _integer_product(g: _Graph, index: int, node: onnx.NodeProto, op_type: str,
                                                                 filter_axis)],
                                       [out], name=f"{base}_bias"))
     g.new_nodes[index] = nodes
+    g.prologue_nodes = []
 
 
 def _per_axis(g: _Graph, out: str, what: str, values: np.ndarray, filter_axis: int) -> str:

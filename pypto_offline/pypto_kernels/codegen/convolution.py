@@ -73,7 +73,7 @@ def _tap_columns(w: Writer, op: RegionOp) -> str:
     (kh, kw), (dh, dw) = p["kernel_shape"], p["dilations"]
     _, _, out_h, out_w = w.shape(out)
     channels = w.shape(image)[1]
-    dtype = w.dtype(out)
+    dtype = w.dtype(image)  # the staged element: int8 for a ConvInteger (whose out is int32)
     padded = _padded(w, image, p["pads"], dtype)
     pixels = out_h * out_w
     taps = []

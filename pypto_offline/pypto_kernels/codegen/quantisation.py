@@ -57,7 +57,11 @@ def _quantize(w: Writer, op: RegionOp) -> None:
     value = (f"pypto.minimum(pypto.maximum({value}, {float_literal(float(low))}), "
              f"{float_literal(float(high))})")
     rounded = let(w, f"pypto.cast({value}, pypto.DT_INT32)")
+    # each cast under a tile of its own type: a tile row of an 8-bit type must be whole 32-byte
+    # blocks ("lastDimBytes % BLOCK_SIZE == 0", a 24-wide fp32 tile cast to int8)
+    w.tile(shape, onnx.TensorProto.FLOAT16)
     half = let(w, f"pypto.cast({rounded}, pypto.DT_FP16)")
+    w.tile(shape, op.params["to"])
     w.assign(op.outputs[0], f"pypto.cast({half}, {pypto_dtype(op.params['to'])})", shape)
 
 
