@@ -72,3 +72,10 @@ def example_cache(tmp_path_factory) -> Path:
                      "--cache-dir", str(folder / "cache")]) == 0
     return folder / "cache"
 
+
+
+@pytest.fixture(scope="session")
+def int8_cache(tmp_path_factory) -> Path:
+    """One kernel cache for the run's builds of the QDQ unit models (tests/qdq_models.py): a
+    model built by two tests is compiled once."""
+    return tmp_path_factory.mktemp("int8-cache")

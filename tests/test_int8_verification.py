@@ -124,12 +124,12 @@ def test_a_float_original_is_told_from_another_model():
 
 @pytest.mark.pypto
 def test_a_qdq_build_verifies_in_steps_reports_the_float_model_and_its_kernels_dtypes(
-        tmp_path, monkeypatch):
+        tmp_path, monkeypatch, int8_cache):
     from pypto_offline import api
     from tests.qdq_models import matmul_bias_relu
 
     qdq, fp32 = matmul_bias_relu()
-    blob = api.compile(qdq, "kirin9050", cache_dir=tmp_path / "cache", verify=True)
+    blob = api.compile(qdq, "kirin9050", cache_dir=int8_cache, verify=True)
     summary = blob.summary()
     schema_validator("summary").validate(summary)
     assert summary["schema_version"] == 8

@@ -1,0 +1,39 @@
+"""Issue 52, the QDQ unit models built with PyPTO: each quantised contraction one int8 kernel
+(int8 operands on the cube, int32 accumulated) with its quantising prologue and its dequantise,
+bias, activation and requantise epilogue, no more kernels than the fp32 model, every kernel
+compiled and checked by PyPTO's run of it, the outputs bit-exact against onnxruntime on the QDQ
+model (docs/int8.md)."""
+from __future__ import annotations
+
+import pytest
+
+from pypto_offline import api, import_model
+from pypto_offline.fusion import plan_fusion
+from pypto_offline.targets import resolve_target
+from tests.qdq_models import BUILDERS
+
+# builder -> its integer contractions, each in a kernel of its own
+CONTRACTIONS = {"matmul_bias_relu": 1, "conv1x1_relu": 1, "conv3x3_relu": 1,
+                "residual_convs": 2}
+
+
+@pytest.mark.pypto
+@pytest.mark.parametrize("name", sorted(CONTRACTIONS))
+def test_a_qdq_model_is_int8_kernels_bit_exact_and_no_more_than_its_float_model(name,
+                                                                                int8_cache):
+    qdq, fp32 = BUILDERS[name]()
+    summary = api.compile(qdq, "kirin9050", cache_dir=int8_cache, verify=True).summary()
+    float_plan = plan_fusion(import_model(fp32), resolve_target("kirin9050")).totals
+
+    kernels = summary["kernels"]
+    assert all(k["status"] == "compiled" for k in kernels), kernels
+    assert summary["kernels_after"] == summary["fused_kernels"] == CONTRACTIONS[name]
+    assert summary["kernels_after"] <= float_plan.kernels_after
+    for kernel in kernels:  # the cube's int8 product in every kernel
+        assert kernel["dtypes"]["accumulate"] == "int32", kernel
+        assert "int8" in kernel["dtypes"]["in"] and kernel["ops"][-1] == "DequantizeLinear"
+    record = summary["build_record"]
+    assert record["kernels_checked"] == record["kernels_passed"] == len(kernels)
+    assert summary["verification"]["status"] == "passed"
+    for output in summary["verification"]["metrics"].values():
+        assert output["int8_steps"]["max_steps"] == 0, output  # bit-exact
