@@ -217,7 +217,7 @@ def _quantising_prologue(members: list[Node], root: Node, produced: set[str]) ->
                 op_type != "Pad" or _pads_with_zeros(node)):
             chain.append(node)
             operand = node.inputs[0]
-    quantises = [n for n in chain if n.op_type == "QuantizeLinear"]
+    quantises = any(n.op_type == "QuantizeLinear" for n in chain)
     if not quantises or chain[-1].op_type == "DequantizeLinear" or operand in produced:
         return None if root.inputs[0] in produced else []
     return chain

@@ -57,8 +57,16 @@ def _int8_without_offsets(ctx: NodeContext) -> None:
         raise NotCanonical(f"{INTEGER_FORM} ({ctx.attr('group', 1)} groups)")
     depth = ctx.in_shape(0)[-1] if ctx.node.op_type == "MatMulInteger" \
         else int(np.prod(weights[1:]))
-    if depth % INT8_CUBE_DEPTH:
-        raise NotCanonical(f"{INTEGER_FORM} (a depth of {depth})")
+    if too_shallow_for_int8(depth):
+        raise NotCanonical(f"{INTEGER_FORM} ({too_shallow_for_int8(depth)})")
+
+
+def too_shallow_for_int8(depth: int) -> str | None:
+    """Why an int8 contraction of this depth cannot go on the cube, or None when it can."""
+    if depth % INT8_CUBE_DEPTH == 0:
+        return None
+    return (f"a depth of {depth}, not a multiple of {INT8_CUBE_DEPTH}: PyPTO 0.2.0's int8 "
+            "fractal is 32 deep")
 
 
 @normaliser("MatMul", "MatMulInteger")

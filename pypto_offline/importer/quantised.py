@@ -29,7 +29,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from pypto_offline.importer.canonical import NodeContext, NotCanonical, normaliser
-from pypto_offline.importer.contractions import INT8_CUBE_DEPTH
+from pypto_offline.importer.contractions import too_shallow_for_int8
 
 QUANTISED_TYPES = frozenset({onnx.TensorProto.INT8, onnx.TensorProto.UINT8})
 DEQUANTIZE = "DequantizeLinear"
@@ -76,8 +76,6 @@ class _Graph:
         self.producer = {out: node for node in self.graph.node for out in node.output}
         self.new_nodes: dict[int, list[onnx.NodeProto]] = {}
         self.new_constants: list[onnx.TensorProto] = []
-        # nodes the next integer product reads, placed before it (a padded image's Pad and Q)
-        self.prologue_nodes: list[onnx.NodeProto] = []
 
     def value(self, name: str) -> np.ndarray | None:
         tensor = self.constants.get(name)
@@ -175,8 +173,8 @@ def _matmul(g: _Graph, index: int, node: onnx.NodeProto) -> str | None:
     if weights.ndim != 2 or w.scale.size not in (1, weights.shape[1]) \
             or (w.scale.size > 1 and w.axis not in (1, -1)):
         return "weights that are not one matrix scaled per tensor or per column"
-    if weights.shape[0] % INT8_CUBE_DEPTH:
-        return _too_shallow(weights.shape[0])
+    if too_shallow_for_int8(weights.shape[0]):
+        return too_shallow_for_int8(weights.shape[0])
     scale = float(x.scale.reshape(-1)[0]) * _per_filter(w.scale, weights.shape[1])
     shift = -float(x.zero_point.reshape(-1)[0]) * scale * weights.astype(np.int64).sum(axis=0)
     _integer_product(g, index, node, "MatMulInteger", [x.quantised, w.quantised], {},
@@ -200,8 +198,8 @@ def _gemm(g: _Graph, index: int, node: onnx.NodeProto) -> str | None:
     else:
         right = w.quantised
     columns = weights.shape[1]
-    if weights.shape[0] % INT8_CUBE_DEPTH:
-        return _too_shallow(weights.shape[0])
+    if too_shallow_for_int8(weights.shape[0]):
+        return too_shallow_for_int8(weights.shape[0])
     if w.scale.size not in (1, columns):
         return "weights scaled neither per tensor nor per output column"
     scale = (float(attrs.get("alpha", 1.0)) * float(x.scale.reshape(-1)[0])
@@ -230,8 +228,8 @@ def _conv(g: _Graph, index: int, node: onnx.NodeProto) -> str | None:
     if attrs.get("group", 1) != 1:
         return ("a grouped or depthwise convolution: computed in float on its dequantised "
                 "input, inside its kernel")
-    if (weights.size // filters) % INT8_CUBE_DEPTH:
-        return _too_shallow(weights.size // filters)
+    if too_shallow_for_int8(weights.size // filters):
+        return too_shallow_for_int8(weights.size // filters)
     if w.scale.size not in (1, filters) or (w.scale.size > 1 and w.axis != 0):
         return "weights scaled neither per tensor nor per filter"
     zero = int(x.zero_point.reshape(-1)[0])
@@ -242,60 +240,59 @@ def _conv(g: _Graph, index: int, node: onnx.NodeProto) -> str | None:
         if bias is None:
             return "a convolution whose bias is not a constant"
         shift = shift + np.broadcast_to(bias.reshape(-1), (filters,))
-    image = x.quantised
+    image, prologue = x.quantised, []
     if zero and _padded(attrs):
-        image = _quantised_with_padding(g, x, attrs)
+        image, prologue = _quantised_with_padding(g, x, attrs)
         if image is None:
             return (f"a padded convolution of an activation with zero point {zero} that no "
                     "QuantizeLinear in the graph makes with explicit pads: the border's taps "
                     "would read the padding, not the zero point")
         attrs = {k: v for k, v in attrs.items() if k != "pads"}
     _integer_product(g, index, node, "ConvInteger", [image, w.quantised], attrs,
-                     scale, shift, filter_axis=1)
+                     scale, shift, filter_axis=1, prologue=prologue)
     return None
 
 
 def _padded(attrs: dict) -> bool:
-    return any(attrs.get("pads", [])) or attrs.get("auto_pad", b"NOTSET") not in (
-        b"NOTSET", b"VALID", "NOTSET", "VALID")
+    return any(attrs.get("pads", [])) or _auto_pad(attrs) != "NOTSET"
 
 
-def _quantised_with_padding(g: _Graph, x: Dequantised, attrs: dict) -> str | None:
+def _auto_pad(attrs: dict) -> str:
+    value = attrs.get("auto_pad", "NOTSET")
+    value = value.decode() if isinstance(value, bytes) else value
+    return "NOTSET" if value == "VALID" else value
+
+
+def _quantised_with_padding(g: _Graph, x: Dequantised, attrs: dict
+                            ) -> tuple[str | None, list[onnx.NodeProto]]:
     """The int8 image padded with its zero point, for a ConvInteger without pads: the float
     image before its QuantizeLinear padded with zeros, then quantised again (Q(0) is the zero
     point), so the border's taps contribute ``zx * w``, which the shift's ``-zx * colsum(w)``
     takes out as it does everywhere else: exact. Pad and Q are the kernel's prologue
-    (fusion/partition.py); None when no Q with the DQ's scale and zero point makes the
-    image, or the padding is an ``auto_pad`` one."""
+    (fusion/partition.py), returned with it; None when no Q with the DQ's scale and zero
+    point makes the image, or the padding is an ``auto_pad`` one."""
     quantise = g.producer.get(x.quantised)
-    if quantise is None or quantise.op_type != "QuantizeLinear" or "pads" not in attrs \
-            or attrs.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET"):
-        return None
+    if quantise is None or quantise.op_type != "QuantizeLinear" or _auto_pad(attrs) != "NOTSET":
+        return None, []
     scale = g.value(quantise.input[1])
     zero = g.value(quantise.input[2]) if len(quantise.input) > 2 and quantise.input[2] else None
     if scale is None or zero is None or scale.size != 1 or zero.size != 1 \
             or float(scale.reshape(-1)[0]) != float(x.scale.reshape(-1)[0]) \
             or int(zero.reshape(-1)[0]) != int(x.zero_point.reshape(-1)[0]):
-        return None
+        return None, []
     top, left, bottom, right = attrs["pads"]
     pads = g.constant(f"{x.quantised}_pads",
                       np.array([0, 0, top, left, 0, 0, bottom, right], np.int64))
     padded, image = g._fresh(f"{quantise.input[0]}_padded"), g._fresh(f"{x.quantised}_padded")
-    g.prologue_nodes.extend([
+    return image, [
         helper.make_node("Pad", [quantise.input[0], pads], [padded], name=f"{padded}_pad",
                          mode="constant"),
         helper.make_node("QuantizeLinear", [padded, *quantise.input[1:]], [image],
                          name=f"{image}_quantise",
-                         **{a.name: helper.get_attribute_value(a) for a in quantise.attribute})])
-    return image
+                         **{a.name: helper.get_attribute_value(a) for a in quantise.attribute})]
 
 
 _CONTRACTIONS = {"MatMul": _matmul, "Gemm": _gemm, "Conv": _conv}
-
-
-def _too_shallow(depth: int) -> str:
-    return (f"a depth of {depth}, not a multiple of {INT8_CUBE_DEPTH}: PyPTO 0.2.0's int8 "
-            "fractal is 32 deep")
 
 
 def _constant_float(g: _Graph, name: str) -> np.ndarray | None:
@@ -319,13 +316,14 @@ def _dequantise(values: np.ndarray, dq: Dequantised) -> np.ndarray:
 
 def _integer_product(g: _Graph, index: int, node: onnx.NodeProto, op_type: str,
                      operands: list[str], attrs: dict, scale: np.ndarray, shift: np.ndarray,
-                     filter_axis: int) -> None:
-    """The nodes that replace ``node``: the integer product, its cast, scale and shift."""
+                     filter_axis: int, prologue: list[onnx.NodeProto] = ()) -> None:
+    """The nodes that replace ``node``: the ``prologue`` making an operand, the integer product,
+    its cast, scale and shift."""
     out = node.output[0]
     base = node.name or out
     acc, real = g._fresh(f"{out}_int32"), g._fresh(f"{out}_product")
-    nodes = g.prologue_nodes + [
-        helper.make_node(op_type, operands, [acc], name=f"{base}_int8", **attrs),
+    nodes = [*prologue,
+             helper.make_node(op_type, operands, [acc], name=f"{base}_int8", **attrs),
              helper.make_node("Cast", [acc], [real], name=f"{base}_to_float",
                               to=onnx.TensorProto.FLOAT)]
     scaled = out if not np.any(shift) else g._fresh(f"{out}_scaled")
@@ -336,7 +334,6 @@ def _integer_product(g: _Graph, index: int, node: onnx.NodeProto, op_type: str,
                                                                 filter_axis)],
                                       [out], name=f"{base}_bias"))
     g.new_nodes[index] = nodes
-    g.prologue_nodes = []
 
 
 def _per_axis(g: _Graph, out: str, what: str, values: np.ndarray, filter_axis: int) -> str:

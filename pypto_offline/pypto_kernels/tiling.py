@@ -24,9 +24,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from math import prod
 
-from pypto_offline.importer.contractions import INT8_CUBE_DEPTH
 from pypto_offline.fusion.cost import (CUBE_FRACTAL, L0_BYTES, L0C_BYTES, operand_rereads,
                                        product_tiles)
+from pypto_offline.importer.contractions import INT8_CUBE_DEPTH
 
 BLOCK_BYTES = 32
 # The fewest operand tiles a leaf can hold (one in, one out): bounds the largest candidate. Whether
@@ -122,7 +122,6 @@ CUBE_K_BYTES = 256
 # tile follows the candidate's budget (``PRODUCT_BYTES_PER_BUDGET``): magika's 2048x257x128
 # matmul with its epilogue needed 192 KiB of UB at 256 x 128 whatever the vector tile.
 PRODUCT_BYTES_PER_BUDGET = 8
-
 MIN_PRODUCT_BYTES = 16 * 1024
 BIAS_TABLE_COLUMNS = 256
 
