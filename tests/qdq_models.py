@@ -5,11 +5,14 @@ int8 weights, int8 activations, MinMax on seeded random calibration batches).
 Each builder returns ``(qdq_model, fp32_model)`` as protos (as tests/onnx_builders.py does): the
 tests compare the QDQ build's kernels with the fp32 model's. The same bytes on every call (seeded
 weights and calibration; quantize_static is deterministic). ``BUILDERS`` names them all.
+``dequantised_twice`` is a QDQ pattern written by hand, the one model here quantize_static
+did not make.
 """
 from __future__ import annotations
 
 import numpy as np
 import onnx
+from onnx import TensorProto, helper, numpy_helper
 
 from bench.int8 import quantise
 from tests.onnx_builders import GraphBuilder
@@ -48,10 +51,11 @@ def _conv(b: GraphBuilder, x: str, c_in: int, c_out: int, kernel: int, seed: int
                 kernel_shape=[kernel, kernel], pads=[kernel // 2] * 4)
 
 
-def _quantised(fp32: onnx.ModelProto) -> tuple[onnx.ModelProto, onnx.ModelProto]:
+def _quantised(fp32: onnx.ModelProto, qoperator: bool = False
+               ) -> tuple[onnx.ModelProto, onnx.ModelProto]:
     # no quant_pre_process: its graph optimisation would fuse MatMul + Add into a Gemm, and
     # these models are the op patterns they are named for
-    return quantise(fp32, calibration_feeds(fp32), prepare=False), fp32
+    return quantise(fp32, calibration_feeds(fp32), prepare=False, qoperator=qoperator), fp32
 
 
 def matmul_bias_relu() -> tuple[onnx.ModelProto, onnx.ModelProto]:
@@ -91,6 +95,29 @@ def residual_convs() -> tuple[onnx.ModelProto, onnx.ModelProto]:
     r = b.op("Relu", [_conv(b, b.input("x", IMAGE), 32, 32, 1, seed=6)])
     y = b.op("Add", [_conv(b, r, 32, 32, 1, seed=7), r])
     return _quantised(b.model(y))
+
+
+def dequantised_twice() -> onnx.ModelProto:
+    """HardSwish as a QDQ model writes it, at 200 x 192 (a ppocr_cls_v2 tensor): r = Q(Relu(x)) read twice (the DQ's two
+    readers), y = DQ(Q(DQ(r) * DQ(Q(DQ(r) + 3)))) / 6, each step requantised."""
+    init = [numpy_helper.from_array(np.float32(value), name) for name, value in
+            (("s", 0.05), ("s2", 0.03), ("three", 3.0), ("six", 6.0))]
+    init += [numpy_helper.from_array(np.int8(value), name) for name, value in
+             (("z", 3), ("z2", -10))]
+    nodes = [helper.make_node("Relu", ["x"], ["r"]),
+             helper.make_node("QuantizeLinear", ["r", "s", "z"], ["q"]),
+             helper.make_node("DequantizeLinear", ["q", "s", "z"], ["d"]),
+             helper.make_node("Add", ["d", "three"], ["a"]),
+             helper.make_node("QuantizeLinear", ["a", "s2", "z2"], ["aq"]),
+             helper.make_node("DequantizeLinear", ["aq", "s2", "z2"], ["ad"]),
+             helper.make_node("Mul", ["d", "ad"], ["m"]),
+             helper.make_node("QuantizeLinear", ["m", "s2", "z2"], ["mq"]),
+             helper.make_node("DequantizeLinear", ["mq", "s2", "z2"], ["md"]),
+             helper.make_node("Div", ["md", "six"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "dq_twice", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [200, 192])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [200, 192])], init)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
 
 
 BUILDERS = {f.__name__: f for f in (matmul_bias_relu, conv1x1_relu, conv3x3_relu,

@@ -13,7 +13,7 @@ from pypto_offline import import_model
 from pypto_offline.fusion import plan_fusion
 from pypto_offline.runtime import run_model
 from pypto_offline.targets import resolve_target
-from tests.qdq_models import BUILDERS, inputs_of
+from tests.qdq_models import BUILDERS, dequantised_twice, inputs_of
 
 TARGET = resolve_target("kirin9050")
 # builder -> the integer contractions its import makes
@@ -78,9 +78,44 @@ def test_each_int8_contraction_is_one_region_with_its_prologue_and_epilogue(buil
     for contraction in contractions:
         (region,) = [r for r in plan.regions if contraction.outputs[0] in r.nodes]
         ops = [nodes[nid].op_type for nid in region.nodes]
-        assert {"Cast", "Mul", "DequantizeLinear"} <= set(ops), ops
+        assert {"Cast", "Mul"} <= set(ops) and ops[-1] in ("QuantizeLinear",
+                                                           "DequantizeLinear"), ops
     (region,) = [r for r in plan.regions if contractions[0].outputs[0] in r.nodes]
     assert "QuantizeLinear" in [nodes[nid].op_type for nid in region.nodes[:3]]
+
+
+def test_kernels_hand_each_other_int8_each_reader_dequantising_in_its_prologue(built):
+    """The residual block: r = Relu(conv1(x)) is read by conv2 (its int8 operand) and by the
+    Add (dequantised). Both are in the second kernel, the Add's DequantizeLinear with them, so
+    the first kernel writes the int8 r only: 1 byte an element where the requantised fp32 r
+    took 4 (docs/int8.md, "Regions")."""
+    qdq, _ = built["residual_convs"]
+    graph = import_model(qdq)
+    kinds = {n.outputs[0]: n.op_type for n in graph.nodes}
+    inputs_of = {n.outputs[0]: n.inputs for n in graph.nodes}
+    first, second = plan_fusion(graph, TARGET).regions
+    assert kinds[first.nodes[-1]] == "QuantizeLinear"
+    (written,) = first.outputs
+    assert graph.tensors[written].np_dtype == np.int8
+    readers = sorted(kinds[nid] for nid in second.nodes if written in inputs_of[nid])
+    assert readers == ["ConvInteger", "DequantizeLinear"] and written in second.inputs
+
+
+def test_a_dequantisation_read_twice_is_one_for_each_reader_in_its_kernel():
+    """A DQ read by two float ops is imported as two, one per reader, and each joins its
+    reader's region: the producer's kernel writes int8, never the dequantised fp32."""
+    graph = import_model(dequantised_twice())
+    kinds = {n.outputs[0]: n.op_type for n in graph.nodes}
+    dequantisations = [n for n in graph.nodes if n.op_type == "DequantizeLinear"
+                       and n.inputs[0] == "q"]
+    assert len(dequantisations) == 2
+    assert [sum(d.outputs[0] in n.inputs for n in graph.nodes) for d in dequantisations] == [1, 1]
+    feeds = {"x": np.random.default_rng(0).standard_normal((200, 192)).astype(np.float32)}
+    assert np.array_equal(run_model(graph.model, feeds)["y"],
+                          run_model(dequantised_twice(), feeds)["y"])
+    for region in plan_fusion(graph, TARGET).regions:
+        written = [kinds.get(name) for name in region.outputs]
+        assert "DequantizeLinear" not in written, region
 
 
 def test_a_depthwise_conv_is_planned_as_in_the_float_model_its_quantisations_beside_it(built):
@@ -136,3 +171,4 @@ def test_an_int8_matmul_with_an_activation_zero_point_is_exact():
     # products, a rounding apart (a quantised output, above, is bit-exact)
     np.testing.assert_allclose(run_model(graph.model, feeds)["y"], run_model(model, feeds)["y"],
                                rtol=1e-5, atol=1e-6)
+

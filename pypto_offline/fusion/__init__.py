@@ -16,6 +16,7 @@ from typing import Mapping
 from pypto_offline.fusion.classify import VIEW_ONLY_OPS, node_id, node_tensors, why_not_fusable
 from pypto_offline.fusion.cost import (fused_cost, node_cost, time_us, total,
                                        why_staging_does_not_pay)
+from pypto_offline.fusion.dequantise_in_readers import dequantise_in_readers
 from pypto_offline.fusion.lower import compiled_model
 from pypto_offline.fusion.partition import partition, read_beyond, tensor_readers
 from pypto_offline.fusion.program import Program, build_program
@@ -42,7 +43,8 @@ def plan_fusion(graph: ImportedGraph, target: Target,
     readers = tensor_readers(graph)
     regions: list[Region] = []
     refused: dict[str, tuple[str, str]] = {}
-    for members in partition(graph, fusable, target):
+    for members in dequantise_in_readers(graph, partition(graph, fusable, target), fusable,
+                                         target):
         region = make_region(f"region_{len(regions)}", [nodes[m] for m in members], graph,
                              target, readers)
         why = _why_it_does_not_pay(region)

@@ -57,7 +57,7 @@ class Partition:
         self.region_of = {nid: nid for nid in self.order}
         self.members = {nid: [nid] for nid in self.order}
         self.last = dict(self.position)  # a region's last node in graph order
-        self.working = {nid: _working_set(graph, [self.nodes[nid]]) for nid in self.order}
+        self.working = {nid: working_set(graph, [self.nodes[nid]]) for nid in self.order}
         self.constrained = {nid: int(nid in fusable and _constrains(graph, self.nodes[nid]))
                             for nid in self.order}  # how many members constrain a merge
         self.quotient = _node_graph(graph, self.position)
@@ -196,7 +196,8 @@ def _matmul_is_root(graph: ImportedGraph, members: list[Node], target: Target) -
                                                                               target):
         return False
     return all(any(name in produced for name in data_inputs(n.op_type, n.inputs))
-               or _float_cast(graph, n) for n in members if n is not root and n not in prologue)
+               or _float_cast(graph, n) or n.op_type == "DequantizeLinear"
+               for n in members if n is not root and n not in prologue)
 
 
 def _quantising_prologue(members: list[Node], root: Node, produced: set[str]) -> list[Node]:
@@ -205,7 +206,9 @@ def _quantising_prologue(members: list[Node], root: Node, produced: set[str]) ->
     ``importer/quantised._quantised_with_padding``) making a matmul's data operand (a MatMul's
     left one, a Conv's image) from a float tensor from outside the region: the kernel quantises
     the operand in UB and the cube multiplies it, one kernel where the float model has one
-    (docs/int8.md, "Regions"). Empty if the matmul's operands all come from outside, None if
+    (docs/int8.md, "Regions"). Or a DequantizeLinear alone, of an int8 tensor from outside the
+    region, for a float matmul (``fusion/dequantise_in_readers.py``): the kernel reads int8.
+    Empty if the matmul's operands all come from outside, None if
     one comes from inside otherwise."""
     by_output = {name: node for node in members for name in node.outputs}
     chain, operand = [], root.inputs[0]
@@ -217,10 +220,11 @@ def _quantising_prologue(members: list[Node], root: Node, produced: set[str]) ->
                 op_type != "Pad" or _pads_with_zeros(node)):
             chain.append(node)
             operand = node.inputs[0]
-    quantises = any(n.op_type == "QuantizeLinear" for n in chain)
-    if not quantises or chain[-1].op_type == "DequantizeLinear" or operand in produced:
-        return None if root.inputs[0] in produced else []
-    return chain
+    if operand not in produced and (
+            [n.op_type for n in chain] == ["DequantizeLinear"]
+            or any(n.op_type == "QuantizeLinear" for n in chain)):
+        return chain
+    return None if root.inputs[0] in produced else []
 
 
 def _pads_with_zeros(node: Node) -> bool:
@@ -283,7 +287,7 @@ def _node_graph(graph: ImportedGraph, position: dict[str, int]) -> nx.DiGraph:
     return dag
 
 
-def _working_set(graph: ImportedGraph, nodes: list[Node]) -> int:
+def working_set(graph: ImportedGraph, nodes: list[Node]) -> int:
     names = {name for n in nodes for name in node_tensors(n)}
     return sum(min_tile_bytes(graph, name) for name in names if graph.tensors.get(name)
                and graph.tensors[name].shape is not None)

@@ -30,6 +30,7 @@ from onnx import helper, numpy_helper
 
 from pypto_offline.importer.canonical import NodeContext, NotCanonical, normaliser
 from pypto_offline.importer.contractions import too_shallow_for_int8
+from pypto_offline.importer.names import names_in, unused_name
 
 QUANTISED_TYPES = frozenset({onnx.TensorProto.INT8, onnx.TensorProto.UINT8})
 DEQUANTIZE = "DequantizeLinear"
@@ -111,11 +112,7 @@ class _Graph:
         return name
 
     def _fresh(self, name: str) -> str:
-        taken = set(self.constants) | set(self.producer)
-        candidate, count = name, 0
-        while candidate in taken:
-            count += 1
-            candidate = f"{name}_{count}"
+        candidate = unused_name(name, set(self.constants) | set(self.producer))
         self.producer[candidate] = None  # reserved
         return candidate
 
@@ -138,6 +135,7 @@ def fold_quantised(model: onnx.ModelProto) -> tuple[onnx.ModelProto, Quantised]:
     _rebuild(g)
     _fold_constant_dequantisations(g)
     _drop_unused(g.graph)
+    _one_dequantisation_per_reader(g.graph)
     return model, done
 
 
@@ -372,6 +370,38 @@ def _fold_constant_dequantisations(g: _Graph) -> None:
         kept.append(node)
     del g.graph.node[:]
     g.graph.node.extend(kept)
+
+
+def _one_dequantisation_per_reader(graph: onnx.GraphProto) -> None:
+    """A DequantizeLinear of an activation read by several nodes becomes one for each: every
+    reader's kernel may then dequantise the int8 tensor in its prologue, so what crosses GM
+    between kernels is int8 (docs/int8.md, "Regions"); a DQ is one op of the vector unit. The
+    first reader (and a graph output, or a read inside a subgraph: not rewired) keep the
+    original."""
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for name in dict.fromkeys(node.input):
+            readers.setdefault(name, []).append(node)
+    in_subgraphs = {name for node in graph.node for a in node.attribute if a.g
+                    for sub in a.g.node for name in sub.input}
+    constants = {t.name for t in graph.initializer}
+    taken = names_in(graph)
+    nodes = []
+    for node in graph.node:
+        nodes.append(node)
+        out = node.output[0] if node.output else ""
+        if node.op_type != DEQUANTIZE or node.input[0] in constants or out in in_subgraphs:
+            continue
+        for reader in readers.get(out, [])[1:]:
+            copy = onnx.NodeProto.FromString(node.SerializeToString())
+            copy.output[0] = unused_name(f"{out}_for_{reader.output[0]}", taken)
+            copy.name = unused_name(f"{node.name or out}_for_{reader.output[0]}", taken)
+            for index, name in enumerate(reader.input):
+                if name == out:
+                    reader.input[index] = copy.output[0]
+            nodes.append(copy)
+    del graph.node[:]
+    graph.node.extend(nodes)
 
 
 def _drop_unused(graph: onnx.GraphProto) -> None:

@@ -79,14 +79,16 @@ class TilePolicy:
                 f"{f'-merge{self.vec_merge}' if self.vec_merge else ''}")
 
     def tile(self, shape: tuple[int, ...], itemsize: int, whole_axes: tuple[int, ...] = (),
-             split_last: bool = False) -> tuple[int, ...]:
+             split_last: bool = False, row_itemsize: int | None = None) -> tuple[int, ...]:
         """A tile of about ``budget_bytes``: the last axis whole (unless ``split_last`` and it
         alone is larger than the budget: a row of channel rows, ``fusion/rows.channel_rows``),
-        then as many of the axes before it as fit, innermost first."""
+        then as many of the axes before it as fit, innermost first. Its rows are whole 32-byte
+        blocks of ``row_itemsize``-byte elements (default: ``itemsize``): a kernel holding an
+        8-bit tensor aligns every tile so, and casts to int8 under the tile it computes in."""
         if not shape:
             return (BLOCK_BYTES // itemsize,)
         rank = len(shape)
-        align = max(BLOCK_BYTES // itemsize, 1)
+        align = max(BLOCK_BYTES // min(itemsize, row_itemsize or itemsize), 1)
         tile = [1] * rank
         last = rank - 1
         tile[last] = -(-shape[last] // align) * align

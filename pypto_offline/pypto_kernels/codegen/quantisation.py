@@ -13,6 +13,7 @@ from pypto_offline.fusion.records import RegionOp
 from pypto_offline.pypto_kernels.activations import literal as float_literal
 from pypto_offline.pypto_kernels.codegen.layout import elementwise_shape
 from pypto_offline.pypto_kernels.codegen.writer import Writer, full, let, pypto_dtype
+from pypto_offline.pypto_kernels.tiling import BLOCK_BYTES
 
 FLOAT = onnx.TensorProto.FLOAT
 # The values each quantised type holds: a Q saturates to them
@@ -47,7 +48,10 @@ def _dequantize(w: Writer, op: RegionOp) -> None:
 def _quantize(w: Writer, op: RegionOp) -> None:
     """``saturate(round_half_even(x / scale) + zero_point)``: the division as ONNX writes it
     (a product by 1/scale rounds differently), the bounds in fp32, the rounding by the cast to
-    int32, then through fp16 to the 8-bit type (PyPTO 0.2.0 casts int32 to no 8-bit type)."""
+    int32, then through fp16 to the 8-bit type (PyPTO 0.2.0 casts int32 to no 8-bit type).
+
+    A quantised tensor only dequantised inside the kernel stays the int32 integer it is (the
+    ``DequantizeLinear`` casts it to fp32, exactly): no 8-bit tile in the kernel's middle."""
     value, shape = _in_fp32(w, op)
     low, high = SATURATION[op.params["to"]]
     zero = float(op.params["zero_point"])
@@ -56,13 +60,23 @@ def _quantize(w: Writer, op: RegionOp) -> None:
         value = f"({value} + {float_literal(zero)})"
     value = (f"pypto.minimum(pypto.maximum({value}, {float_literal(float(low))}), "
              f"{float_literal(float(high))})")
+    out = op.outputs[0]
+    if not w.holds_8_bits(out):
+        w.assign(out, f"pypto.cast({value}, pypto.DT_INT32)", shape)
+        return
     rounded = let(w, f"pypto.cast({value}, pypto.DT_INT32)")
-    # each cast under a tile of its own type: a tile row of an 8-bit type must be whole 32-byte
-    # blocks ("lastDimBytes % BLOCK_SIZE == 0", a 24-wide fp32 tile cast to int8)
-    w.tile(shape, onnx.TensorProto.FLOAT16)
+    # a tile row of an 8-bit type must be whole 32-byte blocks ("lastDimBytes % BLOCK_SIZE ==
+    # 0": a 24-wide fp32 tile cast to int8 failed); only then each cast under its own type's
+    # tile: a tile changed in a kernel's middle made PyPTO stage the tensors through GM (a
+    # Q/DQ chain of ppocr_cls_v2: 2.69 MB moved under changed tiles, 308 KB, its lower bound,
+    # under one; docs/int8.md, "Kernels")
+    narrow = w.current_tile[-1] % BLOCK_BYTES != 0
+    if narrow:
+        w.tile(shape, onnx.TensorProto.FLOAT16)
     half = let(w, f"pypto.cast({rounded}, pypto.DT_FP16)")
-    w.tile(shape, op.params["to"])
-    w.assign(op.outputs[0], f"pypto.cast({half}, {pypto_dtype(op.params['to'])})", shape)
+    if narrow:
+        w.tile(shape, op.params["to"])
+    w.assign(out, f"pypto.cast({half}, {pypto_dtype(op.params['to'])})", shape)
 
 
 LOWERINGS: dict[str, Callable[[Writer, RegionOp], None]] = {

@@ -17,7 +17,7 @@ from pypto_offline.fusion.records import Region
 from pypto_offline.fusion.rows import RowLayout
 from pypto_offline.importer.ops import is_cube_conv
 from pypto_offline.pypto_kernels.activations import literal as float_literal
-from pypto_offline.pypto_kernels.tiling import TilePolicy
+from pypto_offline.pypto_kernels.tiling import BLOCK_BYTES, TilePolicy
 
 PYPTO_DTYPES = {
     onnx.TensorProto.FLOAT: "pypto.DT_FP32", onnx.TensorProto.FLOAT16: "pypto.DT_FP16",
@@ -95,6 +95,29 @@ class Writer:
         """Whether the region holds a convolution on the cube (``has_convolution``), asked per
         op."""
         return has_convolution(self.region)
+
+    @cached_property
+    def row_itemsize(self) -> int | None:
+        """1 in a kernel that writes an 8-bit tensor whose rows, aligned for fp32 (8
+        elements), would not be whole 32-byte blocks of int8: its tiles' rows are aligned to
+        32 elements, so its QuantizeLinear casts under the tile it computes in (PyPTO 0.2.0
+        wants 8-bit tile rows of whole blocks, and a tile changed in a kernel's middle made it
+        stage the tensors through GM: docs/int8.md, "Kernels"). None (each tile aligned for its
+        own type) in any other: aligning tiles of a few elements a row to 32 pads them (a
+        squeeze-and-excite kernel's [1, 200, 1, 1] gate moved 6x its bytes so)."""
+        fp32_row = BLOCK_BYTES // 4
+        narrow = any(op.op_type == "QuantizeLinear" and self.holds_8_bits(op.outputs[0])
+                     and -(-self.shape(op.outputs[0])[-1] // fp32_row) * fp32_row % BLOCK_BYTES
+                     for op in self.region.simplified)
+        return 1 if narrow else None
+
+    def holds_8_bits(self, tensor: str) -> bool:
+        """Whether a quantised tensor must be made 8-bit: the kernel writes it, or an op of
+        the kernel other than a ``DequantizeLinear`` reads it (the cube multiplies int8); one
+        only dequantised in the kernel stays the int32 integer it is rounded to."""
+        return tensor in self.region.outputs or any(
+            tensor in reader.inputs and reader.op_type != "DequantizeLinear"
+            for reader in self.region.simplified)
 
     def flat(self, tensor: str) -> list[int]:
         """The tensor as rows of ``row`` elements."""
@@ -213,7 +236,8 @@ class Writer:
             # product in its own rows (OWN) is tiled as any 2-D tensor
             shape, whole_axes = (self.rows.rows, self.rows.columns), (1,)
         split = self.rows is not None and self.rows.split_columns and len(shape) == 2
-        tile = self.policy.tile(tuple(shape), itemsize_of(dtype), tuple(whole_axes), split)
+        tile = self.policy.tile(tuple(shape), itemsize_of(dtype), tuple(whole_axes), split,
+                                self.row_itemsize)
         tile = self._within_split_parts(tuple(shape), tile)
         self.set_tile(self._rows_within_cube_tile(tuple(shape), tile))
 
