@@ -31,17 +31,35 @@ class BackendCase:
     atol: float
 
 
+# QOperator ops the importer expands (importer/qoperator.py): only their first input is data;
+# scales, zero points, weights and bias are a quantised model's constants
+QOPERATOR_DATA_INPUTS = {"QLinearConv": 1, "QLinearMatMul": 1}
+
+
 @functools.lru_cache(maxsize=1)
 def in_scope_cases() -> tuple[BackendCase, ...]:
+    return _cases(set(OPS))
+
+
+@functools.lru_cache(maxsize=1)
+def qoperator_cases() -> tuple[BackendCase, ...]:
+    return _cases(set(QOPERATOR_DATA_INPUTS))
+
+
+@functools.lru_cache(maxsize=1)
+def _collected() -> tuple:
     from onnx.backend.test.case import node
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        collected = node.collect_testcases(None)
+        return tuple(node.collect_testcases(None))
+
+
+def _cases(ops: set[str]) -> tuple[BackendCase, ...]:
     cases = []
-    for case in collected:
+    for case in _collected():
         nodes = case.model.graph.node
-        if case.kind != "node" or len(nodes) != 1 or nodes[0].op_type not in OPS:
+        if case.kind != "node" or len(nodes) != 1 or nodes[0].op_type not in ops:
             continue
         for index, (inputs, outputs) in enumerate(case.data_sets):
             name = case.name if len(case.data_sets) == 1 else f"{case.name}_{index}"
@@ -63,7 +81,8 @@ def _bind_parameters(name, case, inputs, outputs) -> BackendCase:
     model = onnx.ModelProto()
     model.CopyFrom(case.model)
     node = model.graph.node[0]
-    first_param = OPS[node.op_type].data_inputs or len(node.input)  # the rest are parameters
+    first_param = QOPERATOR_DATA_INPUTS.get(node.op_type) or OPS[node.op_type].data_inputs \
+        or len(node.input)  # the rest are parameters
     params = {n for n in list(node.input)[first_param:] if n}
     feeds = {}
     kept_inputs = []

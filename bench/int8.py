@@ -57,11 +57,12 @@ def qdq_path(name: str, folder: Path) -> Path:
     return target
 
 
-def quantise(model, calibration: list[dict], prepare: bool = True):
+def quantise(model, calibration: list[dict], prepare: bool = True, qoperator: bool = False):
     """``model`` (static shapes) through onnxruntime's ``quantize_static`` as its documentation
-    tells a user to: ``quant_pre_process`` first (``prepare``), QDQ format, per-channel int8
-    weights, int8 activations, MinMax on the ``calibration`` feeds. The same bytes for the same
-    model, feeds and onnxruntime (tests/qdq_models.py makes its unit models with it too)."""
+    tells a user to: ``quant_pre_process`` first (``prepare``), QDQ format (QOperator with
+    ``qoperator``: QLinearConv, QLinearMatMul), per-channel int8 weights, int8 activations,
+    MinMax on the ``calibration`` feeds. The same bytes for the same model, feeds and
+    onnxruntime (tests/qdq_models.py makes its unit models with it too)."""
     import onnx
     from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.shape_inference import quant_pre_process
@@ -76,7 +77,8 @@ def quantise(model, calibration: list[dict], prepare: bool = True):
         else:
             prepared = source
         quantize_static(str(prepared), str(staged), CalibrationReader(calibration),
-                        quant_format=QuantFormat.QDQ, per_channel=True,
+                        quant_format=QuantFormat.QOperator if qoperator else QuantFormat.QDQ,
+                        per_channel=True,
                         activation_type=QuantType.QInt8, weight_type=QuantType.QInt8)
         return onnx.load(staged)
 

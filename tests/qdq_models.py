@@ -81,6 +81,14 @@ def conv3x3_relu() -> tuple[onnx.ModelProto, onnx.ModelProto]:
     return _quantised(b.model(y))
 
 
+def conv3x3_qoperator() -> tuple[onnx.ModelProto, onnx.ModelProto]:
+    """Conv 3x3 pad 1, 32 -> 32 channels, then 1x1, 32 -> 32, on 1x32x16x16, quantised in
+    QOperator format: QuantizeLinear, two QLinearConv, DequantizeLinear."""
+    b = GraphBuilder()
+    y = _conv(b, _conv(b, b.input("x", IMAGE), 32, 32, 3, seed=8), 32, 32, 1, seed=9)
+    return _quantised(b.model(y), qoperator=True)
+
+
 def depthwise3x3_relu6() -> tuple[onnx.ModelProto, onnx.ModelProto]:
     """Clip(depthwise Conv 3x3 pad 1 (group = 32 channels), 0, 6) on 1x32x16x16."""
     b = GraphBuilder()
@@ -121,4 +129,5 @@ def dequantised_twice() -> onnx.ModelProto:
 
 
 BUILDERS = {f.__name__: f for f in (matmul_bias_relu, conv1x1_relu, conv3x3_relu,
+                                    conv3x3_qoperator,
                                     depthwise3x3_relu6, residual_convs)}

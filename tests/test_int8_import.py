@@ -9,6 +9,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from bench.backend_cases import qoperator_cases
 from pypto_offline import import_model
 from pypto_offline.fusion import plan_fusion
 from pypto_offline.runtime import run_model
@@ -19,6 +20,7 @@ TARGET = resolve_target("kirin9050")
 # builder -> the integer contractions its import makes
 INTEGER = {"matmul_bias_relu": {"MatMulInteger": 1}, "conv1x1_relu": {"ConvInteger": 1},
            "conv3x3_relu": {"ConvInteger": 1}, "residual_convs": {"ConvInteger": 2},
+           "conv3x3_qoperator": {"ConvInteger": 2},
            "depthwise3x3_relu6": {}}
 
 
@@ -56,6 +58,16 @@ def test_a_padded_conv_of_an_activation_with_a_zero_point_pads_the_float_image(b
     assert not any(conv.params.get("pads", ())) and conv.params["kernel_shape"] == (3, 3)
     assert graph.nodes[0].params["value"] == 0 and graph.nodes[0].params["pads"] == (
         0, 0, 1, 1, 0, 0, 1, 1)
+
+
+def test_qlinear_convs_are_read_as_their_qdq_pattern_and_made_integer(built):
+    """QOperator format (QLinearConv) is expanded to DQ -> Conv -> Q (importer/qoperator.py)
+    and folded as a QDQ model's: no QLinear op is left for onnxruntime."""
+    graph = import_model(built["conv3x3_qoperator"][0])
+    assert [n.op_type for n in built["conv3x3_qoperator"][0].graph.node].count("QLinearConv") == 2
+    assert graph.stats.quantised["qoperators"] == 2
+    assert not any(n.op_type.startswith("QLinear") for n in graph.nodes)
+    assert all(n.in_scope for n in graph.nodes)
 
 
 def test_a_depthwise_conv_stays_float_with_its_reason(built):
@@ -172,3 +184,17 @@ def test_an_int8_matmul_with_an_activation_zero_point_is_exact():
     np.testing.assert_allclose(run_model(graph.model, feeds)["y"], run_model(model, feeds)["y"],
                                rtol=1e-5, atol=1e-6)
 
+
+@pytest.mark.parametrize("case", qoperator_cases(), ids=[c.name for c in qoperator_cases()])
+def test_onnx_backend_qlinear_cases_are_expanded_and_reproduce_their_outputs(case):
+    """ONNX's own QLinearConv / QLinearMatMul cases (uint8, int8 with weight zero points, fp16
+    scales), their parameters constants as in a quantised model: each is read as its QDQ
+    pattern (no QLinear op left for onnxruntime), kept float with the reason PyPTO's cube
+    cannot take it, and reproduces the expected output exactly."""
+    graph = import_model(case.model)
+    assert graph.stats.quantised["qoperators"] == 1
+    assert not any(n.op_type.startswith("QLinear") for n in graph.nodes)
+    (why,) = graph.stats.quantised["left_float"].values()
+    assert "uint8" in why or "weight zero" in why
+    (output,) = run_model(graph.model, case.inputs).values()
+    assert np.array_equal(output, case.outputs[0])

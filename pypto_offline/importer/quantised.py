@@ -17,6 +17,9 @@ per-channel activations, weights with zero points, a padded convolution of an ac
 zero point is not 0, a depthwise one) stays float, its reason in ``Quantised.left_float``, and
 the activation's DequantizeLinear then runs inside its kernel.
 
+A QOperator model's QLinearConv and QLinearMatMul are first written as their QDQ pattern
+(``importer/qoperator.py``) and taken as any other.
+
 Runs after the first fold, whose folder leaves DequantizeLinear alone (``keeps_quantised``) so the
 int8 weights survive it; the DQ of a constant this pass does not take is folded to float here.
 """
@@ -31,6 +34,7 @@ from onnx import helper, numpy_helper
 from pypto_offline.importer.canonical import NodeContext, NotCanonical, normaliser
 from pypto_offline.importer.contractions import too_shallow_for_int8
 from pypto_offline.importer.names import names_in, unused_name
+from pypto_offline.importer.qoperator import expand_qoperators
 
 QUANTISED_TYPES = frozenset({onnx.TensorProto.INT8, onnx.TensorProto.UINT8})
 DEQUANTIZE = "DequantizeLinear"
@@ -59,12 +63,15 @@ class Quantised:
 
     integer: list[str] = field(default_factory=list)
     left_float: dict[str, str] = field(default_factory=dict)
+    # QLinearConv / QLinearMatMul written as their QDQ pattern first (``importer/qoperator``)
+    qoperators: int = 0
 
     def summary(self) -> dict:
         """The import summary's ``quantised`` entry; empty for a model that is not QDQ."""
         if not self.integer and not self.left_float:
             return {}
-        return {"integer": list(self.integer), "left_float": dict(self.left_float)}
+        return {"integer": list(self.integer), "left_float": dict(self.left_float),
+                **({"qoperators": self.qoperators} if self.qoperators else {})}
 
 
 class _Graph:
@@ -120,11 +127,12 @@ class _Graph:
 def fold_quantised(model: onnx.ModelProto) -> tuple[onnx.ModelProto, Quantised]:
     """A copy of ``model`` with its quantised contractions integer and every other DQ of a
     constant folded to float; a model without DequantizeLinear comes back unchanged."""
+    model, qoperators = expand_qoperators(model)
     if not any(n.op_type == DEQUANTIZE for n in model.graph.node):
         return model, Quantised()
     model = onnx.ModelProto.FromString(model.SerializeToString())
     g = _Graph(model)
-    done = Quantised()
+    done = Quantised(qoperators=qoperators)
     for index, node in enumerate(list(g.graph.node)):
         if node.op_type in _CONTRACTIONS and node.domain in ("", "ai.onnx"):
             why = _CONTRACTIONS[node.op_type](g, index, node)
