@@ -21,6 +21,9 @@ def built(request):
 def test_quantised_with_per_channel_int8_weights(built):
     name, qdq, fp32 = built
     ops = [n.op_type for n in qdq.graph.node]
+    if "QLinearConv" in ops:  # QOperator format: the weights are the op's 4th to 6th inputs
+        _check_qoperator_weights(name, qdq, fp32)
+        return
     assert "QuantizeLinear" in ops and "DequantizeLinear" in ops, name
     assert not {"QuantizeLinear", "DequantizeLinear"} & {n.op_type for n in fp32.graph.node}
     assert sorted(o for o in ops if o in WEIGHTED) == sorted(
@@ -36,6 +39,17 @@ def test_quantised_with_per_channel_int8_weights(built):
         channels = values.shape[1] if node.op_type == "MatMul" else values.shape[0]
         assert scale.shape == (channels,), (name, node.name)  # per output channel
         assert not constants[weight.input[2]].any()  # symmetric weights
+
+
+def _check_qoperator_weights(name, qdq, fp32):
+    constants = {t.name: numpy_helper.to_array(t) for t in qdq.graph.initializer}
+    convs = [n for n in qdq.graph.node if n.op_type == "QLinearConv"]
+    assert len(convs) == sum(n.op_type == "Conv" for n in fp32.graph.node), name
+    assert "Conv" not in {n.op_type for n in qdq.graph.node}, name  # every conv quantised
+    for node in convs:
+        values, scale, zero = (constants[i] for i in node.input[3:6])
+        assert values.dtype == np.int8 and scale.shape == (values.shape[0],), (name, node.name)
+        assert not zero.any()  # symmetric weights
 
 
 def test_the_same_bytes_every_call_and_small(built):
