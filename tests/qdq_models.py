@@ -128,6 +128,23 @@ def dequantised_twice() -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
 
 
+def input_quantisation() -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """y = DQ(Q(x, 1/255, -128)) on 64 x 256 (an image's quantisation, nudenet's first op),
+    and inputs just above the ties k + 0.5 of x / scale: ``x / scale + zero_point`` rounds
+    to the tie in fp32 (-127.5 + 2e-6 is -127.5), ONNX rounds x / scale first."""
+    scale = np.float32(1 / 255)
+    init = [numpy_helper.from_array(scale, "s"), numpy_helper.from_array(np.int8(-128), "z")]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"]),
+             helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "input_quantisation",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64, 256])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [64, 256])], init)
+    ties = (np.arange(64 * 256) % 16 + np.float32(0.5) + np.float32(2e-6)).astype(np.float32)
+    inputs = {"x": (ties * scale).astype(np.float32).reshape(64, 256)}
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), inputs
+
+
 BUILDERS = {f.__name__: f for f in (matmul_bias_relu, conv1x1_relu, conv3x3_relu,
                                     conv3x3_qoperator,
                                     depthwise3x3_relu6, residual_convs)}

@@ -5,12 +5,14 @@ compiled and checked by PyPTO's run of it, the outputs bit-exact against onnxrun
 model (docs/int8.md)."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from pypto_offline import api, import_model
 from pypto_offline.fusion import plan_fusion
+from pypto_offline.runtime import run_model
 from pypto_offline.targets import resolve_target
-from tests.qdq_models import BUILDERS, dequantised_twice
+from tests.qdq_models import BUILDERS, dequantised_twice, input_quantisation
 
 # builder -> its integer contractions, each in a kernel of its own
 CONTRACTIONS = {"matmul_bias_relu": 1, "conv1x1_relu": 1, "conv3x3_relu": 1,
@@ -54,3 +56,17 @@ def test_a_chain_of_quantisations_moves_only_its_inputs_and_outputs(int8_cache):
     assert kernel["status"] == "compiled" and kernel["ops"].count("DequantizeLinear") == 4
     assert kernel["gm_bytes"] == kernel["gm_bytes_lower_bound"] == 2 * 200 * 192 * 4
     assert summary["verification"]["status"] == "passed"
+
+
+@pytest.mark.pypto
+def test_a_quantisation_rounds_before_its_zero_point_as_onnxruntime_does(int8_cache):
+    """Run by its PyPTO program on values just above the ties of x / scale, the kernel's
+    QuantizeLinear equals onnxruntime's bit for bit; adding the zero point before rounding
+    put them on the tie (one step off on nudenet's input, whose kernel then failed its check)."""
+    model, inputs = input_quantisation()
+    compiled = api.compile(model, "kirin9050", cache_dir=int8_cache, verify=True)
+    (kernel,) = compiled.summary()["kernels"]
+    assert kernel["status"] == "compiled", kernel
+    want = run_model(model, inputs)["y"]
+    got = compiled.execute(inputs, cache_dir=int8_cache).outputs["y"]
+    assert np.array_equal(got, want)

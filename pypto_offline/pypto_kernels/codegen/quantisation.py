@@ -48,7 +48,8 @@ def _dequantize(w: Writer, op: RegionOp) -> None:
 def _quantize(w: Writer, op: RegionOp) -> None:
     """``saturate(round_half_even(x / scale) + zero_point)``: the division as ONNX writes it
     (a product by 1/scale rounds differently), the bounds in fp32, the rounding by the cast to
-    int32, then through fp16 to the 8-bit type (PyPTO 0.2.0 casts int32 to no 8-bit type).
+    int32, the zero point added to the rounded integer, then through fp16 to the 8-bit type
+    (PyPTO 0.2.0 casts int32 to no 8-bit type).
 
     A quantised tensor only dequantised inside the kernel stays the int32 integer it is (the
     ``DequantizeLinear`` casts it to fp32, exactly): no 8-bit tile in the kernel's middle."""
@@ -56,15 +57,20 @@ def _quantize(w: Writer, op: RegionOp) -> None:
     low, high = SATURATION[op.params["to"]]
     zero = float(op.params["zero_point"])
     value = let(w, f"pypto.div({value}, {full(w, shape, op.params['scale'], FLOAT)})")
-    if zero:
-        value = f"({value} + {float_literal(zero)})"
-    value = (f"pypto.minimum(pypto.maximum({value}, {float_literal(float(low))}), "
-             f"{float_literal(float(high))})")
+    # rounded before the zero point is added, as ONNX writes it: x / scale + zero_point in fp32
+    # rounds (0.5000001 - 128 is -127.5), and the cast then rounded to the even neighbour, one
+    # step off onnxruntime (nudenet's input quantisation). The bounds are taken first, less the
+    # zero point: integers, so clamping before rounding is clamping after it.
+    value = (f"pypto.minimum(pypto.maximum({value}, {float_literal(low - zero)}), "
+             f"{float_literal(high - zero)})")
+    value = f"pypto.cast({value}, pypto.DT_INT32)"
+    if zero:  # integers of fewer than 24 bits: exact in fp32
+        value = f"pypto.cast(pypto.cast({value}, pypto.DT_FP32) + {float_literal(zero)}, pypto.DT_INT32)"
     out = op.outputs[0]
     if not w.holds_8_bits(out):
-        w.assign(out, f"pypto.cast({value}, pypto.DT_INT32)", shape)
+        w.assign(out, value, shape)
         return
-    rounded = let(w, f"pypto.cast({value}, pypto.DT_INT32)")
+    rounded = let(w, value)
     # a tile row of an 8-bit type must be whole 32-byte blocks ("lastDimBytes % BLOCK_SIZE ==
     # 0": a 24-wide fp32 tile cast to int8 failed); only then each cast under its own type's
     # tile: a tile changed in a kernel's middle made PyPTO stage the tensors through GM (a
