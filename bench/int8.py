@@ -57,12 +57,14 @@ def qdq_path(name: str, folder: Path) -> Path:
     return target
 
 
-def quantise(model, calibration: list[dict], prepare: bool = True, qoperator: bool = False):
+def quantise(model, calibration: list[dict], prepare: bool = True, qoperator: bool = False,
+             uint8_activations: bool = False):
     """``model`` (static shapes) through onnxruntime's ``quantize_static`` as its documentation
     tells a user to: ``quant_pre_process`` first (``prepare``), QDQ format (QOperator with
-    ``qoperator``: QLinearConv, QLinearMatMul), per-channel int8 weights, int8 activations,
-    MinMax on the ``calibration`` feeds. The same bytes for the same model, feeds and
-    onnxruntime (tests/qdq_models.py makes its unit models with it too)."""
+    ``qoperator``: QLinearConv, QLinearMatMul), per-channel int8 weights, int8 activations
+    (uint8 with ``uint8_activations``, quantize_static's default), MinMax on the
+    ``calibration`` feeds. The same bytes for the same model, feeds and onnxruntime
+    (tests/qdq_models.py makes its unit models with it too)."""
     import onnx
     from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.shape_inference import quant_pre_process
@@ -79,7 +81,8 @@ def quantise(model, calibration: list[dict], prepare: bool = True, qoperator: bo
         quantize_static(str(prepared), str(staged), CalibrationReader(calibration),
                         quant_format=QuantFormat.QOperator if qoperator else QuantFormat.QDQ,
                         per_channel=True,
-                        activation_type=QuantType.QInt8, weight_type=QuantType.QInt8)
+                        activation_type=QuantType.QUInt8 if uint8_activations
+                        else QuantType.QInt8, weight_type=QuantType.QInt8)
         return onnx.load(staged)
 
 

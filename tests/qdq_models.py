@@ -51,11 +51,10 @@ def _conv(b: GraphBuilder, x: str, c_in: int, c_out: int, kernel: int, seed: int
                 kernel_shape=[kernel, kernel], pads=[kernel // 2] * 4)
 
 
-def _quantised(fp32: onnx.ModelProto, qoperator: bool = False
-               ) -> tuple[onnx.ModelProto, onnx.ModelProto]:
+def _quantised(fp32: onnx.ModelProto, **how) -> tuple[onnx.ModelProto, onnx.ModelProto]:
     # no quant_pre_process: its graph optimisation would fuse MatMul + Add into a Gemm, and
     # these models are the op patterns they are named for
-    return quantise(fp32, calibration_feeds(fp32), prepare=False, qoperator=qoperator), fp32
+    return quantise(fp32, calibration_feeds(fp32), prepare=False, **how), fp32
 
 
 def matmul_bias_relu() -> tuple[onnx.ModelProto, onnx.ModelProto]:
@@ -87,6 +86,14 @@ def conv3x3_qoperator() -> tuple[onnx.ModelProto, onnx.ModelProto]:
     b = GraphBuilder()
     y = _conv(b, _conv(b, b.input("x", IMAGE), 32, 32, 3, seed=8), 32, 32, 1, seed=9)
     return _quantised(b.model(y), qoperator=True)
+
+
+def residual_uint8() -> tuple[onnx.ModelProto, onnx.ModelProto]:
+    """``residual_convs`` quantised with uint8 activations (quantize_static's default)."""
+    b = GraphBuilder()
+    r = b.op("Relu", [_conv(b, b.input("x", IMAGE), 32, 32, 1, seed=6)])
+    y = b.op("Add", [_conv(b, r, 32, 32, 1, seed=7), r])
+    return _quantised(b.model(y), uint8_activations=True)
 
 
 def depthwise3x3_relu6() -> tuple[onnx.ModelProto, onnx.ModelProto]:
@@ -146,5 +153,5 @@ def input_quantisation() -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
 
 
 BUILDERS = {f.__name__: f for f in (matmul_bias_relu, conv1x1_relu, conv3x3_relu,
-                                    conv3x3_qoperator,
+                                    conv3x3_qoperator, residual_uint8,
                                     depthwise3x3_relu6, residual_convs)}

@@ -20,7 +20,7 @@ TARGET = resolve_target("kirin9050")
 # builder -> the integer contractions its import makes
 INTEGER = {"matmul_bias_relu": {"MatMulInteger": 1}, "conv1x1_relu": {"ConvInteger": 1},
            "conv3x3_relu": {"ConvInteger": 1}, "residual_convs": {"ConvInteger": 2},
-           "conv3x3_qoperator": {"ConvInteger": 2},
+           "conv3x3_qoperator": {"ConvInteger": 2}, "residual_uint8": {"ConvInteger": 2},
            "depthwise3x3_relu6": {}}
 
 
@@ -68,6 +68,37 @@ def test_qlinear_convs_are_read_as_their_qdq_pattern_and_made_integer(built):
     assert graph.stats.quantised["qoperators"] == 2
     assert not any(n.op_type.startswith("QLinear") for n in graph.nodes)
     assert all(n.in_scope for n in graph.nodes)
+
+
+def test_uint8_activations_are_int8_shifted_by_128(built):
+    """quantize_static's default (uint8 activations): each quantised activation only DQs read
+    becomes int8 with its zero point less 128, so the contractions are integer as in an int8
+    model (the computed values: test_the_int8_graph_computes_what_onnxruntime_computes...)."""
+    qdq = built["residual_uint8"][0]
+    graph = import_model(qdq)
+    assert graph.stats.quantised["uint8_shifted"] == 4
+    quantised = [n.outputs[0] for n in graph.nodes if n.op_type == "QuantizeLinear"]
+    assert {graph.tensors[name].np_dtype.name for name in quantised} == {"int8"}
+
+
+def test_a_uint8_tensor_the_graph_returns_stays_uint8():
+    """A quantised tensor the model returns keeps its type: only what no one sees is shifted."""
+    scale, zero = numpy_helper.from_array(np.float32(0.1), "s"), numpy_helper.from_array(
+        np.uint8(140), "z")
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"]),
+             helper.make_node("DequantizeLinear", ["q", "s", "z"], ["d"]),
+             helper.make_node("Relu", ["d"], ["y"])]
+    model = helper.make_model(helper.make_graph(
+        nodes, "returned", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8, 32])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [8, 32]),
+         helper.make_tensor_value_info("q", TensorProto.UINT8, [8, 32])], [scale, zero]),
+        opset_imports=[helper.make_opsetid("", 13)])
+    graph = import_model(model)
+    assert graph.tensors["q"].np_dtype == np.uint8
+    assert "uint8_shifted" not in graph.stats.quantised
+    feeds = {"x": np.random.default_rng(0).standard_normal((8, 32)).astype(np.float32)}
+    want, got = run_model(model, feeds), run_model(graph.model, feeds)
+    assert all(np.array_equal(want[name], got[name]) for name in ("y", "q"))
 
 
 def test_a_depthwise_conv_stays_float_with_its_reason(built):
@@ -142,7 +173,8 @@ def test_a_depthwise_conv_is_planned_as_in_the_float_model_its_quantisations_bes
     assert plan.totals.kernels_after == float_plan.totals.kernels_after + 1
 
 
-def _hand_made(activation: int, channels: int, act_zero: int = 0) -> onnx.ModelProto:
+def _hand_made(activation: int, channels: int, act_zero: int = 0, weight_zero: int = 0
+               ) -> onnx.ModelProto:
     """x -> Q -> DQ -> MatMul(DQ(int8 weights [channels, 8])): a QDQ MatMul by hand."""
     zero_type = {TensorProto.INT8: np.int8, TensorProto.UINT8: np.uint8}[activation]
     weights = np.arange(channels * 8, dtype=np.int8).reshape(channels, 8) % 7 - 3
@@ -150,7 +182,7 @@ def _hand_made(activation: int, channels: int, act_zero: int = 0) -> onnx.ModelP
             numpy_helper.from_array(np.array(act_zero, zero_type), "zx"),
             numpy_helper.from_array(weights.astype(np.int8), "wq"),
             numpy_helper.from_array(np.array(0.01, np.float32), "sw"),
-            numpy_helper.from_array(np.array(0, np.int8), "zw")]
+            numpy_helper.from_array(np.array(weight_zero, np.int8), "zw")]
     nodes = [helper.make_node("QuantizeLinear", ["x", "sx", "zx"], ["xq"]),
              helper.make_node("DequantizeLinear", ["xq", "sx", "zx"], ["xd"]),
              helper.make_node("DequantizeLinear", ["wq", "sw", "zw"], ["wd"]),
@@ -161,11 +193,12 @@ def _hand_made(activation: int, channels: int, act_zero: int = 0) -> onnx.ModelP
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
 
 
-@pytest.mark.parametrize("activation, channels, reason", [
-    (TensorProto.UINT8, 32, "uint8 operands"),
-    (TensorProto.INT8, 16, "a depth of 16, not a multiple of 32")])
-def test_what_the_cube_cannot_take_stays_float_and_says_why(activation, channels, reason):
-    model = _hand_made(activation, channels, act_zero=3)
+@pytest.mark.parametrize("activation, channels, weight_zero, reason", [
+    (TensorProto.INT8, 32, 2, "asymmetric weights"),
+    (TensorProto.UINT8, 16, 0, "a depth of 16, not a multiple of 32")])
+def test_what_the_cube_cannot_take_stays_float_and_says_why(activation, channels, weight_zero,
+                                                           reason):
+    model = _hand_made(activation, channels, act_zero=3, weight_zero=weight_zero)
     graph = import_model(model)
     assert not _integer_ops(graph)
     (why,) = graph.stats.quantised["left_float"].values()
@@ -174,8 +207,10 @@ def test_what_the_cube_cannot_take_stays_float_and_says_why(activation, channels
     assert np.array_equal(run_model(model, feeds)["y"], run_model(graph.model, feeds)["y"])
 
 
-def test_an_int8_matmul_with_an_activation_zero_point_is_exact():
-    model = _hand_made(TensorProto.INT8, 64, act_zero=-7)
+@pytest.mark.parametrize("activation, zero", [(TensorProto.INT8, -7), (TensorProto.UINT8, 131)])
+def test_an_int8_matmul_with_an_activation_zero_point_is_exact(activation, zero):
+    """uint8 activations too: shifted to int8 (zero point 3), the same integers."""
+    model = _hand_made(activation, 64, act_zero=zero)
     graph = import_model(model)
     assert _integer_ops(graph) == {"MatMulInteger": 1}
     feeds = {"x": np.random.default_rng(1).standard_normal((4, 64)).astype(np.float32)}

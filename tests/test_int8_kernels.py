@@ -16,7 +16,7 @@ from tests.qdq_models import BUILDERS, dequantised_twice, input_quantisation
 
 # builder -> its integer contractions, each in a kernel of its own
 CONTRACTIONS = {"matmul_bias_relu": 1, "conv1x1_relu": 1, "conv3x3_relu": 1,
-                "residual_convs": 2, "conv3x3_qoperator": 2}
+                "residual_convs": 2, "conv3x3_qoperator": 2, "residual_uint8": 2}
 
 
 @pytest.mark.pypto

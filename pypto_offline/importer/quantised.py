@@ -18,7 +18,8 @@ zero point is not 0, a depthwise one) stays float, its reason in ``Quantised.lef
 the activation's DequantizeLinear then runs inside its kernel.
 
 A QOperator model's QLinearConv and QLinearMatMul are first written as their QDQ pattern
-(``importer/qoperator.py``) and taken as any other.
+(``importer/qoperator.py``), and uint8 activations as int8 ones shifted by 128
+(``importer/uint8_activations.py``); then taken as any other.
 
 Runs after the first fold, whose folder leaves DequantizeLinear alone (``keeps_quantised``) so the
 int8 weights survive it; the DQ of a constant this pass does not take is folded to float here.
@@ -35,6 +36,7 @@ from pypto_offline.importer.canonical import NodeContext, NotCanonical, normalis
 from pypto_offline.importer.contractions import too_shallow_for_int8
 from pypto_offline.importer.names import names_in, unused_name
 from pypto_offline.importer.qoperator import expand_qoperators
+from pypto_offline.importer.uint8_activations import as_int8_activations
 
 QUANTISED_TYPES = frozenset({onnx.TensorProto.INT8, onnx.TensorProto.UINT8})
 DEQUANTIZE = "DequantizeLinear"
@@ -65,13 +67,16 @@ class Quantised:
     left_float: dict[str, str] = field(default_factory=dict)
     # QLinearConv / QLinearMatMul written as their QDQ pattern first (``importer/qoperator``)
     qoperators: int = 0
+    # uint8 activations made int8, shifted by 128 (``importer/uint8_activations``)
+    uint8_shifted: int = 0
 
     def summary(self) -> dict:
         """The import summary's ``quantised`` entry; empty for a model that is not QDQ."""
         if not self.integer and not self.left_float:
             return {}
+        counts = {"qoperators": self.qoperators, "uint8_shifted": self.uint8_shifted}
         return {"integer": list(self.integer), "left_float": dict(self.left_float),
-                **({"qoperators": self.qoperators} if self.qoperators else {})}
+                **{key: count for key, count in counts.items() if count}}
 
 
 class _Graph:
@@ -131,8 +136,8 @@ def fold_quantised(model: onnx.ModelProto) -> tuple[onnx.ModelProto, Quantised]:
     if not any(n.op_type == DEQUANTIZE for n in model.graph.node):
         return model, Quantised()
     model = onnx.ModelProto.FromString(model.SerializeToString())
+    done = Quantised(qoperators=qoperators, uint8_shifted=as_int8_activations(model))
     g = _Graph(model)
-    done = Quantised(qoperators=qoperators)
     for index, node in enumerate(list(g.graph.node)):
         if node.op_type in _CONTRACTIONS and node.domain in ("", "ai.onnx"):
             why = _CONTRACTIONS[node.op_type](g, index, node)
