@@ -2,13 +2,14 @@
 
     python -m bench.int8 [--models ppocr_cls_v2,...] [--target kirin9050] [--name int8]
                          [--qdq-dir DIR] [--cache-dir DIR] [--out bench/results/int8] [--table]
+                         [--uint8-activations]
 
 Each model is quantised with onnxruntime's ``quantize_static`` as its documentation says a user
 should: ``quant_pre_process`` first (onnx's shape inference, basic graph optimisation), then QDQ
 format, per-channel int8 weights (the model converted to opset 13 first when older: per-channel
-DequantizeLinear needs it), int8 activations, MinMax calibration on ``CALIBRATION`` seeded random
-batches made from the corpus's InputSpec (seeds 1..N: the measured inputs, seed 0, are not among
-them). The QDQ model is cached in ``--qdq-dir`` (the same bytes for the same onnxruntime).
+DequantizeLinear needs it), int8 activations (uint8 with ``--uint8-activations``), MinMax
+calibration on ``CALIBRATION`` seeded random batches made from the corpus's InputSpec (seeds
+1..N: the measured inputs, seed 0, are not among them). The QDQ model is cached in ``--qdq-dir`` (the same bytes for the same onnxruntime).
 
 Then the fp32 corpus model and its QDQ model are built for the target with verification, both on
 the same inputs (the corpus's, seed 0), and ``NAME.json`` / ``NAME.md`` get one row per model
@@ -43,14 +44,15 @@ GM_TARGET = 0.4
 INTEGER_OPS = {"MatMulInteger", "ConvInteger", "QLinearMatMul", "QLinearConv"}
 
 
-def qdq_path(name: str, folder: Path) -> Path:
+def qdq_path(name: str, folder: Path, uint8_activations: bool = False) -> Path:
     """The corpus model quantised (``quantise``), made once into ``folder``."""
-    target = folder / f"{name}.qdq.onnx"
+    target = folder / f"{name}{'.uint8' if uint8_activations else ''}.qdq.onnx"
     if target.exists():
         return target
     folder.mkdir(parents=True, exist_ok=True)
     calibration = [corpus.MODELS[name].make_inputs(seed) for seed in range(1, CALIBRATION + 1)]
-    quantised = quantise(at_least_opset(static_model(name), PER_CHANNEL_OPSET), calibration)
+    quantised = quantise(at_least_opset(static_model(name), PER_CHANNEL_OPSET), calibration,
+                         uint8_activations=uint8_activations)
     with tempfile.NamedTemporaryFile(dir=folder, suffix=".onnx", delete=False) as staged:
         staged.write(quantised.SerializeToString())
     os.replace(staged.name, target)  # never a torn model in the cache
@@ -142,13 +144,15 @@ def qdq_accuracy(name: str, qdq: Path, feeds: dict) -> dict:
             for output, w, g in zip(fp32.graph.output, want, got)}
 
 
-def measure(name: str, target: str, qdq_dir: Path, cache_dir: Path) -> dict:
+def measure(name: str, target: str, qdq_dir: Path, cache_dir: Path,
+            uint8_activations: bool = False) -> dict:
     import onnx
 
-    qdq = qdq_path(name, qdq_dir)
+    qdq = qdq_path(name, qdq_dir, uint8_activations)
     graph = onnx.load(qdq).graph
     feeds = corpus.MODELS[name].make_inputs(seed=0)
     row = {"model": name, "target": target, "commit": commit(), "qdq_model": str(qdq),
+           "activations": "uint8" if uint8_activations else "int8",
            "qdq_bytes": qdq.stat().st_size,
            "qdq_nodes": {op: sum(n.op_type == op for n in graph.node)
                          for op in ("QuantizeLinear", "DequantizeLinear")},
@@ -209,6 +213,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cache-dir", type=Path, default=None,
                         help="the kernel cache (default: the user's, warm for the fp32 corpus)")
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--uint8-activations", action="store_true",
+                        help="quantise activations to uint8 (quantize_static's default)")
     parser.add_argument("--table", action="store_true",
                         help="only write NAME.md again from NAME.json")
     args = parser.parse_args(argv)
@@ -219,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
         (args.out / f"{args.name}.md").write_text(table(rows))
         return 0
     for name in args.models.split(","):
-        row = measure(name, args.target, args.qdq_dir, args.cache_dir)
+        row = measure(name, args.target, args.qdq_dir, args.cache_dir, args.uint8_activations)
         rows = [r for r in rows if r["model"] != name] + [row]
         path.write_text(json.dumps(rows, indent=1, sort_keys=True) + "\n")
         (args.out / f"{args.name}.md").write_text(table(rows))
