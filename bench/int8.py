@@ -9,7 +9,8 @@ should: ``quant_pre_process`` first (onnx's shape inference, basic graph optimis
 format, per-channel int8 weights (the model converted to opset 13 first when older: per-channel
 DequantizeLinear needs it), int8 activations (uint8 with ``--uint8-activations``), MinMax
 calibration on ``CALIBRATION`` seeded random batches made from the corpus's InputSpec (seeds
-1..N: the measured inputs, seed 0, are not among them). The QDQ model is cached in ``--qdq-dir`` (the same bytes for the same onnxruntime).
+1..N: the measured inputs, seed 0, are not among them). The QDQ model is cached in
+``--qdq-dir`` (the same bytes for the same onnxruntime).
 
 Then the fp32 corpus model and its QDQ model are built for the target with verification, both on
 the same inputs (the corpus's, seed 0), and ``NAME.json`` / ``NAME.md`` get one row per model

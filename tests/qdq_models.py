@@ -113,8 +113,9 @@ def residual_convs() -> tuple[onnx.ModelProto, onnx.ModelProto]:
 
 
 def dequantised_twice() -> onnx.ModelProto:
-    """HardSwish as a QDQ model writes it, at 200 x 192 (a ppocr_cls_v2 tensor): r = Q(Relu(x)) read twice (the DQ's two
-    readers), y = DQ(Q(DQ(r) * DQ(Q(DQ(r) + 3)))) / 6, each step requantised."""
+    """HardSwish as a QDQ model writes it, at 200 x 192 (a ppocr_cls_v2 tensor): r =
+    Q(Relu(x)) read twice (the DQ's two readers), y = DQ(Q(DQ(r) * DQ(Q(DQ(r) + 3)))) / 6,
+    each step requantised."""
     init = [numpy_helper.from_array(np.float32(value), name) for name, value in
             (("s", 0.05), ("s2", 0.03), ("three", 3.0), ("six", 6.0))]
     init += [numpy_helper.from_array(np.int8(value), name) for name, value in

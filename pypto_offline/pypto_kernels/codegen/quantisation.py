@@ -65,7 +65,8 @@ def _quantize(w: Writer, op: RegionOp) -> None:
              f"{float_literal(high - zero)})")
     value = f"pypto.cast({value}, pypto.DT_INT32)"
     if zero:  # integers of fewer than 24 bits: exact in fp32
-        value = f"pypto.cast(pypto.cast({value}, pypto.DT_FP32) + {float_literal(zero)}, pypto.DT_INT32)"
+        shifted = f"pypto.cast({value}, pypto.DT_FP32) + {float_literal(zero)}"
+        value = f"pypto.cast({shifted}, pypto.DT_INT32)"
     out = op.outputs[0]
     if not w.holds_8_bits(out):
         w.assign(out, value, shape)

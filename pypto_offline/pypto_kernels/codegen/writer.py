@@ -103,8 +103,9 @@ class Writer:
         32 elements, so its QuantizeLinear casts under the tile it computes in (PyPTO 0.2.0
         wants 8-bit tile rows of whole blocks, and a tile changed in a kernel's middle made it
         stage the tensors through GM: docs/int8.md, "Kernels"). None (each tile aligned for its
-        own type) in any other: aligning tiles of a few elements a row to 32 pads them (a
-        squeeze-and-excite kernel's [1, 200, 1, 1] gate moved 6x its bytes so)."""
+        own type) in any other: aligning every quantising kernel so pads rows of one element
+        32 times, and ppocr_cls_v2 then moved 14.78 MB against 13.59 MB unaligned (13.75 MB
+        aligned only where a narrow 8-bit tensor is written)."""
         fp32_row = BLOCK_BYTES // 4
         narrow = any(op.op_type == "QuantizeLinear" and self.holds_8_bits(op.outputs[0])
                      and -(-self.shape(op.outputs[0])[-1] // fp32_row) * fp32_row % BLOCK_BYTES
