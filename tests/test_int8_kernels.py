@@ -70,3 +70,24 @@ def test_a_quantisation_rounds_before_its_zero_point_as_onnxruntime_does(int8_ca
     want = run_model(model, inputs)["y"]
     got = compiled.execute(inputs, cache_dir=int8_cache).outputs["y"]
     assert np.array_equal(got, want)
+
+
+@pytest.mark.pypto
+@pytest.mark.parametrize("mode", ["force_fp16", "allow_mix_precision"])
+def test_a_precision_mode_keeps_the_int8_kernels_and_converts_the_float_parts(mode, int8_cache):
+    """--precision_mode keeps its meaning for the float parts (the residual Add) while the
+    quantisations and each integer product's dequantisation stay fp32 (importer/precision.py):
+    the same two int8 kernels, bit-exact. Before, force_fp16 cast the model's input to fp16
+    ahead of its QuantizeLinear (a graph onnxruntime refused), and an fp16 dequantisation
+    overflowed on the accumulator (112,357)."""
+    qdq, _ = BUILDERS["residual_convs"]()
+    summary = api.compile(qdq, "kirin9050", cache_dir=int8_cache, verify=True,
+                          precision_mode=mode).summary()
+    kernels = summary["kernels"]
+    assert [k["dtypes"]["accumulate"] for k in kernels] == ["int32", "int32"], kernels
+    assert all(k["status"] == "compiled" for k in kernels)
+    kept = {k["op_type"] for k in summary["precision"]["kept_fp32"]}
+    assert {"QuantizeLinear", "DequantizeLinear"} <= kept
+    assert summary["verification"]["status"] == "passed"
+    assert all(m["int8_steps"]["max_steps"] == 0
+               for m in summary["verification"]["metrics"].values())

@@ -47,6 +47,10 @@ MIN_COSINE = {FORCE_FP16: 0.99, ALLOW_FP32_TO_FP16: 0.999, ALLOW_MIX: 0.999}
 MAX_REL_DISTANCE = {FORCE_FP16: 0.1, ALLOW_FP32_TO_FP16: 0.1, ALLOW_MIX: 0.1}
 
 _FLOAT = onnx.TensorProto.FLOAT
+QUANTISATION_OPS = frozenset({"QuantizeLinear", "DequantizeLinear"})
+INTEGER_PRODUCTS = frozenset({"MatMulInteger", "ConvInteger"})
+# what importer/quantised.py writes after an integer product: Cast, Mul by S, Add of C
+DEQUANTISING_STEPS = ("Cast", "Mul", "Add")
 # A --keep_dtype file names nodes of one model: a million names fit in 16 MiB
 MAX_KEEP_DTYPE_BYTES = 16 << 20
 KEEP_DTYPE_FIX = ("give one node name per line, or OpType::NAME for every op of that type "
@@ -293,12 +297,13 @@ def _kept_in_fp32(model: onnx.ModelProto, mode: str, keep: KeepDtype, cube_fp32:
 
     fp32: set[str] = set()
     kept = []
+    made_by = {name: node for node in model.graph.node for name in node.output}
     for node in model.graph.node:
         if not node.name:
             raise ValueError(f"an imported {node.op_type} node has no name")  # importer's bug
         follows = any(name in fp32 for name in data_inputs(node.op_type, node.input))
         reason = (_by_keep(node, keep) or _by_runtime(node, DEFAULT_OP_BLOCK_LIST)
-                  or _by_mode(node, mode, cube_fp32, follows))
+                  or _by_quantisation(node, made_by) or _by_mode(node, mode, cube_fp32, follows))
         if reason:
             kept.append(Kept(node.name, node.op_type, reason))
             fp32.update(node.output)
@@ -312,6 +317,27 @@ def _by_keep(node, keep: KeepDtype) -> str:
 def _by_runtime(node, block_list) -> str:
     return ("onnxruntime's CPU provider has no fp16 kernel for it (the reference run needs one)"
             if node.op_type in block_list else "")
+
+
+def _by_quantisation(node, made_by: Mapping[str, onnx.NodeProto]) -> str:
+    """A quantisation and a dequantisation stay fp32 in every mode: the int8 integers they
+    make are the QDQ model's own (an fp16 scale would move them a step), and ONNX takes their
+    scale in the input's type. So does an integer product's dequantisation (its Cast, Mul by
+    the scale and Add of the shift, ``importer/quantised.py``): the int32 accumulator passes
+    fp16's range (a 1x1 convolution of 32 channels: 112,357), and rounding the sum to fp16
+    moved the requantised int8 a step from onnxruntime's. The float ops between them follow
+    the mode (docs/int8.md)."""
+    if node.op_type in QUANTISATION_OPS:
+        return "a (de)quantisation: its int8 integers are the quantised model's, made in fp32"
+    chain = [node]  # back from the node through the dequantisation's Add, Mul and Cast
+    while chain[-1].op_type in DEQUANTISING_STEPS and chain[-1].input \
+            and chain[-1].input[0] in made_by and len(chain) <= len(DEQUANTISING_STEPS):
+        chain.append(made_by[chain[-1].input[0]])
+    steps = [n.op_type for n in reversed(chain)]
+    if steps[0] in INTEGER_PRODUCTS and steps[1:] == list(DEQUANTISING_STEPS[:len(steps) - 1]):
+        return ("an integer product's dequantisation: its int32 accumulator passes fp16's "
+                "range, and its sum is what the QDQ model quantises in fp32")
+    return ""
 
 
 def _by_mode(node, mode: str, cube_fp32: bool, follows_fp32: bool) -> str:
