@@ -233,3 +233,32 @@ def test_onnx_backend_qlinear_cases_are_expanded_and_reproduce_their_outputs(cas
     assert "uint8" in why or "weight zero" in why
     (output,) = run_model(graph.model, case.inputs).values()
     assert np.array_equal(output, case.outputs[0])
+
+
+def test_a_qlinear_matmul_of_int8_with_per_column_weights_is_an_int8_matmul():
+    """QLinearMatMul(x int8 per tensor, W int8 [64, 32] scaled per column, symmetric): read as
+    its QDQ pattern and folded into a MatMulInteger; its output within one int8 step of
+    onnxruntime's QLinearMatMul (one float multiplier there, the folded scale and shift here)."""
+    rng = np.random.default_rng(4)
+    weights = rng.integers(-127, 128, size=(64, 32)).astype(np.int8)
+    init = [numpy_helper.from_array(np.float32(0.05), "sx"),
+            numpy_helper.from_array(np.int8(5), "zx"),
+            numpy_helper.from_array(weights, "w"),
+            numpy_helper.from_array(rng.uniform(0.001, 0.01, 32).astype(np.float32), "sw"),
+            numpy_helper.from_array(np.zeros(32, np.int8), "zw"),
+            numpy_helper.from_array(np.float32(0.8), "sy"),
+            numpy_helper.from_array(np.int8(-3), "zy")]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "sx", "zx"], ["xq"]),
+             helper.make_node("QLinearMatMul", ["xq", "sx", "zx", "w", "sw", "zw", "sy", "zy"],
+                              ["yq"]),
+             helper.make_node("DequantizeLinear", ["yq", "sy", "zy"], ["y"])]
+    model = helper.make_model(helper.make_graph(
+        nodes, "qlinear_matmul", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [16, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [16, 32])], init),
+        opset_imports=[helper.make_opsetid("", 13)])
+    graph = import_model(model)
+    assert _integer_ops(graph) == {"MatMulInteger": 1}
+    assert graph.stats.quantised["qoperators"] == 1
+    feeds = {"x": rng.standard_normal((16, 64)).astype(np.float32)}
+    steps = np.abs(run_model(graph.model, feeds)["y"] - run_model(model, feeds)["y"]) / 0.8
+    assert steps.max() <= 1 + 1e-4

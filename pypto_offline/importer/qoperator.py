@@ -55,14 +55,17 @@ def _pattern(node: onnx.NodeProto, constants: dict, opset: int, graph: onnx.Grap
     if node.op_type not in QOPERATORS or node.domain not in ("", "ai.onnx"):
         return None
     x, sx, zx, w, sw, zw, sy, zy = (list(node.input) + [""] * 8)[:8]
-    scales = [constants.get(name) for name in (sx, zx, sy, zy)]
+    per_tensor = [constants.get(name) for name in (sx, zx, sy, zy)]
     weight_scale = constants.get(sw)
-    if any(v is None or v.size != 1 for v in scales) or w not in constants \
+    if any(v is None or v.size != 1 for v in per_tensor) or w not in constants \
             or weight_scale is None or zw not in constants:
         return None
     conv = node.op_type == "QLinearConv"
     filters = constants[w].shape[0 if conv else -1]
-    if weight_scale.size not in (1, filters) or (weight_scale.size > 1 and opset < AXIS_OPSET):
+    if weight_scale.size not in (1, filters):
+        return None
+    # per output channel: DequantizeLinear's axis (opset 13), of a 4-D filter bank or a matrix
+    if weight_scale.size > 1 and (opset < AXIS_OPSET or (not conv and constants[w].ndim != 2)):
         return None
     bias = node.input[8] if conv and len(node.input) > 8 and node.input[8] else ""
     if bias and bias not in constants:
@@ -77,7 +80,8 @@ def _pattern(node: onnx.NodeProto, constants: dict, opset: int, graph: onnx.Grap
     dq_w.attribute.extend(axis)
     inputs = [dq_x.output[0], dq_w.output[0]]
     if bias:
-        inputs.append(_float_bias(graph, constants, bias, scales[0], weight_scale, fresh("bias")))
+        inputs.append(_float_bias(graph, constants, bias, per_tensor[0], weight_scale,
+                                  fresh("bias")))
     product = helper.make_node("Conv" if conv else "MatMul", inputs, [fresh("float")],
                                name=fresh("product"))
     if conv:
