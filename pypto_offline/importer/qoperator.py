@@ -22,23 +22,23 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import helper
 
+from pypto_offline.importer.graph_index import Constants
 from pypto_offline.importer.names import names_in, unused_name
 
 QOPERATORS = ("QLinearConv", "QLinearMatMul")
 AXIS_OPSET = 13  # DequantizeLinear's axis
 
 
-def expand_qoperators(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
-    """A copy of ``model`` with each QLinearConv / QLinearMatMul it can take written as
-    DQ -> Conv/MatMul -> Q, and how many; ``model`` itself when it holds none."""
-    if not any(n.op_type in QOPERATORS and n.domain in ("", "ai.onnx")
-               for n in model.graph.node):
-        return model, 0
-    model = onnx.ModelProto.FromString(model.SerializeToString())
+def has_qoperators(model: onnx.ModelProto) -> bool:
+    return any(n.op_type in QOPERATORS and n.domain in ("", "ai.onnx") for n in model.graph.node)
+
+
+def expand_qoperators(model: onnx.ModelProto, constants: Constants) -> int:
+    """Write each QLinearConv / QLinearMatMul of ``model`` it can take as DQ -> Conv/MatMul -> Q,
+    in place (on a copy the caller made); how many. ``constants`` indexes the model's graph."""
     graph = model.graph
-    constants = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
     nodes, expanded, taken = [], 0, names_in(graph)
     for node in graph.node:
@@ -47,10 +47,10 @@ def expand_qoperators(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
         expanded += pattern is not None
     del graph.node[:]
     graph.node.extend(nodes)
-    return model, expanded
+    return expanded
 
 
-def _pattern(node: onnx.NodeProto, constants: dict, opset: int, graph: onnx.GraphProto,
+def _pattern(node: onnx.NodeProto, constants: Constants, opset: int, graph: onnx.GraphProto,
              taken: set[str]) -> list[onnx.NodeProto] | None:
     if node.op_type not in QOPERATORS or node.domain not in ("", "ai.onnx"):
         return None
@@ -91,11 +91,10 @@ def _pattern(node: onnx.NodeProto, constants: dict, opset: int, graph: onnx.Grap
     return [dq_x, dq_w, product, q]
 
 
-def _float_bias(graph: onnx.GraphProto, constants: dict, bias: str, x_scale: np.ndarray,
+def _float_bias(graph: onnx.GraphProto, constants: Constants, bias: str, x_scale: np.ndarray,
                 w_scale: np.ndarray, name: str) -> str:
     """The int32 bias in float: ``B * sx * sw`` (its quantisation's scale, zero point 0)."""
     value = (constants[bias].astype(np.float64) * float(x_scale.reshape(-1)[0])
              * w_scale.astype(np.float64).reshape(-1)).astype(np.float32)
-    graph.initializer.append(numpy_helper.from_array(value, name))
-    constants[name] = value
+    graph.initializer.append(constants.record(value, name))
     return name

@@ -35,7 +35,8 @@ from onnx import helper, numpy_helper
 from pypto_offline.importer.canonical import NodeContext, NotCanonical, normaliser
 from pypto_offline.importer.contractions import too_shallow_for_int8
 from pypto_offline.importer.names import names_in, unused_name
-from pypto_offline.importer.qoperator import expand_qoperators
+from pypto_offline.importer.graph_index import Constants, readers_of
+from pypto_offline.importer.qoperator import expand_qoperators, has_qoperators
 from pypto_offline.importer.uint8_activations import as_int8_activations
 
 QUANTISED_TYPES = frozenset({onnx.TensorProto.INT8, onnx.TensorProto.UINT8})
@@ -82,17 +83,16 @@ class Quantised:
 class _Graph:
     """Producers, consumers and constants of one graph, for the rewrite."""
 
-    def __init__(self, model: onnx.ModelProto):
+    def __init__(self, model: onnx.ModelProto, constants: Constants):
         self.model = model
         self.graph = model.graph
-        self.constants = {t.name: t for t in self.graph.initializer}
+        self.constants = constants
         self.producer = {out: node for node in self.graph.node for out in node.output}
         self.new_nodes: dict[int, list[onnx.NodeProto]] = {}
         self.new_constants: list[onnx.TensorProto] = []
 
     def value(self, name: str) -> np.ndarray | None:
-        tensor = self.constants.get(name)
-        return None if tensor is None else numpy_helper.to_array(tensor)
+        return self.constants.get(name)
 
     def dequantised(self, name: str) -> Dequantised | None:
         """The DQ producing ``name``, when its scale and zero point are constants."""
@@ -112,15 +112,14 @@ class _Graph:
 
     def _dtype(self, name: str, zero: np.ndarray | None) -> int:
         if name in self.constants:
-            return self.constants[name].data_type
+            return self.constants.data_type(name)
         if zero is not None:
             return helper.np_dtype_to_tensor_dtype(zero.dtype)
         return onnx.TensorProto.UINT8  # the default zero point's type
 
     def constant(self, name: str, value: np.ndarray) -> str:
         name = self._fresh(name)
-        self.new_constants.append(numpy_helper.from_array(value, name))
-        self.constants[name] = self.new_constants[-1]
+        self.new_constants.append(self.constants.record(value, name))
         return name
 
     def _fresh(self, name: str) -> str:
@@ -132,12 +131,13 @@ class _Graph:
 def fold_quantised(model: onnx.ModelProto) -> tuple[onnx.ModelProto, Quantised]:
     """A copy of ``model`` with its quantised contractions integer and every other DQ of a
     constant folded to float; a model without DequantizeLinear comes back unchanged."""
-    model, qoperators = expand_qoperators(model)
-    if not any(n.op_type == DEQUANTIZE for n in model.graph.node):
+    if not has_qoperators(model) and not any(n.op_type == DEQUANTIZE for n in model.graph.node):
         return model, Quantised()
     model = onnx.ModelProto.FromString(model.SerializeToString())
-    done = Quantised(qoperators=qoperators, uint8_shifted=as_int8_activations(model))
-    g = _Graph(model)
+    constants = Constants(model.graph)
+    qoperators = expand_qoperators(model, constants)
+    done = Quantised(qoperators=qoperators, uint8_shifted=as_int8_activations(model, constants))
+    g = _Graph(model, constants)
     for index, node in enumerate(list(g.graph.node)):
         if node.op_type in _CONTRACTIONS and node.domain in ("", "ai.onnx"):
             why = _CONTRACTIONS[node.op_type](g, index, node)
@@ -375,8 +375,7 @@ def _fold_constant_dequantisations(g: _Graph) -> None:
         dq = g.dequantised(node.output[0]) if node.op_type == DEQUANTIZE else None
         if dq is not None and dq.quantised in g.constants:
             value = _dequantise(g.value(dq.quantised), dq)
-            dtype = helper.tensor_dtype_to_np_dtype(
-                g.constants[node.input[1]].data_type)
+            dtype = helper.tensor_dtype_to_np_dtype(g.constants.data_type(node.input[1]))
             g.graph.initializer.append(numpy_helper.from_array(value.astype(dtype),
                                                                node.output[0]))
             continue
@@ -391,10 +390,7 @@ def _one_dequantisation_per_reader(graph: onnx.GraphProto) -> None:
     between kernels is int8 (docs/int8.md, "Regions"); a DQ is one op of the vector unit. The
     first reader (and a graph output, or a read inside a subgraph: not rewired) keep the
     original."""
-    readers: dict[str, list[onnx.NodeProto]] = {}
-    for node in graph.node:
-        for name in dict.fromkeys(node.input):
-            readers.setdefault(name, []).append(node)
+    readers = readers_of(graph)
     in_subgraphs = {name for node in graph.node for a in node.attribute if a.g
                     for sub in a.g.node for name in sub.input}
     constants = {t.name for t in graph.initializer}

@@ -14,22 +14,18 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
-
+from pypto_offline.importer.graph_index import Constants, readers_of
 from pypto_offline.importer.names import names_in, unused_name
 
 QUANTIZE, DEQUANTIZE = "QuantizeLinear", "DequantizeLinear"
 SHIFT = 128  # uint8 - 128 is int8
 
 
-def as_int8_activations(model: onnx.ModelProto) -> int:
-    """Rewrite ``model`` in place (a copy the caller made); how many quantisations it shifted."""
+def as_int8_activations(model: onnx.ModelProto, constants: Constants) -> int:
+    """Rewrite ``model`` in place (a copy the caller made); how many quantisations it shifted.
+    ``constants`` indexes the model's graph."""
     graph = model.graph
-    constants = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
-    readers: dict[str, list[onnx.NodeProto]] = {}
-    for node in graph.node:
-        for name in node.input:
-            readers.setdefault(name, []).append(node)
+    readers = readers_of(graph)
     returned = {o.name for o in graph.output}
     taken = names_in(graph)
     shifted = 0
@@ -43,7 +39,7 @@ def as_int8_activations(model: onnx.ModelProto) -> int:
                 _dequantises(reader, node, constants) for reader in dequantisations):
             continue
         name = unused_name(f"{node.output[0]}_int8_zero_point", taken)
-        graph.initializer.append(numpy_helper.from_array(np.int8(int(zero) - SHIFT), name))
+        graph.initializer.append(constants.record(np.int8(int(zero) - SHIFT), name))
         for user in [node, *dequantisations]:
             _set_zero_point(user, name)
         _forget_type(graph, node.output[0])
@@ -51,7 +47,7 @@ def as_int8_activations(model: onnx.ModelProto) -> int:
     return shifted
 
 
-def _uint8_zero_point(node: onnx.NodeProto, constants: dict) -> np.ndarray | None:
+def _uint8_zero_point(node: onnx.NodeProto, constants: Constants) -> np.ndarray | None:
     """The zero point of a per-tensor quantisation to uint8 (absent: 0 of uint8), else None."""
     if len(node.input) < 2 or constants.get(node.input[1]) is None \
             or constants[node.input[1]].size != 1:
@@ -64,7 +60,7 @@ def _uint8_zero_point(node: onnx.NodeProto, constants: dict) -> np.ndarray | Non
     return zero.reshape(())
 
 
-def _dequantises(reader: onnx.NodeProto, quantise: onnx.NodeProto, constants: dict) -> bool:
+def _dequantises(reader: onnx.NodeProto, quantise: onnx.NodeProto, constants: Constants) -> bool:
     """Whether ``reader`` dequantises the tensor with the quantisation's own scale and zero
     point (the same values: names may differ)."""
     if reader.op_type != DEQUANTIZE or reader.domain not in ("", "ai.onnx") \
@@ -78,7 +74,7 @@ def _input(node: onnx.NodeProto, index: int) -> str:
     return node.input[index] if len(node.input) > index else ""
 
 
-def _same_constant(constants: dict, a: str, b: str) -> bool:
+def _same_constant(constants: Constants, a: str, b: str) -> bool:
     if a == b:
         return True
     left, right = constants.get(a), constants.get(b)
