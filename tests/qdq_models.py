@@ -112,6 +112,20 @@ def residual_convs() -> tuple[onnx.ModelProto, onnx.ModelProto]:
     return _quantised(b.model(y))
 
 
+def heads_split_and_merged() -> tuple[onnx.ModelProto, onnx.ModelProto]:
+    """An attention's head reshapes between two matmuls: x[64,128] @ W1, reshaped to 4 heads
+    of 32 and transposed [4,64,32], transposed and reshaped back, @ W2[128,64], Relu.
+    quantize_static puts each Reshape and Transpose between a DQ and a Q of one scale."""
+    b = GraphBuilder()
+    y = b.op("MatMul", [b.input("x", [64, 128]), b.const(_weight((128, 128), 11))])
+    y = b.op("Transpose", [b.op("Reshape", [y, b.const(np.array([64, 4, 32], np.int64))])],
+             perm=[1, 0, 2])
+    y = b.op("Reshape", [b.op("Transpose", [y], perm=[1, 0, 2]),
+                         b.const(np.array([64, 128], np.int64))])
+    y = b.op("Relu", [b.op("MatMul", [y, b.const(_weight((128, 64), 12))])])
+    return _quantised(b.model(y))
+
+
 def dequantised_twice() -> onnx.ModelProto:
     """HardSwish as a QDQ model writes it, at 200 x 192 (a ppocr_cls_v2 tensor): r =
     Q(Relu(x)) read twice (the DQ's two readers), y = DQ(Q(DQ(r) * DQ(Q(DQ(r) + 3)))) / 6,
@@ -155,4 +169,5 @@ def input_quantisation() -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
 
 BUILDERS = {f.__name__: f for f in (matmul_bias_relu, conv1x1_relu, conv3x3_relu,
                                     conv3x3_qoperator, residual_uint8,
-                                    depthwise3x3_relu6, residual_convs)}
+                                    depthwise3x3_relu6, residual_convs,
+                                    heads_split_and_merged)}

@@ -12,6 +12,7 @@ from onnx import TensorProto, helper, numpy_helper
 from bench.backend_cases import qoperator_cases
 from pypto_offline import import_model
 from pypto_offline.fusion import plan_fusion
+from pypto_offline.importer.int8_movers import MOVERS
 from pypto_offline.runtime import run_model
 from pypto_offline.targets import resolve_target
 from tests.qdq_models import BUILDERS, dequantised_twice, inputs_of
@@ -21,7 +22,7 @@ TARGET = resolve_target("kirin9050")
 INTEGER = {"matmul_bias_relu": {"MatMulInteger": 1}, "conv1x1_relu": {"ConvInteger": 1},
            "conv3x3_relu": {"ConvInteger": 1}, "residual_convs": {"ConvInteger": 2},
            "conv3x3_qoperator": {"ConvInteger": 2}, "residual_uint8": {"ConvInteger": 2},
-           "depthwise3x3_relu6": {}}
+           "depthwise3x3_relu6": {}, "heads_split_and_merged": {"MatMulInteger": 2}}
 
 
 @pytest.fixture(scope="module")
@@ -101,6 +102,86 @@ def test_a_uint8_tensor_the_graph_returns_stays_uint8():
     assert all(np.array_equal(want[name], got[name]) for name in ("y", "q"))
 
 
+def test_reshapes_and_transposes_of_a_quantised_tensor_move_its_int8_elements(built):
+    """quantize_static writes each head reshape and transpose between a DQ and a Q of the same
+    scale and zero point: imported, they move the int8 tensor, no Q/DQ pair around them, and
+    the head split and merge is in the first contraction's kernel, which writes int8."""
+    qdq, _ = built["heads_split_and_merged"]
+    graph = import_model(qdq)
+    assert graph.stats.quantised["moved_int8"] == 4
+    moves = [n for n in graph.nodes if n.op_type in ("Reshape", "Transpose")]
+    assert len(moves) == 4
+    for node in moves:
+        assert graph.tensors[node.inputs[0]].np_dtype == np.int8, node
+        assert graph.tensors[node.outputs[0]].np_dtype == np.int8, node
+    assert [n.op_type for n in graph.nodes].count("DequantizeLinear") == 1  # the output's
+    first, _ = plan_fusion(graph, TARGET).regions
+    (written,) = first.outputs
+    assert graph.tensors[written].np_dtype == np.int8
+
+
+def _moved(nodes: list, outputs: dict[str, list[int]]) -> onnx.ModelProto:
+    """A hand-made QDQ graph on x[2, 8]: ``nodes`` between the quantisation of x (``q``, scale
+    s, zero point z) and ``outputs`` (float, by name, with their shapes)."""
+    init = [numpy_helper.from_array(np.float32(0.05), "s"),
+            numpy_helper.from_array(np.float32(0.07), "s2"),
+            numpy_helper.from_array(np.int8(3), "z"),
+            numpy_helper.from_array(np.array([8, 2], np.int64), "shape"),
+            numpy_helper.from_array(np.array([8, 2], np.int64), "shape_again"),
+            numpy_helper.from_array(np.array([1], np.int64), "start"),
+            numpy_helper.from_array(np.array([2], np.int64), "end")]
+    quantise = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"]),
+                helper.make_node("DequantizeLinear", ["q", "s", "z"], ["d"])]
+    graph = helper.make_graph(
+        quantise + nodes, "moved", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])],
+        [helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
+         for name, shape in outputs.items()], init)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
+def _dq(name: str, scale: str = "s") -> onnx.NodeProto:
+    return helper.make_node("DequantizeLinear", [f"{name}_q", scale, "z"], [f"{name}_d"])
+
+
+def _q(name: str, scale: str = "s") -> onnx.NodeProto:
+    return helper.make_node("QuantizeLinear", [name, scale, "z"], [f"{name}_q"])
+
+
+MOVED = {  # what each hand-made graph computes, and how many of its ops move int8
+    "two alike reshapes, one kept": (
+        [helper.make_node("Reshape", ["d", "shape"], ["r1"]), _q("r1"), _dq("r1"),
+         helper.make_node("Reshape", ["d", "shape_again"], ["r2"]), _q("r2"), _dq("r2"),
+         helper.make_node("Add", ["r1_d", "r2_d"], ["y"])], {"y": [8, 2]}, 2),
+    "a slice": (
+        [helper.make_node("Slice", ["d", "start", "end"], ["c"]), _q("c"), _dq("c")],
+        {"c_d": [1, 8]}, 1),
+    "a slice requantised to another scale stays float": (
+        [helper.make_node("Slice", ["d", "start", "end"], ["c"]), _q("c", "s2"), _dq("c", "s2")],
+        {"c_d": [1, 8]}, 0),
+    "a concat stays float (PyPTO's int8 concat is slow)": (
+        [helper.make_node("Concat", ["d", "d"], ["c"], axis=0), _q("c"), _dq("c")], {"c_d": [4, 8]},
+        0),
+    "a transpose the graph returns stays float": (
+        [helper.make_node("Transpose", ["d"], ["t"], perm=[1, 0]), _q("t"),
+         helper.make_node("Relu", ["t"], ["y"])], {"t": [8, 2], "y": [8, 2]}, 0),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MOVED))
+def test_an_op_moves_int8_only_between_one_scale_and_computes_what_onnxruntime_does(case):
+    nodes, outputs, moved = MOVED[case]
+    model = _moved(nodes, outputs)
+    graph = import_model(model)
+    assert graph.stats.quantised.get("moved_int8", 0) == moved
+    if case.startswith("two alike"):  # one reshape left, read twice
+        assert [n.op_type for n in graph.nodes].count("Reshape") == 1
+    for seed in range(3):
+        feeds = {"x": np.random.default_rng(seed).standard_normal((2, 8)).astype(np.float32)}
+        want, got = run_model(model, feeds), run_model(graph.model, feeds)
+        for name in outputs:
+            assert np.array_equal(want[name], got[name]), (case, seed, name)
+
+
 def test_a_depthwise_conv_stays_float_with_its_reason(built):
     graph = import_model(built["depthwise3x3_relu6"][0])
     (why,) = graph.stats.quantised["left_float"].values()
@@ -121,8 +202,9 @@ def test_each_int8_contraction_is_one_region_with_its_prologue_and_epilogue(buil
     for contraction in contractions:
         (region,) = [r for r in plan.regions if contraction.outputs[0] in r.nodes]
         ops = [nodes[nid].op_type for nid in region.nodes]
-        assert {"Cast", "Mul"} <= set(ops) and ops[-1] in ("QuantizeLinear",
-                                                           "DequantizeLinear"), ops
+        computed = [op for op in ops if op not in MOVERS]  # int8 moved after the Q
+        assert {"Cast", "Mul"} <= set(ops) and computed[-1] in ("QuantizeLinear",
+                                                                "DequantizeLinear"), ops
     (region,) = [r for r in plan.regions if contractions[0].outputs[0] in r.nodes]
     assert "QuantizeLinear" in [nodes[nid].op_type for nid in region.nodes[:3]]
 

@@ -51,3 +51,19 @@ def readers_of(graph: onnx.GraphProto) -> dict[str, list[onnx.NodeProto]]:
         for name in dict.fromkeys(node.input):
             readers.setdefault(name, []).append(node)
     return readers
+
+
+def names_in_subgraphs(graph: onnx.GraphProto) -> set[str]:
+    """The tensors a node's subgraph (an If's branch, a Loop's body) reads: a rewrite that
+    renames a tensor must leave these alone."""
+    return {name for node in graph.node for a in node.attribute if a.g
+            for sub in a.g.node for name in sub.input}
+
+
+def forget_type(graph: onnx.GraphProto, tensor: str) -> None:
+    """Drop ``tensor``'s declared type (a rewrite changed it, or the tensor is gone): shape
+    inference gives it again where it still exists."""
+    kept = [v for v in graph.value_info if v.name != tensor]
+    if len(kept) != len(graph.value_info):
+        del graph.value_info[:]
+        graph.value_info.extend(kept)

@@ -35,7 +35,8 @@ from onnx import helper, numpy_helper
 from pypto_offline.importer.canonical import NodeContext, NotCanonical, normaliser
 from pypto_offline.importer.contractions import too_shallow_for_int8
 from pypto_offline.importer.names import names_in, unused_name
-from pypto_offline.importer.graph_index import Constants, readers_of
+from pypto_offline.importer.graph_index import Constants, names_in_subgraphs, readers_of
+from pypto_offline.importer.int8_movers import move_quantised
 from pypto_offline.importer.qoperator import expand_qoperators, has_qoperators
 from pypto_offline.importer.uint8_activations import as_int8_activations
 
@@ -70,12 +71,15 @@ class Quantised:
     qoperators: int = 0
     # uint8 activations made int8, shifted by 128 (``importer/uint8_activations``)
     uint8_shifted: int = 0
+    # data movement on the int8 tensor, its Q/DQ pair dropped (``importer/int8_movers``)
+    moved_int8: int = 0
 
     def summary(self) -> dict:
         """The import summary's ``quantised`` entry; empty for a model that is not QDQ."""
-        if not self.integer and not self.left_float:
+        counts = {"qoperators": self.qoperators, "uint8_shifted": self.uint8_shifted,
+                  "moved_int8": self.moved_int8}
+        if not self.integer and not self.left_float and not any(counts.values()):
             return {}
-        counts = {"qoperators": self.qoperators, "uint8_shifted": self.uint8_shifted}
         return {"integer": list(self.integer), "left_float": dict(self.left_float),
                 **{key: count for key, count in counts.items() if count}}
 
@@ -136,7 +140,8 @@ def fold_quantised(model: onnx.ModelProto) -> tuple[onnx.ModelProto, Quantised]:
     model = onnx.ModelProto.FromString(model.SerializeToString())
     constants = Constants(model.graph)
     qoperators = expand_qoperators(model, constants)
-    done = Quantised(qoperators=qoperators, uint8_shifted=as_int8_activations(model, constants))
+    done = Quantised(qoperators=qoperators, uint8_shifted=as_int8_activations(model, constants),
+                     moved_int8=move_quantised(model, constants))
     g = _Graph(model, constants)
     for index, node in enumerate(list(g.graph.node)):
         if node.op_type in _CONTRACTIONS and node.domain in ("", "ai.onnx"):
@@ -391,8 +396,7 @@ def _one_dequantisation_per_reader(graph: onnx.GraphProto) -> None:
     first reader (and a graph output, or a read inside a subgraph: not rewired) keep the
     original."""
     readers = readers_of(graph)
-    in_subgraphs = {name for node in graph.node for a in node.attribute if a.g
-                    for sub in a.g.node for name in sub.input}
+    in_subgraphs = names_in_subgraphs(graph)
     constants = {t.name for t in graph.initializer}
     taken = names_in(graph)
     nodes = []
@@ -418,8 +422,7 @@ def _drop_unused(graph: onnx.GraphProto) -> None:
     while True:
         read = {name for node in graph.node for name in node.input}
         read |= {o.name for o in graph.output}
-        read |= {name for node in graph.node for a in node.attribute if a.g
-                 for sub in a.g.node for name in sub.input}
+        read |= names_in_subgraphs(graph)
         dead = [n for n in graph.node if not any(o in read for o in n.output if o)]
         if not dead:
             break

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-from pypto_offline.importer.graph_index import Constants, readers_of
+from pypto_offline.importer.graph_index import Constants, forget_type, readers_of
 from pypto_offline.importer.names import names_in, unused_name
 
 QUANTIZE, DEQUANTIZE = "QuantizeLinear", "DequantizeLinear"
@@ -42,7 +42,7 @@ def as_int8_activations(model: onnx.ModelProto, constants: Constants) -> int:
         graph.initializer.append(constants.record(np.int8(int(zero) - SHIFT), name))
         for user in [node, *dequantisations]:
             _set_zero_point(user, name)
-        _forget_type(graph, node.output[0])
+        forget_type(graph, node.output[0])
         shifted += 1
     return shifted
 
@@ -87,10 +87,3 @@ def _set_zero_point(node: onnx.NodeProto, name: str) -> None:
         node.input.append("")
     node.input[2] = name
 
-
-def _forget_type(graph: onnx.GraphProto, tensor: str) -> None:
-    """The tensor's declared uint8 type dropped: shape inference gives it int8 again."""
-    kept = [v for v in graph.value_info if v.name != tensor]
-    if len(kept) != len(graph.value_info):
-        del graph.value_info[:]
-        graph.value_info.extend(kept)
