@@ -116,9 +116,13 @@ class Writer:
         """Whether a quantised tensor must be made 8-bit: the kernel writes it, or an op of
         the kernel other than a ``DequantizeLinear`` reads it (the cube multiplies int8); one
         only dequantised in the kernel stays the int32 integer it is rounded to."""
-        return tensor in self.region.outputs or any(
-            tensor in reader.inputs and reader.op_type != "DequantizeLinear"
-            for reader in self.region.simplified)
+        return tensor in self.region.outputs or tensor in self._read_undequantised
+
+    @cached_property
+    def _read_undequantised(self) -> frozenset[str]:
+        """The tensors an op of the kernel other than a ``DequantizeLinear`` reads."""
+        return frozenset(name for op in self.region.simplified
+                         if op.op_type != "DequantizeLinear" for name in op.inputs)
 
     def flat(self, tensor: str) -> list[int]:
         """The tensor as rows of ``row`` elements."""
