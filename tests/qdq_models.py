@@ -126,6 +126,19 @@ def heads_split_and_merged() -> tuple[onnx.ModelProto, onnx.ModelProto]:
     return _quantised(b.model(y))
 
 
+def concat_of_branches() -> tuple[onnx.ModelProto, onnx.ModelProto]:
+    """A C2f-like join on 1x32x16x16: two 1x1 conv branches (Relu, Sigmoid-gated), their
+    channel concatenation (each branch its own scale, the concat another) and a 1x1 conv of it,
+    64 -> 32."""
+    b = GraphBuilder()
+    x = b.input("x", IMAGE)
+    left = b.op("Relu", [_conv(b, x, 32, 32, 1, seed=13)])
+    gated = _conv(b, x, 32, 32, 1, seed=14)
+    right = b.op("Mul", [gated, b.op("Sigmoid", [gated])])
+    y = _conv(b, b.op("Concat", [left, right], axis=1), 64, 32, 1, seed=15)
+    return _quantised(b.model(y))
+
+
 def dequantised_twice() -> onnx.ModelProto:
     """HardSwish as a QDQ model writes it, at 200 x 192 (a ppocr_cls_v2 tensor): r =
     Q(Relu(x)) read twice (the DQ's two readers), y = DQ(Q(DQ(r) * DQ(Q(DQ(r) + 3)))) / 6,
@@ -170,4 +183,4 @@ def input_quantisation() -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
 BUILDERS = {f.__name__: f for f in (matmul_bias_relu, conv1x1_relu, conv3x3_relu,
                                     conv3x3_qoperator, residual_uint8,
                                     depthwise3x3_relu6, residual_convs,
-                                    heads_split_and_merged)}
+                                    heads_split_and_merged, concat_of_branches)}

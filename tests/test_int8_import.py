@@ -22,7 +22,8 @@ TARGET = resolve_target("kirin9050")
 INTEGER = {"matmul_bias_relu": {"MatMulInteger": 1}, "conv1x1_relu": {"ConvInteger": 1},
            "conv3x3_relu": {"ConvInteger": 1}, "residual_convs": {"ConvInteger": 2},
            "conv3x3_qoperator": {"ConvInteger": 2}, "residual_uint8": {"ConvInteger": 2},
-           "depthwise3x3_relu6": {}, "heads_split_and_merged": {"MatMulInteger": 2}}
+           "depthwise3x3_relu6": {}, "heads_split_and_merged": {"MatMulInteger": 2},
+           "concat_of_branches": {"ConvInteger": 3}}
 
 
 @pytest.fixture(scope="module")
@@ -147,23 +148,26 @@ def _q(name: str, scale: str = "s") -> onnx.NodeProto:
     return helper.make_node("QuantizeLinear", [name, scale, "z"], [f"{name}_q"])
 
 
-MOVED = {  # what each hand-made graph computes, and how many of its ops move int8
+MOVED = {  # what each hand-made graph computes, and what moves int8: {summary key: count}
     "two alike reshapes, one kept": (
         [helper.make_node("Reshape", ["d", "shape"], ["r1"]), _q("r1"), _dq("r1"),
          helper.make_node("Reshape", ["d", "shape_again"], ["r2"]), _q("r2"), _dq("r2"),
-         helper.make_node("Add", ["r1_d", "r2_d"], ["y"])], {"y": [8, 2]}, 2),
+         helper.make_node("Add", ["r1_d", "r2_d"], ["y"])], {"y": [8, 2]}, {"moved_int8": 2}),
     "a slice": (
         [helper.make_node("Slice", ["d", "start", "end"], ["c"]), _q("c"), _dq("c")],
-        {"c_d": [1, 8]}, 1),
+        {"c_d": [1, 8]}, {"moved_int8": 1}),
     "a slice requantised to another scale stays float": (
         [helper.make_node("Slice", ["d", "start", "end"], ["c"]), _q("c", "s2"), _dq("c", "s2")],
-        {"c_d": [1, 8]}, 0),
-    "a concat stays float (PyPTO's int8 concat is slow)": (
-        [helper.make_node("Concat", ["d", "d"], ["c"], axis=0), _q("c"), _dq("c")], {"c_d": [4, 8]},
-        0),
+        {"c_d": [1, 8]}, {}),
+    "a concat of two scales, each part quantised": (
+        [helper.make_node("Relu", ["x"], ["r"]), _q("r", "s2"), _dq("r", "s2"),
+         helper.make_node("Concat", ["d", "r_d"], ["c"], axis=0), _q("c", "s2"),
+         _dq("c", "s2")], {"c_d": [4, 8]}, {"concats_int8": 1}),
+    "a concat the graph returns stays float": (
+        [helper.make_node("Concat", ["d", "d"], ["c"], axis=0), _q("c")], {"c": [4, 8]}, {}),
     "a transpose the graph returns stays float": (
         [helper.make_node("Transpose", ["d"], ["t"], perm=[1, 0]), _q("t"),
-         helper.make_node("Relu", ["t"], ["y"])], {"t": [8, 2], "y": [8, 2]}, 0),
+         helper.make_node("Relu", ["t"], ["y"])], {"t": [8, 2], "y": [8, 2]}, {}),
 }
 
 
@@ -172,9 +176,12 @@ def test_an_op_moves_int8_only_between_one_scale_and_computes_what_onnxruntime_d
     nodes, outputs, moved = MOVED[case]
     model = _moved(nodes, outputs)
     graph = import_model(model)
-    assert graph.stats.quantised.get("moved_int8", 0) == moved
+    for key in ("moved_int8", "concats_int8"):
+        assert graph.stats.quantised.get(key, 0) == moved.get(key, 0), key
     if case.startswith("two alike"):  # one reshape left, read twice
         assert [n.op_type for n in graph.nodes].count("Reshape") == 1
+    for concat in (n for n in graph.nodes if n.op_type == "Concat" and moved):
+        assert all(graph.tensors[name].np_dtype == np.int8 for name in concat.inputs), concat
     for seed in range(3):
         feeds = {"x": np.random.default_rng(seed).standard_normal((2, 8)).astype(np.float32)}
         want, got = run_model(model, feeds), run_model(graph.model, feeds)
@@ -202,7 +209,7 @@ def test_each_int8_contraction_is_one_region_with_its_prologue_and_epilogue(buil
     for contraction in contractions:
         (region,) = [r for r in plan.regions if contraction.outputs[0] in r.nodes]
         ops = [nodes[nid].op_type for nid in region.nodes]
-        computed = [op for op in ops if op not in MOVERS]  # int8 moved after the Q
+        computed = [op for op in ops if op not in MOVERS | {"Concat"}]  # int8 moved after Q
         assert {"Cast", "Mul"} <= set(ops) and computed[-1] in ("QuantizeLinear",
                                                                 "DequantizeLinear"), ops
     (region,) = [r for r in plan.regions if contractions[0].outputs[0] in r.nodes]

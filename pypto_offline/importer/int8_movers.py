@@ -11,21 +11,22 @@ quantised tensor itself: exact, as onnxruntime's own QDQ optimiser drops such pa
 (docs/int8.md, "Data movement on int8").
 
 An op whose output the graph returns, or that anything but that one QuantizeLinear reads, stays
-as it is.
+as it is. A quantised Concat is taken apart instead (``quantise_concat_parts``): its parts
+rarely share the output's scale, so each part is quantised to it, and the Concat moves int8.
 """
 from __future__ import annotations
 
 import onnx
+from onnx import helper
 
+from pypto_offline.importer.names import names_in, unused_name
 from pypto_offline.importer.graph_index import (Constants, forget_type, names_in_subgraphs,
                                                readers_of)
 
 QUANTIZE, DEQUANTIZE = "QuantizeLinear", "DequantizeLinear"
 # The ops that move elements and compute none: each output element is one input element.
-# A Concat of one scale (nudenet's SPPF: a conv's output and three MaxPools of it) commutes
-# too, but its int8 kernel ran 816 us in PyPTO's cost model against 23 us for its ops, and the
-# region fell back split: 7 kernels more. A MaxPool or a nearest Resize commute as well, but
-# PyPTO 0.2.0 fills no int8 tile for a padded pooling. These stay float.
+# (A Concat: ``quantise_concat_parts``. A MaxPool or a nearest Resize commute as well, but
+# PyPTO 0.2.0 fills no int8 tile for a padded pooling: they stay float.)
 MOVERS = frozenset({"Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "Split", "Slice"})
 
 
@@ -64,6 +65,41 @@ def move_quantised(model: onnx.ModelProto, constants: Constants) -> int:
     del graph.node[:]
     graph.node.extend(kept)
     return moved
+
+
+def quantise_concat_parts(model: onnx.ModelProto, constants: Constants) -> int:
+    """``Q(Concat(x1, ..., xn))`` written ``Concat(Q(x1), ..., Q(xn))``: the same values (Q is
+    elementwise, of one scale), and the Concat then moves int8, written part by part into its
+    kernel's output (``codegen.movement._assemble_concat``) where before it ran under a tile
+    holding the whole concatenated axis, fp32, quantised after. Each part keeps its own Q, even
+    a DQ of the output's own scale (where ``Q(DQ(q)) = q``): nudenet's SPPF concat of raw int8
+    parts made its MaxPools' region 870 us in PyPTO's cost model against 47 us unfused, and it
+    fell back split. How many concats. (docs/int8.md, "Data movement on int8".)"""
+    graph = model.graph
+    readers = readers_of(graph)
+    kept_names = {o.name for o in graph.output} | names_in_subgraphs(graph)
+    taken = names_in(graph)
+    nodes, dropped, count = [], set(), 0
+    for node in graph.node:
+        q = _only_reader(readers, node.output[0], kept_names) if node.op_type == "Concat" \
+            and node.domain in ("", "ai.onnx") else None
+        if q is None or not _per_tensor(q, QUANTIZE, constants):
+            nodes.append(node)
+            continue
+        for index, name in enumerate(node.input):
+            part = unused_name(f"{name}_quantised_for_{q.output[0]}", taken)
+            nodes.append(helper.make_node(QUANTIZE, [name, *q.input[1:]], [part],
+                                          name=unused_name(f"{part}_q", taken)))
+            node.input[index] = part
+        forget_type(graph, node.output[0])
+        node.output[0] = q.output[0]
+        dropped.add(id(q))
+        nodes.append(node)
+        count += 1
+    kept = [n for n in nodes if id(n) not in dropped]
+    del graph.node[:]
+    graph.node.extend(kept)
+    return count
 
 
 def _computation(node: onnx.NodeProto, constants: Constants) -> tuple:

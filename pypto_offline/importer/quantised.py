@@ -36,7 +36,7 @@ from pypto_offline.importer.canonical import NodeContext, NotCanonical, normalis
 from pypto_offline.importer.contractions import too_shallow_for_int8
 from pypto_offline.importer.names import names_in, unused_name
 from pypto_offline.importer.graph_index import Constants, names_in_subgraphs, readers_of
-from pypto_offline.importer.int8_movers import move_quantised
+from pypto_offline.importer.int8_movers import move_quantised, quantise_concat_parts
 from pypto_offline.importer.qoperator import expand_qoperators, has_qoperators
 from pypto_offline.importer.uint8_activations import as_int8_activations
 
@@ -73,11 +73,13 @@ class Quantised:
     uint8_shifted: int = 0
     # data movement on the int8 tensor, its Q/DQ pair dropped (``importer/int8_movers``)
     moved_int8: int = 0
+    # concats of quantised parts, each part quantised (``importer/int8_movers``)
+    concats_int8: int = 0
 
     def summary(self) -> dict:
         """The import summary's ``quantised`` entry; empty for a model that is not QDQ."""
         counts = {"qoperators": self.qoperators, "uint8_shifted": self.uint8_shifted,
-                  "moved_int8": self.moved_int8}
+                  "moved_int8": self.moved_int8, "concats_int8": self.concats_int8}
         if not self.integer and not self.left_float and not any(counts.values()):
             return {}
         return {"integer": list(self.integer), "left_float": dict(self.left_float),
@@ -141,7 +143,8 @@ def fold_quantised(model: onnx.ModelProto) -> tuple[onnx.ModelProto, Quantised]:
     constants = Constants(model.graph)
     qoperators = expand_qoperators(model, constants)
     done = Quantised(qoperators=qoperators, uint8_shifted=as_int8_activations(model, constants),
-                     moved_int8=move_quantised(model, constants))
+                     moved_int8=move_quantised(model, constants),
+                     concats_int8=quantise_concat_parts(model, constants))
     g = _Graph(model, constants)
     for index, node in enumerate(list(g.graph.node)):
         if node.op_type in _CONTRACTIONS and node.domain in ("", "ai.onnx"):
