@@ -27,7 +27,7 @@ def _in_fp32(w: Writer, op: RegionOp) -> tuple[str, list[int]]:
     shape = elementwise_shape(w, out, op.inputs[0])
     value = w.value(op.inputs[0], shape)
     w.follow(shape, FLOAT, op.inputs)
-    if w.dtype(op.inputs[0]) != FLOAT:
+    if w.dtype(op.inputs[0]) != FLOAT and op.inputs[0] not in w.in_fp32:
         value = let(w, f"pypto.cast({value}, pypto.DT_FP32)")
     return value, shape
 
@@ -51,8 +51,9 @@ def _quantize(w: Writer, op: RegionOp) -> None:
     int32, the zero point added to the rounded integer, then through fp16 to the 8-bit type
     (PyPTO 0.2.0 casts int32 to no 8-bit type).
 
-    A quantised tensor only dequantised inside the kernel stays the int32 integer it is (the
-    ``DequantizeLinear`` casts it to fp32, exactly): no 8-bit tile in the kernel's middle."""
+    A quantised tensor only dequantised inside the kernel stays the fp32 integer it is (its
+    ``DequantizeLinear`` reads it as it is: exact, integers of fewer than 24 bits): no 8-bit
+    tile in the kernel's middle, and two casts fewer than holding it as int32."""
     value, shape = _in_fp32(w, op)
     low, high = SATURATION[op.params["to"]]
     zero = float(op.params["zero_point"])
@@ -64,11 +65,13 @@ def _quantize(w: Writer, op: RegionOp) -> None:
     value = (f"pypto.minimum(pypto.maximum({value}, {float_literal(low - zero)}), "
              f"{float_literal(high - zero)})")
     value = f"pypto.cast({value}, pypto.DT_INT32)"
-    if zero:  # integers of fewer than 24 bits: exact in fp32
-        shifted = f"pypto.cast({value}, pypto.DT_FP32) + {float_literal(zero)}"
-        value = f"pypto.cast({shifted}, pypto.DT_INT32)"
     out = op.outputs[0]
+    if zero or not w.holds_8_bits(out):  # integers of fewer than 24 bits: exact in fp32
+        value = f"pypto.cast({value}, pypto.DT_FP32)"
+        if zero:
+            value = f"{value} + {float_literal(zero)}"
     if not w.holds_8_bits(out):
+        w.in_fp32.add(out)
         w.assign(out, value, shape)
         return
     rounded = let(w, value)

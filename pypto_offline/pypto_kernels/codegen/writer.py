@@ -74,6 +74,9 @@ class Writer:
     declared: dict[str, tuple[int, ...]] = field(default_factory=dict)
     # Tensors held per slice inside a loop (``matmul.lower_batched_loop``): the slice's shape.
     sliced: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    # Quantised tensors held as the fp32 integers they are (a QuantizeLinear's result only
+    # dequantised inside the kernel: ``quantisation._quantize``), whatever their type says.
+    in_fp32: set[str] = field(default_factory=set)
     indent: int = 1
     # The tile a transpose's result was made under, and the ops that follow it (``follow``).
     tiles: dict[str, tuple[int, ...]] = field(default_factory=dict)
