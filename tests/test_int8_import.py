@@ -13,6 +13,8 @@ from bench.backend_cases import qoperator_cases
 from pypto_offline import import_model
 from pypto_offline.fusion import plan_fusion
 from pypto_offline.importer.int8_movers import MOVERS
+from pypto_offline.pypto_kernels.codegen import kernel_source
+from pypto_offline.pypto_kernels.tiling import default_policy
 from pypto_offline.runtime import run_model
 from pypto_offline.targets import resolve_target
 from tests.qdq_models import BUILDERS, dequantised_twice, inputs_of
@@ -248,6 +250,20 @@ def test_a_dequantisation_read_twice_is_one_for_each_reader_in_its_kernel():
     for region in plan_fusion(graph, TARGET).regions:
         written = [kinds.get(name) for name in region.outputs]
         assert "DequantizeLinear" not in written, region
+
+
+def test_a_quantisation_only_dequantised_in_its_kernel_stays_fp32_between_them():
+    """Each QuantizeLinear of the HardSwish chain is read only by DequantizeLinear nodes of its
+    kernel: it rounds (fp32 -> int32 -> fp32: two casts), adds its zero point in fp32 and its
+    DQs read that as it is. Held as int32, each Q cast three times and each DQ once: 13 casts
+    where 6 do (docs/int8.md, "Kernels")."""
+    graph = import_model(dequantised_twice())
+    (region,) = plan_fusion(graph, TARGET).regions
+    source = kernel_source(region, default_policy(TARGET.ub_plan_bytes.value),
+                           graph.constant_values())
+    quantisations = [n for n in graph.nodes if n.op_type == "QuantizeLinear"]
+    assert len(quantisations) == 3
+    assert source.count("pypto.cast(") == 2 * len(quantisations)
 
 
 def test_a_depthwise_conv_is_planned_as_in_the_float_model_its_quantisations_beside_it(built):

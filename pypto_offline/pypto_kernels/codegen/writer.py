@@ -118,7 +118,7 @@ class Writer:
     def holds_8_bits(self, tensor: str) -> bool:
         """Whether a quantised tensor must be made 8-bit: the kernel writes it, or an op of
         the kernel other than a ``DequantizeLinear`` reads it (the cube multiplies int8); one
-        only dequantised in the kernel stays the int32 integer it is rounded to."""
+        only dequantised in the kernel stays the fp32 integer it is rounded to (``in_fp32``)."""
         return tensor in self.region.outputs or tensor in self._read_undequantised
 
     @cached_property
