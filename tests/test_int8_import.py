@@ -131,13 +131,15 @@ def _moved(nodes: list, outputs: dict[str, list[int]]) -> onnx.ModelProto:
             numpy_helper.from_array(np.int8(3), "z"),
             numpy_helper.from_array(np.array([8, 2], np.int64), "shape"),
             numpy_helper.from_array(np.array([8, 2], np.int64), "shape_again"),
+            numpy_helper.from_array(np.float32(0.0), "zero_scale"),
             numpy_helper.from_array(np.array([1], np.int64), "start"),
             numpy_helper.from_array(np.array([2], np.int64), "end")]
     quantise = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"]),
                 helper.make_node("DequantizeLinear", ["q", "s", "z"], ["d"])]
     graph = helper.make_graph(
         quantise + nodes, "moved", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])],
-        [helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
+        [helper.make_tensor_value_info(
+            name, TensorProto.INT8 if name.endswith("_q") else TensorProto.FLOAT, shape)
          for name, shape in outputs.items()], init)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
 
@@ -167,6 +169,14 @@ MOVED = {  # what each hand-made graph computes, and what moves int8: {summary k
          _dq("c", "s2")], {"c_d": [4, 8]}, {"concats_int8": 1}),
     "a concat the graph returns stays float": (
         [helper.make_node("Concat", ["d", "d"], ["c"], axis=0), _q("c")], {"c": [4, 8]}, {}),
+    "alike reshapes both returned, both kept": (
+        [helper.make_node("Reshape", ["d", "shape"], ["r1"]), _q("r1"),
+         helper.make_node("Reshape", ["d", "shape_again"], ["r2"]), _q("r2")],
+        {"r1_q": [8, 2], "r2_q": [8, 2]}, {"moved_int8": 2}),
+    "a slice between quantisations of scale 0 stays float": (  # Q(DQ(q)) is not q
+        [helper.make_node("DequantizeLinear", ["q", "zero_scale", "z"], ["d0"]),
+         helper.make_node("Slice", ["d0", "start", "end"], ["c"]), _q("c", "zero_scale")],
+        {"c_q": [1, 8]}, {}),
     "a transpose the graph returns stays float": (
         [helper.make_node("Transpose", ["d"], ["t"], perm=[1, 0]), _q("t"),
          helper.make_node("Relu", ["t"], ["y"])], {"t": [8, 2], "y": [8, 2]}, {}),
@@ -182,6 +192,8 @@ def test_an_op_moves_int8_only_between_one_scale_and_computes_what_onnxruntime_d
         assert graph.stats.quantised.get(key, 0) == moved.get(key, 0), key
     if case.startswith("two alike"):  # one reshape left, read twice
         assert [n.op_type for n in graph.nodes].count("Reshape") == 1
+    if case.startswith("alike reshapes both returned"):  # each the producer of an output
+        assert [n.op_type for n in graph.nodes].count("Reshape") == 2
     for concat in (n for n in graph.nodes if n.op_type == "Concat" and moved):
         assert all(graph.tensors[name].np_dtype == np.int8 for name in concat.inputs), concat
     for seed in range(3):

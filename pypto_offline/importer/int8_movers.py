@@ -16,6 +16,7 @@ rarely share the output's scale, so each part is quantised to it, and the Concat
 """
 from __future__ import annotations
 
+import numpy as np
 import onnx
 from onnx import helper
 
@@ -58,7 +59,7 @@ def move_quantised(model: onnx.ModelProto, constants: Constants) -> int:
             dropped.add(id(q))
         moved += 1
         same = rewritten.setdefault(_computation(node, constants), node)
-        if same is not node:
+        if same is not node and not any(name in kept_names for name in node.output):
             _read_instead(node, same, readers)
             dropped.add(id(node))
     kept = [n for n in graph.node if id(n) not in dropped]
@@ -139,7 +140,9 @@ def _per_tensor(node: onnx.NodeProto | None, op_type: str, constants: Constants)
                                           and a.i for a in node.attribute):
         return False
     scale, zero = constants.get(node.input[1]), constants.get(node.input[2])
-    return scale is not None and zero is not None and scale.size == 1 and zero.size == 1
+    # a positive finite scale: Q(DQ(q)) = q needs one (a hostile scale of 0 makes it NaN)
+    return scale is not None and zero is not None and scale.size == 1 and zero.size == 1 \
+        and bool(np.isfinite(scale).all() and (scale > 0).all())
 
 
 def _parameters(node: onnx.NodeProto, constants: Constants) -> tuple:
