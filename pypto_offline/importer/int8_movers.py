@@ -20,9 +20,9 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from pypto_offline.importer.names import names_in, unused_name
 from pypto_offline.importer.graph_index import (Constants, forget_type, names_in_subgraphs,
                                                readers_of)
+from pypto_offline.importer.names import names_in, unused_name
 
 QUANTIZE, DEQUANTIZE = "QuantizeLinear", "DequantizeLinear"
 # The ops that move elements and compute none: each output element is one input element.

@@ -34,9 +34,9 @@ from onnx import helper, numpy_helper
 
 from pypto_offline.importer.canonical import NodeContext, NotCanonical, normaliser
 from pypto_offline.importer.contractions import too_shallow_for_int8
-from pypto_offline.importer.names import names_in, unused_name
 from pypto_offline.importer.graph_index import Constants, names_in_subgraphs, readers_of
 from pypto_offline.importer.int8_movers import move_quantised, quantise_concat_parts
+from pypto_offline.importer.names import names_in, unused_name
 from pypto_offline.importer.qoperator import expand_qoperators, has_qoperators
 from pypto_offline.importer.uint8_activations import as_int8_activations
 

@@ -86,4 +86,3 @@ def _set_zero_point(node: onnx.NodeProto, name: str) -> None:
     while len(node.input) < 3:
         node.input.append("")
     node.input[2] = name
-

@@ -66,11 +66,12 @@ def _quantize(w: Writer, op: RegionOp) -> None:
              f"{float_literal(high - zero)})")
     value = f"pypto.cast({value}, pypto.DT_INT32)"
     out = op.outputs[0]
-    if zero or not w.holds_8_bits(out):  # integers of fewer than 24 bits: exact in fp32
+    eight_bits = w.holds_8_bits(out)
+    if zero or not eight_bits:  # integers of fewer than 24 bits: exact in fp32
         value = f"pypto.cast({value}, pypto.DT_FP32)"
-        if zero:
-            value = f"{value} + {float_literal(zero)}"
-    if not w.holds_8_bits(out):
+    if zero:
+        value = f"{value} + {float_literal(zero)}"
+    if not eight_bits:
         w.in_fp32.add(out)
         w.assign(out, value, shape)
         return
