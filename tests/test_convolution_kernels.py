@@ -227,3 +227,56 @@ def test_an_input_cast_read_by_a_block_and_its_residual_joins_the_block():
     plan = plan_fusion(import_model(half), TARGETS["kirin9050"])
     (region,) = plan.regions
     assert [op.op_type for op in region.original].count("Cast") == 2 and not plan.unfused
+
+
+def _lcnet_downsampling(channels=8, height=24, width=96):
+    """PP-LCNet's downsampling (ppocr_cls_v2's second block, its shapes): a 1x1 convolution
+    and HardSwish, then a depthwise 3x3 of stride (2, 1) and HardSwish."""
+    b = GraphBuilder()
+    x = b.input("x", [1, channels, height, width])
+    pointwise = b.op("Conv", [x, b.const(RNG.standard_normal((channels, channels, 1, 1)) * 0.3),
+                              b.const(RNG.standard_normal(channels) * 0.3)])
+    depthwise = b.op("Conv", [b.op("HardSwish", [pointwise]),
+                              b.const(RNG.standard_normal((channels, 1, 3, 3)) * 0.3),
+                              b.const(RNG.standard_normal(channels) * 0.3)],
+                     group=channels, kernel_shape=[3, 3], strides=[2, 1], pads=[1, 1, 1, 1])
+    return b.model(b.op("HardSwish", [depthwise]))
+
+
+def test_a_strided_convolution_reads_stride_phases_once_its_taps_read_enough():
+    """A strided convolution whose taps read at least ``STRIDE_PHASES_FROM_BYTES`` views the
+    padded image's stride phases (codegen/convolution._StridePhases), each tap its output's
+    extent, and is costed so: PP-LCNet's depthwise (2, 1) on 8x24x96 was estimated to stage
+    969,856 B and stayed out on kirin90; now 828,800 B, and its block is one region. A small
+    one keeps the stride-1 span (the phases' steps cost it more time than they save)."""
+    from pypto_offline.fusion.cost import reads_stride_phases
+
+    params = {"kernel_shape": [3, 3], "strides": [2, 1]}
+    assert reads_stride_phases(params, 8, [1, 8, 12, 96], 4)  # 331,776 B of taps' reads
+    assert not reads_stride_phases(params, 8, [1, 8, 8, 8], 4)
+    assert not reads_stride_phases({**params, "strides": [1, 1]}, 8, [1, 8, 12, 96], 4)
+    graph, plan = fuse(_lcnet_downsampling(), target="kirin90")
+    assert [[op.op_type for op in r.original] for r in plan.regions] \
+        == [["Conv", "HardSwish", "Conv", "HardSwish"]] and not plan.unfused
+    _, on_kirin9050 = fuse(_lcnet_downsampling())
+    (depthwise,) = [u for u in on_kirin9050.unfused if u.op_type == "Conv"]
+    assert "stage 828800 B" in depthwise.reason, depthwise.reason
+
+
+@pytest.mark.pypto
+def test_a_convolution_on_stride_phases_compiles_and_checks(tmp_path):
+    """The PP-LCNet downsampling block on kirin90, its depthwise convolution on the rows'
+    phases (a reshape and a view each, no gather): one kernel that passes its check, and the
+    compiled graph computes what the model does. Measured alone on kirin9050 (the
+    depthwise (2, 1) and its ReLU): 1.41 MB in 104.6 us as per-tap strided views, 0.83 MB in
+    73.1 us on phases (docs/pypto-ops.md, "Strided convolutions")."""
+    model = _lcnet_downsampling()
+    graph, plan = fuse(model, target="kirin90")
+    (kernel,) = compile_kernels(graph, plan, TARGETS["kirin90"], cache_dir=tmp_path,
+                                search=False)
+    assert kernel.compiled and kernel.functional_ok, kernel.fallback_reason
+    assert "index_select" not in kernel.source and "pypto.reshape(t" in kernel.source
+    feeds = generate_inputs(model, seed=1)
+    expected, actual = run_model(model, feeds), run_model(plan.compiled_model, feeds)
+    for output, want in expected.items():
+        assert max_abs_diff(want, actual[output]) <= 1e-3 * max(1.0, np.abs(want).max())

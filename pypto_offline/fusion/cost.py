@@ -10,7 +10,7 @@ overhead are mostly estimates (see targets/).
 from __future__ import annotations
 
 from math import prod
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -158,26 +158,49 @@ def cube_handoff_bytes(ops: Sequence[RegionOp], tensor_types) -> int:
     return handoff
 
 
+# A strided convolution's taps view the padded image's stride phases once their reads reach
+# this many bytes (codegen/convolution._StridePhases); below it each tap views its stride-1
+# span and gathers every s-th row and column. Measured with PyPTO's cost model on kirin9050
+# (docs/pypto-ops.md, "Strided convolutions"): the phases' extra steps cost small images more
+# time than the bytes they save (taps' reads of 18 KB: 38.9 -> 71.2 us; 74 KB: 96.0 -> 111.8
+# us for 670 -> 405 KB moved); from 115 KB they pay in time as in bytes (3x3 32->64 on 20x20:
+# 256.8 -> 169.4 us, 1.86 -> 1.22 MB).
+STRIDE_PHASES_FROM_BYTES = 96 * 1024
+
+
+def reads_stride_phases(params: Mapping, channels: int, out, itemsize: int) -> bool:
+    """Whether a strided convolution's kernel reads its taps from the padded image's stride
+    phases: its taps' reads (each tap ``channels`` planes of the output's extent) reach
+    ``STRIDE_PHASES_FROM_BYTES``."""
+    reads = prod(params["kernel_shape"]) * channels * prod(out[2:]) * itemsize
+    return max(params["strides"]) > 1 and reads >= STRIDE_PHASES_FROM_BYTES
+
+
 def staging_bytes(op: Node, image, out, itemsize: int) -> int:
     """GM bytes a convolution's kernel moves beyond its lower bound because PyPTO 0.2.0 takes
     no view of a tile in UB (docs/pypto-ops.md, "Depthwise convolution"): the padded image
-    written by each padding step and read back by the next and by each tap's view, and for a
-    convolution on the cube its taps' columns written and read by the cube; the bound reads the
-    image once. Below what PyPTO measures (3x3 depthwise, C=32, 40x40: 2.77 MB estimated, 3.23
-    measured beyond the bound), so a bound too. 0 for any other op
-    and for a 1x1 convolution (the image is the cube's operand as it is)."""
+    written by each padding step and read back by the next, each tap's view of it (its
+    stride-1 span, or with stride phases its output's extent and the phases written once:
+    ``reads_stride_phases``), and for a convolution on the cube its taps' columns written and
+    read by the cube; the bound reads the image once. Below what PyPTO measures (3x3
+    depthwise, C=32, 40x40: 2.77 MB estimated, 3.23 measured beyond the bound; 3x3 16->32,
+    stride 2, 32x32: 0.89 MB, 0.95 measured), so a bound too. 0 for any other op and for a
+    1x1 convolution (the image is the cube's operand as it is)."""
     if op.op_type not in CONV_OPS or not op.params:
         return 0
     channels, height, width = image[1:]
     top, left, bottom, right = op.params["pads"]
     taps = prod(op.params["kernel_shape"])
-    span = prod(stride_one_span(out, op.params["strides"])[2:])
+    phases = reads_stride_phases(op.params, channels, out, itemsize)
+    span = prod(out[2:]) if phases else prod(stride_one_span(out, op.params["strides"])[2:])
     moved = taps * channels * span
+    padded = channels * (height + top + bottom) * (width + left + right)
     # each padding step (pad the bottom and right, a zero strip to the left, one on top:
     # codegen/convolution._padded) writes the padded image, and the next reads it back
     steps = bool(bottom or right) + bool(left) + bool(top)
-    moved += (2 * steps - 1) * channels * (height + top + bottom) * (width + left + right) \
-        if steps else 0
+    moved += (2 * steps - 1) * padded if steps else 0
+    if phases:  # the padded image reshaped to rows of phases, and the phases gathered
+        moved += 2 * padded
     if not is_depthwise_conv(op.op_type, op.params):
         moved += 2 * taps * channels * prod(out[2:])
     return max(moved - prod(image), 0) * itemsize
