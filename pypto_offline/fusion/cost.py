@@ -191,15 +191,15 @@ def staging_bytes(op: Node, image, out, itemsize: int) -> int:
     channels, height, width = image[1:]
     top, left, bottom, right = op.params["pads"]
     taps = prod(op.params["kernel_shape"])
-    phases = reads_stride_phases(op.params, channels, out, itemsize)
-    span = prod(out[2:]) if phases else prod(stride_one_span(out, op.params["strides"])[2:])
+    phased = reads_stride_phases(op.params, channels, out, itemsize)
+    span = prod(out[2:]) if phased else prod(stride_one_span(out, op.params["strides"])[2:])
     moved = taps * channels * span
     padded = channels * (height + top + bottom) * (width + left + right)
     # each padding step (pad the bottom and right, a zero strip to the left, one on top:
     # codegen/convolution._padded) writes the padded image, and the next reads it back
     steps = bool(bottom or right) + bool(left) + bool(top)
     moved += (2 * steps - 1) * padded if steps else 0
-    if phases:  # the padded image reshaped to rows of phases, and the phases gathered
+    if phased:  # the padded image reshaped to rows of phases, and the phases gathered
         moved += 2 * padded
     if not is_depthwise_conv(op.op_type, op.params):
         moved += 2 * taps * channels * prod(out[2:])

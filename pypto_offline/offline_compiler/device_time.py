@@ -67,7 +67,7 @@ def modelled_time(message: ptom_pb2.CompiledModel, gear: int) -> DeviceTime:
     kernels = tuple(_kernel_time(k, launch, bytes_per_us)
                     for k in gear_table.gear_kernels(message, gear) if k.compiled)
     # est_time_us_after counts each compiled kernel as a launch and the bytes its program moves
-    # (offline_compiler/build._totals); what is left is the unfused ops' launches and bytes
+    # (offline_compiler/messages.totals_message); what is left is the unfused ops' launches and bytes
     modelled_kernels = sum(launch + _moved(k) / bytes_per_us
                            for k in gear_table.gear_kernels(message, gear) if k.compiled)
     unfused_us = max(0.0, build.totals.est_time_us_after - modelled_kernels)

@@ -27,7 +27,7 @@ from pypto_offline.fusion.classify import node_id
 from pypto_offline.fusion.lower import DOMAIN
 from pypto_offline.importer import ImportedGraph, Node, import_model
 from pypto_offline.offline_compiler import ptom_pb2
-from pypto_offline.offline_compiler.build import op_message, region_signature
+from pypto_offline.offline_compiler.messages import op_message, region_signature
 from pypto_offline.pypto_kernels.codegen import kernel_source
 from pypto_offline.pypto_kernels.tiling import TilePolicy
 from pypto_offline.targets import Target, resolve_target

@@ -135,6 +135,7 @@ class _StridePhases:
         self.padded = _padded(w, image, (top, left, bottom, right), dtype)
         self._phases: dict[tuple[int, int], str] = {}
         self._rows: dict[int, str] = {}
+        self._reshaped: str | None = None
 
     def tap(self, shape, offsets, tile: tuple[int, ...] | None = None) -> str:
         """The view of ``shape`` the tap at ``offsets`` (in the padded image) reads, under
@@ -153,26 +154,26 @@ class _StridePhases:
         return self._phases[row, column]
 
     def _rows_of(self, row: int) -> str:
-        """Every s-th row of the padded image from ``row``: a view of it reshaped so that
-        each s consecutive rows are one."""
+        """Every s-th row of the padded image from ``row``: a view of the image reshaped so
+        that each s consecutive rows are one."""
         sh = self.strides[0]
         if sh == 1:
             return self.padded
         n, channels, height, width = self.shape
-        if not self._rows:
+        if self._reshaped is None:
             self.w.tile([n, channels, height // sh, sh * width], self.dtype)
-            self._rows[-1] = let(self.w, f"pypto.reshape({self.padded}, "
+            self._reshaped = let(self.w, f"pypto.reshape({self.padded}, "
                                          f"[{n}, {channels}, {height // sh}, {sh * width}])")
         if row not in self._rows:
             rows = [n, channels, height // sh, width]
             self.w.tile(rows, self.dtype)
-            self._rows[row] = let(self.w, f"pypto.view({self._rows[-1]}, {rows}, "
+            self._rows[row] = let(self.w, f"pypto.view({self._reshaped}, {rows}, "
                                           f"[0, 0, 0, {row * width}])")
         return self._rows[row]
 
     def _columns_of(self, rows: str, column: int) -> str:
         """Every s-th column of ``rows`` from ``column``: ``index_select`` of the view from
-        there, or that view alone when one column is taken (a one-index index_select failed
+        there, or the one column's view when one is taken (a one-index index_select failed
         PyPTO's check)."""
         sw = self.strides[1]
         if sw == 1:
