@@ -4,8 +4,8 @@ stage lines, nothing with --quiet, clean JSON on stdout with `timings`, and no c
 of the model's reaching the log.
 
 One model, built for real by the CLI in its own process (no tile search): a region that compiles
-(Relu → Neg → Sigmoid) and a rank-6 region the kernel generator refuses, whose reason quotes an
-output named with an escape sequence. The cold build is shared by the module; the rebuilds are
+(Relu → Neg → Sigmoid) and a rank-6 region the kernel generator refuses, whose reason quotes a
+tensor named with an escape sequence. The cold build is shared by the module; the rebuilds are
 warm (no PyPTO compile)."""
 from __future__ import annotations
 
@@ -29,8 +29,9 @@ REPO = Path(__file__).resolve().parents[1]
 HOSTILE = "evil\x1b[2J\n"  # clears a terminal, then forges a line of the log
 COMPILED = re.compile(r"^\[(\d)/2\] region_0 Relu\+Neg\+Sigmoid: compiled \d+\.\d s "
                       r"\(tile 1x8x16x16; budget \d+ B\)$", re.M)
-FELL_BACK = re.compile(r"^\[(\d)/2\] region_1 Relu\+Neg: fell back: cannot express in PyPTO "
-                       r"0\.2\.0: rank 6 of 'evil\\x1b\[2J\\n' exceeds PyPTO's 4$", re.M)
+FELL_BACK = re.compile(r"^\[(\d)/2\] region_1 Relu\+Transpose: fell back: cannot express "
+                       r"in PyPTO 0\.2\.0: rank 6 transpose of 'evil\\x1b\[2J\\n' does not "
+                       r"fold to 4 axes$", re.M)
 STAGES = ("importing", "planning fusion", "compiling 2 kernels with PyPTO",
           "estimating the unfused baseline", "verifying against onnxruntime",
           "writing the blob and the report")
@@ -39,10 +40,11 @@ STAGES = ("importing", "planning fusion", "compiling 2 kernels with PyPTO",
 def two_region_model(path: Path) -> Path:
     b = GraphBuilder()
     fused = b.op("Sigmoid", [b.op("Neg", [b.op("Relu", [b.input("x", [1, 8, 16, 16])])])])
-    deep = b.input("z", [2, 3, 2, 3, 2, 4])  # rank 6: PyPTO 0.2.0 takes 4 at most
-    b.nodes.append(helper.make_node("Relu", [deep], ["deep_relu"], name="deep_relu"))
-    b.nodes.append(helper.make_node("Neg", ["deep_relu"], [HOSTILE], name=HOSTILE))
-    path.write_bytes(b.model(fused, HOSTILE).SerializeToString())
+    # rank 6, every axis reversed: no two stay adjacent, so it does not fold to PyPTO's 4
+    deep = b.input("z", [2, 3, 2, 3, 2, 4])
+    b.nodes.append(helper.make_node("Relu", [deep], [HOSTILE], name=HOSTILE))
+    reversed_axes = b.op("Transpose", [HOSTILE], perm=[5, 4, 3, 2, 1, 0])
+    path.write_bytes(b.model(fused, reversed_axes).SerializeToString())
     return path
 
 

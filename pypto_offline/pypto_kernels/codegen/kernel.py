@@ -17,10 +17,11 @@ from pypto_offline.runtime import TOLERANCE
 from pypto_offline.pypto_kernels.codegen.layout import (annotation, argument_shape,
                                                         assembled_outputs, conv_rows_of, flat_row,
                                                         row_layout_of, shapes_of,
-                                                        share_assembled_inputs)
+                                                        share_assembled_inputs, within_rank)
 from pypto_offline.pypto_kernels.codegen.lowering import lower
 from pypto_offline.pypto_kernels.codegen.matmul import batched_matmul_loop, lower_batched_loop
-from pypto_offline.pypto_kernels.codegen.writer import CannotExpress, Writer, is_scalar_constant
+from pypto_offline.pypto_kernels.codegen.writer import (MAX_RANK, CannotExpress, Writer,
+                                                        is_scalar_constant)
 
 # The passes whose lowered graph pass-verify interprets and compares with the tensor graph, besides
 # the tensor graph itself (compared with onnxruntime's result): the last one before codegen, so
@@ -72,6 +73,9 @@ def _plan_layout(w: Writer) -> None:
                            for tensor in region.inputs + region.outputs  # operands are not)
                            if tensor in w.rows.kinds
                            and not is_scalar_constant(tensor, constants)})
+    w.declared.update({tensor: tuple(within_rank(w.shape(tensor)))
+                       for tensor in region.inputs + region.outputs
+                       if len(w.shape(tensor)) > MAX_RANK and tensor not in w.declared})
 
 
 def _hold_inputs(w: Writer) -> dict[str, str]:
@@ -162,6 +166,6 @@ def _as_tensor(w: Writer, tensor: str) -> str:
         raise CannotExpress(f"output {tensor!r} is a compile-time constant")
     value = w.value(tensor, w.declared.get(tensor))
     if value.startswith("in"):
-        shape = list(w.shape(tensor)) or [1]
+        shape = list(argument_shape(w, tensor))
         return f"pypto.view({value}, {shape}, {[0] * len(shape)})"
     return value

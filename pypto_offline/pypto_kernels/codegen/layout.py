@@ -217,7 +217,13 @@ def elementwise_shape(w: Writer, tensor: str, source: str | None = None) -> list
     held = held_shape(w, source) if source is not None else None
     if held is not None and prod(held) == prod(w.shape(tensor)):
         return held
-    shape = at_least_2d(w.shape(tensor))
+    return within_rank(at_least_2d(w.shape(tensor)))
+
+
+def within_rank(shape: Sequence[int]) -> list[int]:
+    """``shape`` with its leading axes merged down to PyPTO's rank (the same row-major
+    elements)."""
+    shape = list(shape)
     return shape if len(shape) <= MAX_RANK else [prod(shape[:-3])] + shape[-3:]
 
 

@@ -11,7 +11,7 @@ import numpy as np
 
 from pypto_offline.fusion.records import RegionOp
 from pypto_offline.pypto_kernels.activations import literal as float_literal
-from pypto_offline.pypto_kernels.folding import fold_transpose
+from pypto_offline.pypto_kernels.folding import Window, fold_slice, fold_transpose
 from pypto_offline.pypto_kernels.tiling import BLOCK_BYTES
 from pypto_offline.pypto_kernels.codegen.layout import broadcast_to, compute_shape
 from pypto_offline.pypto_kernels.codegen.writer import (MAX_RANK, CannotExpress, Writer, full,
@@ -25,15 +25,23 @@ def _slice(w: Writer, op: RegionOp) -> None:
     p = op.params
     if any(step < 0 for step in p["steps"]):
         raise CannotExpress("Slice with a negative step")
-    shape = w.shape(out)
     spans = [max(e - s, 0) for s, e in zip(p["starts"], p["ends"])]
-    window = [min(span, dim) for span, dim in zip(spans, w.shape(source))]
+    taken = Window(tuple(w.shape(source)), tuple(p["starts"]),
+                   tuple(min(span, dim) for span, dim in zip(spans, w.shape(source))),
+                   tuple(p["steps"]))
+    if len(taken.shape) > MAX_RANK:
+        taken = fold_slice(taken)
+        if len(taken.shape) > MAX_RANK:
+            raise CannotExpress(f"rank {len(spans)} slice does not fold to {MAX_RANK} axes")
+    shape = [-(-span // step) for span, step in zip(taken.spans, taken.steps)]
+    window = list(taken.spans)
     w.tile(window, w.dtype(out))
-    current = w.view(out, f"pypto.view({w.var(source)}, {list(window)}, {list(p['starts'])})")
-    for axis, step in enumerate(p["steps"]):
+    current = w.view(out, f"pypto.view({w.value(source, taken.shape)}, {window}, "
+                          f"{list(taken.starts)})", window)
+    for axis, step in enumerate(taken.steps):
         if step != 1:
             w.tile(shape, w.dtype(out))
-            current = w.assign(out, every_step(current, axis, window[axis], step))
+            current = w.assign(out, every_step(current, axis, window[axis], step), shape)
 
 
 def every_step(value: str, axis: int, span: int, step: int) -> str:
@@ -169,7 +177,8 @@ def _permute(w: Writer, source: str, out: str, shape: list[int], perm: list[int]
     if len(shape) > MAX_RANK or len(swaps_for(folded_perm)) < len(swaps_for(perm)):
         shape, perm = folded_shape, folded_perm
         if len(shape) > MAX_RANK:
-            raise CannotExpress(f"rank {len(perm)} transpose does not fold to {MAX_RANK} axes")
+            raise CannotExpress(f"rank {len(perm)} transpose of {source!r} does not fold to "
+                                f"{MAX_RANK} axes")
     current = w.value(source, shape)
     dtype, over_input = w.dtype(out), w.policy.swap_transpose_tiles
     for i, j in swaps_for(perm):
