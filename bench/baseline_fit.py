@@ -1,13 +1,17 @@
 """Fit the unfused baseline's estimate (pypto_kernels/baseline.py) from measured ops.
 
     python -m bench.baseline_fit [--models a,b] [--targets kirin9050,ascend950] [--write]
+    python -m bench.baseline_fit --classes matmul --merge --write   # one class's lines only
 
 For each model and target: plan the fusion, measure every region's ops one kernel each with PyPTO
 (through the shared per-op cache: an op measured before costs nothing), then fit, per cost-model
 family, time = intercept + slope × KiB moved per op class, weighted for relative error. Prints the
 fit and its error per op and per region; ``--write`` stores it as the estimate a default build
 ships (``pypto_offline/pypto_kernels/baseline_fit.json``) and the table in
-bench/results/baseline_fit/. Not part of the test run: a cold fit compiles hundreds of kernels.
+bench/results/baseline_fit/. ``--classes`` measures and fits only the ops of those classes; with
+``--merge`` their lines replace the shipped ones of each family measured, the other classes'
+stay as their own run made them. Not part of the test run: a cold fit compiles hundreds of
+kernels.
 """
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -42,16 +47,20 @@ def model_sources(names: list[str]) -> list[tuple[str, Path, dict]]:
 
 
 def measure(name: str, path: Path, shapes: dict, target_name: str, cache_dir: Path | None,
-            jobs: int) -> list[dict]:
-    """One row per region: its ops' samples and measured times (None: an op did not compile)."""
+            jobs: int, classes: tuple[str, ...] = baseline.OP_CLASSES) -> list[dict]:
+    """One row per region: its ops' samples and measured times (None: an op did not compile),
+    the ops of ``classes`` only."""
     target = TARGETS[target_name]
     graph = import_model(path, shapes)
     plan = plan_fusion(graph, target)
     setup = setup_for(target, cache_dir)
-    unfused_costs(graph, plan.regions, setup, jobs=jobs)  # fills the cache
+    regions = [replace(region, original=ops) for region in plan.regions
+               if (ops := tuple(op for op in region.original
+                                if baseline.op_class(op.op_type) in classes))]
+    unfused_costs(graph, regions, setup, jobs=jobs)  # fills the cache
     constants = graph.constant_values()
     rows = []
-    for region in plan.regions:
+    for region in regions:
         ops = single_op_costs(region, graph, setup, constants)  # all hits now
         rows.append({"model": name, "target": target_name, "region": region.id,
                      "ops": [{"op": s.original[0].op_type,
@@ -60,21 +69,22 @@ def measure(name: str, path: Path, shapes: dict, target_name: str, cache_dir: Pa
     return rows
 
 
-def fit(rows: list[dict]) -> tuple[dict, dict]:
-    """The fit per family, and its error statistics."""
+def fit(rows: list[dict], classes: tuple[str, ...] = baseline.OP_CLASSES
+        ) -> tuple[dict, dict]:
+    """The fit per family (the lines of ``classes``), and its error statistics."""
     by_family: dict[str, dict[tuple, float]] = {}
     for row in rows:
         family = _family(row)
         for op in row["ops"]:
-            # one entry per distinct op (class, size): recurring ops count once; a matmul has
-            # no line (baseline.UNFITTED), its region no estimate
-            if op["us"] and op["sample"][0] in baseline.OP_CLASSES:
+            # one entry per distinct op (class, size): recurring ops count once
+            if op["us"] and op["sample"][0] in classes:
                 by_family.setdefault(family, {})[(op["op"], *op["sample"])] = op["us"]
     families, errors = {}, {}
     for family, measured in sorted(by_family.items()):
         samples = [(cls, kib) for (_, cls, kib) in measured]
         times = list(measured.values())
-        families[family] = baseline.fit_family(samples, times)
+        lines = baseline.fit_family(samples, times)
+        families[family] = {name: lines[name] for name in classes}
         op_errors = baseline.relative_errors(samples, times, families[family])
         errors[family] = {"ops": len(times), "median_rel_error": _q(op_errors, 50),
                           "p90_rel_error": _q(op_errors, 90),
@@ -102,13 +112,27 @@ def merged(shipped: dict, run: dict) -> dict:
             "provenance": {**run["provenance"], "earlier": earlier}}
 
 
+def merged_classes(shipped: dict, run: dict, classes: tuple[str, ...]) -> dict:
+    """The shipped fit with this run's lines of ``classes`` in each family it measured, their
+    errors and provenance beside the other classes' (``by_class``)."""
+    families = {f: {**lines, **run["families"].get(f, {})}
+                for f, lines in shipped["families"].items()}
+    errors = {f: {**e, **({"by_class": {**e.get("by_class", {}),
+                                        "+".join(classes): run["errors"][f]}}
+                          if f in run["errors"] else {})}
+              for f, e in shipped["errors"].items()}
+    provenance = {**shipped["provenance"], "by_class": {
+        **shipped["provenance"].get("by_class", {}), "+".join(classes): run["provenance"]}}
+    return {"families": families, "errors": errors, "provenance": provenance}
+
+
 def _region_errors(rows: list[dict], family: str, family_fit: dict) -> dict:
     errors = []
     for row in rows:
         if _family(row) != family:
             continue
         times = [op["us"] for op in row["ops"]]
-        if not times or None in times or any(op["sample"][0] not in baseline.OP_CLASSES
+        if not times or None in times or any(op["sample"][0] not in family_fit
                                              for op in row["ops"]):
             continue
         samples = [tuple(op["sample"]) for op in row["ops"]]
@@ -134,35 +158,42 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--targets", default="kirin9050,ascend950")
     parser.add_argument("--cache-dir", type=Path, default=None)
     parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--classes", default=",".join(baseline.OP_CLASSES),
+                        help="measure and fit the ops of these classes only")
     parser.add_argument("--write", action="store_true")
     parser.add_argument("--merge", action="store_true",
                         help="keep the shipped fit's families this run does not measure (those "
                              "some target still times on), each with the provenance of its run")
     args = parser.parse_args(argv)
+    classes = tuple(args.classes.split(","))
+    some = classes != baseline.OP_CLASSES  # one class's lines, the others as shipped
     rows = []
     for name, path, shapes in model_sources(args.models.split(",")):
         for target in args.targets.split(","):
-            rows += measure(name, path, shapes, target, args.cache_dir, args.jobs)
+            rows += measure(name, path, shapes, target, args.cache_dir, args.jobs, classes)
             print(f"measured {name} for {target}: {len(rows)} regions so far", file=sys.stderr,
                   flush=True)
-    families, errors = fit(rows)
+    families, errors = fit(rows, classes)
     provenance = {"commit": _commit(), "date": datetime.date.today().isoformat(),
                   "models": args.models.split(","), "targets": args.targets.split(","),
                   "command": "python -m bench.baseline_fit " + " ".join(argv or sys.argv[1:]),
                   "machine_cores": os.cpu_count()}
     result = {"families": families, "errors": errors, "provenance": provenance}
     if args.merge:
-        result = merged(baseline.shipped_fit(), result)
+        result = merged_classes(baseline.shipped_fit(), result, classes) if some else \
+            merged(baseline.shipped_fit(), result)
     print(json.dumps(result, indent=1))
     if args.write:
         write_atomically(baseline.FIT_FILE, (json.dumps(result, indent=1, sort_keys=True)
                                              + "\n").encode())
         RESULTS.mkdir(parents=True, exist_ok=True)
-        if args.merge:  # the rows of the families kept, then this run's
-            rows = [row for row in json.loads((RESULTS / "measured_ops.json").read_text())
+        measured_file = RESULTS / (f"measured_ops.{'+'.join(classes)}.json" if some
+                                   else "measured_ops.json")
+        if args.merge and not some:  # the rows of the families kept, then this run's
+            rows = [row for row in json.loads(measured_file.read_text())
                     if _family(row) in result["families"] and _family(row) not in families
                     and row["target"] not in args.targets.split(",")] + rows
-        write_atomically(RESULTS / "measured_ops.json",
+        write_atomically(measured_file,
                          (json.dumps(rows, indent=1, sort_keys=True) + "\n").encode())
     return 0
 

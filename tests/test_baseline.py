@@ -133,3 +133,31 @@ def test_the_cost_model_drops_a_kernel_slower_than_its_ops_unfused():
     (why,) = verdict(10.01 + 2 * launch, 10.0).values()
     assert why.startswith("slower fused") and "measured" in why
     assert verdict(1000.0, None) == {}  # no baseline (a matmul's estimate): nothing to judge
+
+
+def test_a_kernel_that_moves_more_than_its_ops_is_judged_on_its_ops_measured():
+    """A build that estimates measures the ops of a kernel that moves more bytes than they
+    would unfused (offline_compiler/build.py, ``moves_more_than_its_ops``): that kernel is
+    judged, and labelled, on the measured figure, and one whose ops PyPTO could not time alone
+    does not ship; the others keep the estimate."""
+    from types import SimpleNamespace
+
+    from pypto_offline.offline_compiler.build import (Baseline, moves_more_than_its_ops,
+                                                      slower_than_unfused)
+    from pypto_offline.pypto_kernels.records import Kernel, TileResult
+
+    target = TARGETS["kirin9050"]
+    regions = {name: SimpleNamespace(unfused=SimpleNamespace(kernels=2, gm_bytes=1000))
+               for name in ("up", "even", "untimed")}
+    kernels = [Kernel(name, True, tuned_tile=TileResult(4096, 50.0, 55.0, 8),
+                      gm_bytes_read=900, gm_bytes_written=read)
+               for name, read in (("up", 101), ("even", 100), ("untimed", 500))]
+    assert [moves_more_than_its_ops(k, regions[k.region_id]) for k in kernels] == \
+        [True, False, True]
+    judged = Baseline({"up": 10.0, "even": 10.0}, baseline.ESTIMATED, frozenset({"up"}),
+                      frozenset({"untimed"}))
+    assert [judged.basis_of(k.region_id) for k in kernels] == \
+        [baseline.MEASURED, baseline.ESTIMATED, baseline.ESTIMATED]
+    slower = slower_than_unfused(kernels, regions, judged, target)
+    assert slower["up"].endswith("(measured)") and slower["even"].endswith("(estimated)")
+    assert "more than its ops' 1000 B unfused" in slower["untimed"]

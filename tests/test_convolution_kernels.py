@@ -13,6 +13,7 @@ import numpy as np
 import onnx
 import pytest
 
+import pypto_offline
 from pypto_offline.importer.ops import MATMUL, WINDOW, kind_of
 from pypto_offline.pypto_kernels import compile_kernels
 from pypto_offline.runtime import generate_inputs, max_abs_diff, run_model
@@ -263,8 +264,15 @@ def test_a_strided_convolution_reads_stride_phases_once_its_taps_read_enough():
     assert "stage 828800 B" in depthwise.reason, depthwise.reason
 
 
+@pytest.fixture(scope="module")
+def lcnet_cache(tmp_path_factory):
+    """One kernel cache for the tests that compile the PP-LCNet block: its kernel compiles
+    once."""
+    return tmp_path_factory.mktemp("lcnet") / "cache"
+
+
 @pytest.mark.pypto
-def test_a_convolution_on_stride_phases_compiles_and_checks(tmp_path):
+def test_a_convolution_on_stride_phases_compiles_and_checks(lcnet_cache):
     """The PP-LCNet downsampling block on kirin90, its depthwise convolution on the rows'
     phases (a reshape and a view each, no gather): one kernel that passes its check, and the
     compiled graph computes what the model does. Measured alone on kirin9050 (the
@@ -272,7 +280,7 @@ def test_a_convolution_on_stride_phases_compiles_and_checks(tmp_path):
     73.1 us on phases (docs/pypto-ops.md, "Strided convolutions")."""
     model = _lcnet_downsampling()
     graph, plan = fuse(model, target="kirin90")
-    (kernel,) = compile_kernels(graph, plan, TARGETS["kirin90"], cache_dir=tmp_path,
+    (kernel,) = compile_kernels(graph, plan, TARGETS["kirin90"], cache_dir=lcnet_cache,
                                 search=False)
     assert kernel.compiled and kernel.functional_ok, kernel.fallback_reason
     assert "index_select" not in kernel.source and "pypto.reshape(t" in kernel.source
@@ -280,3 +288,24 @@ def test_a_convolution_on_stride_phases_compiles_and_checks(tmp_path):
     expected, actual = run_model(model, feeds), run_model(plan.compiled_model, feeds)
     for output, want in expected.items():
         assert max_abs_diff(want, actual[output]) <= 1e-3 * max(1.0, np.abs(want).max())
+
+
+@pytest.mark.pypto
+def test_a_kernel_that_moves_more_than_its_ops_ships_only_if_pypto_times_it_faster(
+        lcnet_cache):
+    """Issue 53: fusion never ships more bytes on an estimate. The PP-LCNet block's kernel at
+    its default tile stages 977,376 B where its four ops unfused move 479,840: the build
+    measures its ops alone (an estimate is not evidence enough) and drops it, slower than they
+    are; each part of its cuts the same, so the build moves no more than its ops."""
+    compiled = pypto_offline.compile(_lcnet_downsampling(), "kirin90", cache_dir=lcnet_cache,
+                                     tile_search=False, verify=True)
+    kernels = {k.id: k for k in compiled.message.kernels}
+    block = kernels["region_0"]
+    assert block.gm_bytes_read + block.gm_bytes_written > block.gm_bytes_unfused
+    assert not block.compiled and block.fallback_category == "slower fused"
+    assert block.fallback_reason.endswith("(measured)"), block.fallback_reason
+    assert all(not k.compiled and k.fallback_reason.endswith("(measured)")
+               for k in kernels.values()), [k.fallback_reason for k in kernels.values()]
+    totals = compiled.message.totals
+    assert totals.gm_bytes_after <= totals.gm_bytes_before
+    assert compiled.summary()["verification"]["status"] == "passed"

@@ -30,11 +30,11 @@ from pypto_offline.offline_compiler.rounds import Compiles, Steps, in_rounds
 from pypto_offline.progress import SILENT, Labelled, Progress, Timings
 from pypto_offline.runtime import generate_inputs, in_input_types
 from pypto_offline.pypto_kernels import Kernel, setup_for
-from pypto_offline.pypto_kernels.baseline import (ESTIMATED, MEASURED, slower_fused,
-                                                  estimated_unfused_costs)
+from pypto_offline.pypto_kernels.baseline import (CUBE, ESTIMATED, MEASURED, op_class,
+                                                  slower_fused, estimated_unfused_costs)
 from pypto_offline.pypto_kernels.cache_trust import Trust
 from pypto_offline.pypto_kernels.jobs.executor import Executor
-from pypto_offline.pypto_kernels.jobs.protocol import FailureKind
+from pypto_offline.pypto_kernels.jobs.protocol import HEADLINES, FailureKind
 from pypto_offline.pypto_kernels.measured_baseline import unfused_costs
 from pypto_offline.pypto_kernels.precision_check import KernelPrecision, check_kernels
 from pypto_offline.pypto_kernels.platform import STOCK_PLATFORM, platform_figures, platform_of
@@ -298,13 +298,17 @@ def _cut_until_shipped(graph: ImportedGraph, plan: FusionPlan, kernels: Sequence
     compiled, again until every part ships or is one op. Returns the plan with every region
     planned and its cuts, every kernel (a slower one marked fallen back) and the baseline of
     every compiled one."""
-    batch, every, costs = tuple(kernels), (), {}
+    batch, every, costs, measured, untimed = tuple(kernels), (), {}, set(), set()
     while True:
         compiled = {k.region_id for k in batch if k.compiled}
         with timings.stage("baseline_s"):
             baseline = unfused_baseline(graph, [r for r in plan.regions if r.id in compiled],
                                         target, options, progress)
+            baseline = _measured_where_the_estimate_cannot_judge(
+                graph, plan, batch, baseline, target, options, progress)
         costs.update(baseline.costs_us)
+        measured |= baseline.measured
+        untimed |= baseline.untimed
         batch = _slower_fallen_back(batch, plan, baseline, target)
         every += batch
         cannot_ship = {k.region_id: k.fallback_reason for k in batch if not k.compiled}
@@ -312,16 +316,59 @@ def _cut_until_shipped(graph: ImportedGraph, plan: FusionPlan, kernels: Sequence
         with timings.stage("plan_s"):
             plan, parts = with_parts(plan, graph, target, cannot_ship)
         if not parts:
-            return plan, every, Baseline(costs, baseline.basis)
+            return plan, every, Baseline(costs, baseline.basis, frozenset(measured),
+                                         frozenset(untimed))
         progress.stage(f"{len(plan.cuts) - cut_before} regions that could not ship cut in two: "
                        f"compiling {len(parts)} parts with PyPTO")
         batch = yield Compiles(graph, tuple(parts), target)
 
 
+def moves_more_than_its_ops(kernel: Kernel, region: Region) -> bool:
+    """Whether a compiled kernel moves more GM bytes (as measured in its program) than its ops
+    would unfused, each reading its inputs and writing its outputs once: a convolution's
+    staging, a tile's padding. Such a kernel ships only if PyPTO measures it faster than its
+    ops (docs/baseline.md, "When the estimate does not decide")."""
+    return kernel.compiled and kernel.gm_bytes > region.unfused.gm_bytes
+
+
+def _estimate_cannot_judge(kernel: Kernel, region: Region, baseline: Baseline,
+                           target: Target) -> bool:
+    """Whether an estimated baseline is not evidence enough to judge a compiled kernel: it
+    moves more bytes than its ops, or it holds a cube op (whose line errs by about half,
+    docs/baseline.md) and the estimate would drop it."""
+    if not kernel.compiled:
+        return False
+    return moves_more_than_its_ops(kernel, region) or (
+        any(op_class(op.op_type) == CUBE for op in region.original)
+        and bool(slower_than_unfused([kernel], {region.id: region}, baseline, target)))
+
+
+def _measured_where_the_estimate_cannot_judge(
+        graph: ImportedGraph, plan: FusionPlan, kernels: Sequence[Kernel], baseline: Baseline,
+        target: Target, options: BuildOptions, progress: Progress) -> Baseline:
+    """``baseline`` with the ops of each kernel the estimate cannot judge
+    (``_estimate_cannot_judge``) measured with PyPTO, through the per-op cache."""
+    regions = {r.id: r for r in plan.regions}
+    unsure = [regions[k.region_id] for k in kernels if k.region_id in regions
+              and _estimate_cannot_judge(k, regions[k.region_id], baseline, target)]
+    if baseline.basis == MEASURED or not unsure:
+        return baseline
+    progress.stage(f"measuring the unfused baseline of the kernels an estimate cannot judge "
+                   f"({len(unsure)})")
+    setup = setup_for(target, options.cache_dir, options.executor, options.kernel_timeout_s,
+                      options.cache_trust)
+    measured = unfused_costs(graph, unsure, setup, jobs=options.jobs)
+    timed = {region_id: us for region_id, us in measured.items() if us is not None}
+    return Baseline({**baseline.costs_us, **timed}, baseline.basis,
+                    baseline.measured | frozenset(timed),
+                    baseline.untimed | (frozenset(measured) - frozenset(timed)))
+
+
 def _slower_fallen_back(kernels: Sequence[Kernel], plan: FusionPlan, baseline: Baseline,
                         target: Target) -> tuple[Kernel, ...]:
     """The cost model as arbiter: a kernel slower than its ops unfused is dropped (its ops ship
-    unfused, or its region is cut)."""
+    unfused, or its region is cut), and so is one that moves more bytes than its ops whose ops
+    could not be measured alone."""
     slower = slower_than_unfused(kernels, {r.id: r for r in plan.regions}, baseline, target)
     return tuple(replace(k, compiled=False, fallback_reason=slower[k.region_id],
                          fallback_kind=FailureKind.SLOWER_FUSED, artifacts={})
@@ -362,14 +409,18 @@ def slower_than_unfused(kernels: Sequence[Kernel], regions: Mapping[str, Region]
     or estimated baseline decides)."""
     slower = {}
     for kernel in kernels:
+        region = regions[kernel.region_id]
         unfused = baseline.of(kernel.region_id)
         fused = kernel.tuned_tile.aicore_us if kernel.compiled else None
-        if unfused is None or fused is None:
-            continue
-        why = slower_fused(fused, unfused, regions[kernel.region_id].unfused.kernels,
-                           target.launch_overhead_us.value)
+        why = None if unfused is None or fused is None else slower_fused(
+            fused, unfused, region.unfused.kernels, target.launch_overhead_us.value)
         if why:
-            slower[kernel.region_id] = f"{why} ({baseline.basis})"
+            slower[kernel.region_id] = f"{why} ({baseline.basis_of(kernel.region_id)})"
+        elif kernel.region_id in baseline.untimed and moves_more_than_its_ops(kernel, region):
+            slower[kernel.region_id] = (
+                f"{HEADLINES[FailureKind.SLOWER_FUSED]}: it moves {kernel.gm_bytes} B, more than "
+                f"its ops' {region.unfused.gm_bytes} B unfused, and PyPTO could not time its "
+                "ops alone")
     return slower
 
 
@@ -378,10 +429,18 @@ class Baseline:
     """The unfused figure of each shipped region (None: not measurable), and how it was had."""
 
     costs_us: Mapping[str, float | None]
-    basis: str  # MEASURED or ESTIMATED
+    basis: str  # MEASURED or ESTIMATED: the build's
+    # Regions measured in a build that estimates: their kernels the estimate cannot judge
+    # (``_estimate_cannot_judge``)
+    measured: frozenset[str] = frozenset()
+    # and those whose ops PyPTO could not time alone (their estimate stands, if any)
+    untimed: frozenset[str] = frozenset()
 
     def of(self, region_id: str) -> float | None:
         return self.costs_us.get(region_id)
+
+    def basis_of(self, region_id: str) -> str:
+        return MEASURED if region_id in self.measured else self.basis
 
 
 def unfused_baseline(graph: ImportedGraph, regions: Sequence[Region], target: Target,

@@ -16,6 +16,7 @@ from pypto_offline.fusion.records import RegionOp
 from pypto_offline.importer import precision
 from pypto_offline.offline_compiler import ptom_pb2
 from pypto_offline.pypto_kernels import Kernel
+from pypto_offline.pypto_kernels.baseline import MEASURED
 from pypto_offline.pypto_kernels.platform import ISA, Platform
 from pypto_offline.pypto_kernels.precision_check import KernelPrecision
 from pypto_offline.pypto_kernels.records import TileResult
@@ -115,7 +116,8 @@ def kernel_message(region: Region, kernel: Kernel, baseline: Baseline, platform:
         kernels_unfused=region.unfused.kernels, est_time_us_unfused=region.unfused.time_us,
         est_time_us_fused=region.fused.time_us, functional_ok=kernel.functional_ok,
         platform=platform.description(), **_present(max_abs_diff=kernel.max_abs_diff),
-        **_unfused_figure(baseline.of(region.id) if kernel.compiled else None, baseline.basis),
+        **_unfused_figure(baseline.of(region.id) if kernel.compiled else None,
+                          baseline.basis_of(region.id)),
         verdicts=[ptom_pb2.PassVerdict(pass_name=p, result=r) for p, r in kernel.verdicts],
         artifacts=[ptom_pb2.Artifact(name=n, data=d, sha256=hashlib.sha256(d).hexdigest())
                    for n, d in sorted(kernel.artifacts.items())],
@@ -155,11 +157,15 @@ def totals_message(plan: FusionPlan, kernels: Sequence[Kernel], baseline: Baseli
                                             for k in compiled)
     # fused against unfused over the same kernels: those whose baseline compiled too; with none,
     # both figures stay absent (not measured), never a sum of nothing shown as 0
-    pairs = [(k.tuned_tile.aicore_us, baseline.of(k.region_id)) for k in compiled
-             if baseline.of(k.region_id) is not None and k.tuned_tile.aicore_us is not None]
+    paired = [k for k in compiled
+              if baseline.of(k.region_id) is not None and k.tuned_tile.aicore_us is not None]
+    pairs = [(k.tuned_tile.aicore_us, baseline.of(k.region_id)) for k in paired]
+    # measured only where every figure summed is (a build that estimates measures some)
+    basis = MEASURED if all(baseline.basis_of(k.region_id) == MEASURED for k in paired) \
+        else baseline.basis
     costs = {"cost_us_fused": round(sum(f for f, _ in pairs), 3),
              "cost_us_unfused": round(sum(u for _, u in pairs), 3),
-             "cost_us_unfused_basis": baseline.basis} if pairs else {}
+             "cost_us_unfused_basis": basis} if pairs else {}
     return ptom_pb2.Totals(
         nodes_before=t.nodes_before, nodes_after=t.nodes_after, kernels_before=t.kernels_before,
         kernels_after=t.kernels_after, fused_kernels=t.fused_kernels, ops_fused=t.ops_fused,

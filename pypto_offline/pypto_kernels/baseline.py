@@ -8,8 +8,10 @@ estimated per op from a linear fit of PyPTO cost-model times measured on the cor
     time_us(op) = intercept[family][class] + per_kib[family][class] × KiB moved
 
 ``family`` is the cost model the target's platform times on (``cost_model_family``), ``class``
-the kind of op (elementwise, data movement, transpose), "KiB moved" the op's own kernel reading
-its inputs whole (one-element constants are immediates) and writing its outputs. The fit ships
+the kind of op (elementwise, data movement, transpose, matmul), "KiB moved" the op's own kernel
+reading its inputs whole (one-element constants are immediates) and writing its outputs, and
+for a matmul or convolution what the cube makes it move besides (operand re-reads, the product
+handed to a vector bias, a convolution's staged taps: ``fusion/cost.py``). The fit ships
 with the code, not from the user's cache, so the same model and options give the same blob
 whatever the cache holds. ``--measure-baseline`` compiles every op instead
 (``measured_baseline.unfused_costs``).
@@ -24,9 +26,11 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from pypto_offline.fusion.cost import tensor_bytes
-from pypto_offline.fusion.records import Region
+from pypto_offline.fusion.cost import (cube_handoff_bytes, cube_reread_bytes, staging_bytes,
+                                       tensor_bytes)
+from pypto_offline.fusion.records import Region, RegionOp
 from pypto_offline.importer import ImportedGraph
+from pypto_offline.importer.input_shapes import tensor_bytes as bytes_of
 from pypto_offline.importer.ops import MATMUL, OPS, POINTWISE_OPS
 from pypto_offline.pypto_kernels.codegen import is_scalar_constant
 from pypto_offline.pypto_kernels.jobs.protocol import HEADLINES, FailureKind
@@ -35,19 +39,15 @@ from pypto_offline.targets import Target
 
 FIT_FILE = Path(__file__).with_name("baseline_fit.json")
 MEASURED, ESTIMATED = "measured", "estimated"
-OP_CLASSES = ("elementwise", "data", "transpose")
-
-
-# Compute-bound ops, which a line in the KiB moved cannot estimate: a region holding one has no
-# estimated baseline (None; --measure-baseline compiles it alone instead).
-UNFITTED = "matmul"
+CUBE = "matmul"  # the class of the ops the cube runs: MatMul, Gemm, Conv and their kin
+OP_CLASSES = ("elementwise", "data", "transpose", CUBE)
 
 
 def op_class(op_type: str) -> str:
     """An op that reorders axes is moved through TRANSPOSE_MOVEOUT, slower per byte than a
-    straight copy."""
+    straight copy; a matmul or convolution runs on the cube."""
     if op_type in OPS and OPS[op_type].kind == MATMUL:
-        return UNFITTED
+        return CUBE
     if op_type in OPS and OPS[op_type].reorders:
         return "transpose"
     return "elementwise" if op_type in POINTWISE_OPS else "data"
@@ -87,7 +87,21 @@ def kib_moved(single: Region, graph: ImportedGraph, constants: dict) -> float:
 def op_sample(single: Region, graph: ImportedGraph, constants: dict) -> tuple[str, float]:
     """What the estimate knows of one op: its class and the KiB it moves."""
     (op,) = single.original
-    return op_class(op.op_type), kib_moved(single, graph, constants)
+    name = op_class(op.op_type)
+    kib = kib_moved(single, graph, constants)
+    if name == CUBE:
+        kib += cube_bytes(op, single.tensor_types) / 1024
+    return name, kib
+
+
+def cube_bytes(op: RegionOp, tensor_types) -> int:
+    """What a matmul's or convolution's kernel of its own moves beyond reading its operands
+    once and writing its product: the cube's operand re-reads, the product handed to a vector
+    bias, a convolution's staged taps (``fusion/cost.py``). With them the KiB moved estimates
+    a cube op within the error of the others (docs/baseline.md)."""
+    image, out = tensor_types[op.inputs[0]], tensor_types[op.outputs[0]]
+    return cube_reread_bytes([op], tensor_types) + cube_handoff_bytes([op], tensor_types) \
+        + staging_bytes(op, image[0], out[0], bytes_of((), image[1]))
 
 
 @lru_cache(maxsize=1)
@@ -102,8 +116,8 @@ def estimate_op_us(sample: tuple[str, float], lines: dict) -> float:
 
 
 def estimate_region_us(samples: Iterable[tuple[str, float]], family: str) -> float | None:
-    """None when an op is of a class the fit has no line for (a matmul), or the family has no
-    fit (``cost_model_family``)."""
+    """None when an op is of a class the fit has no line for, or the family has no fit
+    (``cost_model_family``)."""
     lines = shipped_fit()["families"].get(family)
     if lines is None:
         return None
