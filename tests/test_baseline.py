@@ -161,3 +161,25 @@ def test_a_kernel_that_moves_more_than_its_ops_is_judged_on_its_ops_measured():
     slower = slower_than_unfused(kernels, regions, judged, target)
     assert slower["up"].endswith("(measured)") and slower["even"].endswith("(estimated)")
     assert "more than its ops' 1000 B unfused" in slower["untimed"]
+
+
+def test_a_pooling_op_alone_is_simplified_as_in_its_region_so_it_can_be_measured():
+    """Found on nudenet's SPPF (Conv, SiLU, three MaxPools, Concat): each MaxPool alone was
+    refused ("no PyPTO lowering for MaxPool"), so the kernel, which moves more bytes than its
+    ops, could not be measured against them. Alone, an op is simplified as its region is."""
+    from pypto_offline.pypto_kernels.codegen import kernel_source
+    from pypto_offline.pypto_kernels.tiling import default_policy
+    from tests.fusion_helpers import fuse
+
+    b = GraphBuilder()
+    pooled = b.op("MaxPool", [b.op("Relu", [b.input("x", [1, 8, 16, 16])])],
+                  kernel_shape=[5, 5], pads=[2, 2, 2, 2])
+    graph, plan = fuse(b.model(b.op("Concat", [pooled, pooled], axis=1)))
+    (region,) = plan.regions
+    singles = {single.original[0].op_type: single
+               for single in baseline.single_op_regions(region, graph)}
+    pool = singles["MaxPool"]
+    assert "MaxPool" not in {op.op_type for op in pool.simplified} and pool.rules_applied
+    source = kernel_source(pool, default_policy(TARGETS["kirin9050"].ub_plan_bytes.value),
+                           graph.constant_values())
+    assert "pypto.maximum" in source

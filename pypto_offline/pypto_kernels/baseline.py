@@ -28,7 +28,9 @@ import numpy as np
 
 from pypto_offline.fusion.cost import (cube_handoff_bytes, cube_reread_bytes, staging_bytes,
                                        tensor_bytes)
+from pypto_offline.fusion.program import Program
 from pypto_offline.fusion.records import Region, RegionOp
+from pypto_offline.fusion.simplify import simplify
 from pypto_offline.importer import ImportedGraph
 from pypto_offline.importer.input_shapes import tensor_bytes as bytes_of
 from pypto_offline.importer.ops import MATMUL, OPS, POINTWISE_OPS
@@ -171,15 +173,22 @@ def estimated_unfused_costs(graph: ImportedGraph, regions: Sequence[Region], tar
 
 
 def single_op_regions(region: Region, graph: ImportedGraph) -> list[Region]:
-    """Each device op of the region's original program as a region of its own."""
+    """Each device op of the region's original program as a region of its own, its program
+    simplified as a planned region's is (a MaxPool becomes the views of its windows: the kernel
+    generator lowers no pooling op as it is)."""
     singles = []
     for index, op in enumerate(region.original):
         if op.op_type in ("Reshape", "Identity"):
             continue  # metadata on contiguous data: no kernel before fusion either
         names = list(op.inputs) + list(op.outputs)
-        types = {n: (tuple(graph.tensors[n].shape), graph.tensors[n].dtype) for n in names}
+        program = Program([op], tuple(op.inputs), tuple(op.outputs),
+                          {n: tuple(graph.tensors[n].shape) for n in names},
+                          {n: graph.tensors[n].dtype for n in names})
+        applied = simplify(program)
+        types = {n: (program.shapes[n], program.dtypes[n]) for n in program.shapes}
         singles.append(Region(
             id=f"{region.id}_op{index}", nodes=(op.outputs[0],), inputs=tuple(op.inputs),
-            outputs=tuple(op.outputs), original=(op,), simplified=(op,), rules_applied=(),
-            unfused=region.unfused, fused=region.fused, tensor_types=MappingProxyType(types)))
+            outputs=tuple(op.outputs), original=(op,), simplified=tuple(program.ops),
+            rules_applied=tuple(applied), unfused=region.unfused, fused=region.fused,
+            tensor_types=MappingProxyType(types)))
     return singles
