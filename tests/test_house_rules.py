@@ -87,4 +87,9 @@ def test_the_worker_imports_the_job_protocol_and_nothing_else_of_the_compiler():
                      else node.module for a in node.names}
     assert ours == {
         "pypto_offline.pypto_kernels.jobs.protocol", "pypto_offline.pypto_kernels.program_figures",
-        "pypto_offline.pypto_kernels.host_compiler_cache"}
+        "pypto_offline.pypto_kernels.host_compiler_cache",
+        "pypto_offline.pypto_kernels.worker_setup"}
+    # and its environment's set-up (split out of it) imports the protocol only
+    setup = ast.parse((PACKAGE / "pypto_kernels" / "worker_setup.py").read_text())
+    assert {node.module for node in setup.body if isinstance(node, ast.ImportFrom)
+            and _ours(node.module)} == {"pypto_offline.pypto_kernels.jobs.protocol"}

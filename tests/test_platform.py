@@ -10,7 +10,7 @@ import shutil
 import pytest
 
 from pypto_offline.offline_compiler.build import BuildOptions, build
-from pypto_offline.pypto_kernels import platform, worker
+from pypto_offline.pypto_kernels import platform, worker_setup
 from pypto_offline.pypto_kernels.platform import (PlatformFigureMissing, PlatformUnavailable,
                                                   installed_configs, make_overlay, platform_for,
                                                   platform_of)
@@ -123,14 +123,14 @@ def test_a_pypto_that_ships_the_chip_s_own_file_is_used_natively(tmp_path, monke
     assert settings["native"] and settings["device_platform"] == "Kirin9030"
     folder = tmp_path / "server"
     folder.mkdir()
-    monkeypatch.setattr("os.environ", dict(worker.os.environ))  # prepare_environment sets some
-    worker.prepare_environment(folder, settings)
+    monkeypatch.setattr("os.environ", dict(worker_setup.os.environ))  # prepare_environment sets some
+    worker_setup.prepare_environment(folder, settings)
     config = json.loads((folder / "tile_fwk_config.json").read_text())
     assert config["global"]["platform"]["device_platform"] == "Kirin9030"
     assert not any(a.startswith("Model.aicpuMachineNumber")
                    for a in config["global"]["simulation"]["args"])
     # an overlay's server gets the chip's machine instead
-    worker.prepare_environment(folder, platform_of(TARGETS["kirin9030"]).server_settings())
+    worker_setup.prepare_environment(folder, platform_of(TARGETS["kirin9030"]).server_settings())
     config = json.loads((folder / "tile_fwk_config.json").read_text())
     assert "Model.vecMachineNumberPerAICPU=1" in config["global"]["simulation"]["args"]
     assert f"Pipe.ubSizeThreshold={TARGETS['kirin9030'].ub_plan_bytes.value}" in \

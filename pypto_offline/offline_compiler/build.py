@@ -30,11 +30,12 @@ from pypto_offline.offline_compiler.rounds import Compiles, Steps, in_rounds
 from pypto_offline.progress import SILENT, Labelled, Progress, Timings
 from pypto_offline.runtime import generate_inputs, in_input_types
 from pypto_offline.pypto_kernels import Kernel, setup_for
-from pypto_offline.pypto_kernels.baseline import (CUBE, ESTIMATED, MEASURED, op_class,
-                                                  slower_fused, estimated_unfused_costs)
+from pypto_offline.pypto_kernels.baseline import (CUBE, ESTIMATED, MEASURED,
+                                                  estimated_unfused_costs, heavier_and_untimed,
+                                                  op_class, slower_fused)
 from pypto_offline.pypto_kernels.cache_trust import Trust
 from pypto_offline.pypto_kernels.jobs.executor import Executor
-from pypto_offline.pypto_kernels.jobs.protocol import HEADLINES, FailureKind
+from pypto_offline.pypto_kernels.jobs.protocol import FailureKind
 from pypto_offline.pypto_kernels.measured_baseline import unfused_costs
 from pypto_offline.pypto_kernels.precision_check import KernelPrecision, check_kernels
 from pypto_offline.pypto_kernels.platform import STOCK_PLATFORM, platform_figures, platform_of
@@ -298,7 +299,7 @@ def _cut_until_shipped(graph: ImportedGraph, plan: FusionPlan, kernels: Sequence
     compiled, again until every part ships or is one op. Returns the plan with every region
     planned and its cuts, every kernel (a slower one marked fallen back) and the baseline of
     every compiled one."""
-    batch, every, costs, measured, untimed = tuple(kernels), (), {}, set(), set()
+    batch, every, judged = tuple(kernels), (), None
     while True:
         compiled = {k.region_id for k in batch if k.compiled}
         with timings.stage("baseline_s"):
@@ -306,9 +307,7 @@ def _cut_until_shipped(graph: ImportedGraph, plan: FusionPlan, kernels: Sequence
                                         target, options, progress)
             baseline = _measured_where_the_estimate_cannot_judge(
                 graph, plan, batch, baseline, target, options, progress)
-        costs.update(baseline.costs_us)
-        measured |= baseline.measured
-        untimed |= baseline.untimed
+        judged = baseline if judged is None else judged.joined(baseline)
         batch = _slower_fallen_back(batch, plan, baseline, target)
         every += batch
         cannot_ship = {k.region_id: k.fallback_reason for k in batch if not k.compiled}
@@ -316,8 +315,7 @@ def _cut_until_shipped(graph: ImportedGraph, plan: FusionPlan, kernels: Sequence
         with timings.stage("plan_s"):
             plan, parts = with_parts(plan, graph, target, cannot_ship)
         if not parts:
-            return plan, every, Baseline(costs, baseline.basis, frozenset(measured),
-                                         frozenset(untimed))
+            return plan, every, judged
         progress.stage(f"{len(plan.cuts) - cut_before} regions that could not ship cut in two: "
                        f"compiling {len(parts)} parts with PyPTO")
         batch = yield Compiles(graph, tuple(parts), target)
@@ -359,9 +357,8 @@ def _measured_where_the_estimate_cannot_judge(
                       options.cache_trust)
     measured = unfused_costs(graph, unsure, setup, jobs=options.jobs)
     timed = {region_id: us for region_id, us in measured.items() if us is not None}
-    return Baseline({**baseline.costs_us, **timed}, baseline.basis,
-                    baseline.measured | frozenset(timed),
-                    baseline.untimed | (frozenset(measured) - frozenset(timed)))
+    return baseline.joined(Baseline(timed, baseline.basis, frozenset(timed),
+                                    frozenset(measured) - frozenset(timed)))
 
 
 def _slower_fallen_back(kernels: Sequence[Kernel], plan: FusionPlan, baseline: Baseline,
@@ -417,10 +414,8 @@ def slower_than_unfused(kernels: Sequence[Kernel], regions: Mapping[str, Region]
         if why:
             slower[kernel.region_id] = f"{why} ({baseline.basis_of(kernel.region_id)})"
         elif kernel.region_id in baseline.untimed and moves_more_than_its_ops(kernel, region):
-            slower[kernel.region_id] = (
-                f"{HEADLINES[FailureKind.SLOWER_FUSED]}: it moves {kernel.gm_bytes} B, more than "
-                f"its ops' {region.unfused.gm_bytes} B unfused, and PyPTO could not time its "
-                "ops alone")
+            slower[kernel.region_id] = heavier_and_untimed(kernel.gm_bytes,
+                                                           region.unfused.gm_bytes)
     return slower
 
 
@@ -441,6 +436,11 @@ class Baseline:
 
     def basis_of(self, region_id: str) -> str:
         return MEASURED if region_id in self.measured else self.basis
+
+    def joined(self, later: Baseline) -> Baseline:
+        """This baseline and a later round's, of other regions (a cut's parts)."""
+        return Baseline({**self.costs_us, **later.costs_us}, later.basis,
+                        self.measured | later.measured, self.untimed | later.untimed)
 
 
 def unfused_baseline(graph: ImportedGraph, regions: Sequence[Region], target: Target,

@@ -67,6 +67,13 @@ def slower_fused(fused_us: float, unfused_us: float, unfused_kernels: int,
             f"us for its ops unfused and {launches:.1f} us of launches saved")
 
 
+def heavier_and_untimed(moved: int, unfused_bytes: int) -> str:
+    """Why a kernel that moves more bytes than its ops unfused does not ship when PyPTO cannot
+    time its ops alone (docs/baseline.md, "When the estimate does not decide")."""
+    return (f"{HEADLINES[FailureKind.SLOWER_FUSED]}: it moves {moved} B, more than its ops' "
+            f"{unfused_bytes} B unfused, and PyPTO could not time its ops alone")
+
+
 def cost_model_family(platform: Platform) -> str:
     """Which fit a platform's times follow: its cost tables (A5, or the 910B default), on the
     simulator's default machine (the 910B's 24 cube and 48 vector cores, 192 KiB of UB) or
