@@ -190,8 +190,9 @@ def _matmul_is_root(graph: ImportedGraph, members: list[Node], target: Target) -
             and any(kind_of(n.op_type) == REDUCTION for n in members):
         return False
     prologue = _quantising_prologue(members, root, produced)
-    if prologue is None:
-        return False
+    if prologue is None:  # an operand made in the region: only a convolution's image, pooled
+        return is_cube_conv(root.op_type, root.params) \
+            and _convolutions_with_a_reduction(members, matmuls)
     if any(op_def(n.op_type).reorders for n in members) and not _aligned_matmul(graph, root,
                                                                               target):
         return False
