@@ -22,9 +22,11 @@ from pypto_offline.fusion.classify import node_id, node_tensors
 from pypto_offline.fusion.program import region_op
 from pypto_offline.fusion.rows import NotRows, reduces_lone_elements, row_layout
 from pypto_offline.importer import ImportedGraph, Node
-from pypto_offline.importer.ops import (MATMUL, REDUCTION, data_inputs, is_cube_conv,
-                                        kind_of, matmul_extents, op_def)
+from pypto_offline.importer.ops import (BROADCAST, ELEMENTWISE, MATMUL, REDUCTION, data_inputs,
+                                        is_cube_conv, kind_of, matmul_extents, op_def)
 from pypto_offline.targets import Target
+
+ELEMENTWISE_KINDS = (ELEMENTWISE, BROADCAST)
 
 # PyPTO's data-movement tiles need a last dimension of a multiple of 32 bytes.
 ROW_ALIGN_BYTES = 32
@@ -190,9 +192,10 @@ def _matmul_is_root(graph: ImportedGraph, members: list[Node], target: Target) -
             and any(kind_of(n.op_type) == REDUCTION for n in members):
         return False
     prologue = _quantising_prologue(members, root, produced)
-    if prologue is None:  # an operand made in the region: only a convolution's image, pooled
-        return is_cube_conv(root.op_type, root.params) \
-            and _convolutions_with_a_reduction(members, matmuls)
+    if prologue is None:  # an operand made in the region: a convolution's image only
+        return is_cube_conv(root.op_type, root.params) and (
+            _elementwise_around_a_pointwise_conv(members, root)
+            or _convolutions_with_a_reduction(members, matmuls))
     if any(op_def(n.op_type).reorders for n in members) and not _aligned_matmul(graph, root,
                                                                               target):
         return False
@@ -226,6 +229,16 @@ def _quantising_prologue(members: list[Node], root: Node, produced: set[str]) ->
             or any(n.op_type == "QuantizeLinear" for n in chain)):
         return chain
     return None if root.inputs[0] in produced else []
+
+
+def _elementwise_around_a_pointwise_conv(members: list[Node], root: Node) -> bool:
+    """A 1x1 convolution whose image elementwise ops in the region make, and nothing but
+    elementwise ops beside it: the activation (and BatchNorm) of a depthwise convolution left
+    to its own kernel, as PP-LCNet's blocks have it, computed in UB and multiplied by the cube
+    in the convolution's kernel, one launch fewer and about the bytes of the two kernels
+    (docs/regions.md, "An elementwise prologue")."""
+    return not root.params and all(kind_of(n.op_type, n.params) in ELEMENTWISE_KINDS
+                                   for n in members if n is not root)
 
 
 def _pads_with_zeros(node: Node) -> bool:
