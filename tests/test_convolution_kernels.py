@@ -307,6 +307,14 @@ def test_an_elementwise_prologue_joins_a_pointwise_convolution():
     assert ["Mul", "Add", "HardSwish"] in [[op.op_type for op in r.original]
                                            for r in plan.regions]
 
+    b = GraphBuilder()  # weights the region makes: not a convolution's image
+    x = b.input("x", [1, 16, 6, 24])
+    weights = b.op("Relu", [b.input("w", [32, 16, 1, 1])])
+    model = b.model(b.op("Relu", [b.op("Conv", [b.op("Relu", [x]), weights])]))
+    _, plan = fuse(model)
+    assert [[op.op_type for op in r.original] for r in plan.regions] == [["Relu", "Conv", "Relu"]]
+    assert [u.op_type for u in plan.unfused] == ["Relu"]  # the weights'
+
     b = GraphBuilder()
     x = b.input("x", [1, 32, 64])
     activated = b.op("Relu", [b.op("Mul", [x, b.const(np.float32(2))])])

@@ -192,10 +192,11 @@ def _matmul_is_root(graph: ImportedGraph, members: list[Node], target: Target) -
             and any(kind_of(n.op_type) == REDUCTION for n in members):
         return False
     prologue = _quantising_prologue(members, root, produced)
-    if prologue is None:  # an operand made in the region: a convolution's image only
-        return is_cube_conv(root.op_type, root.params) and (
-            _elementwise_around_a_pointwise_conv(members, root)
-            or _convolutions_with_a_reduction(members, matmuls))
+    if prologue is None:  # an operand made in the region: a convolution's image, no weights
+        return is_cube_conv(root.op_type, root.params) \
+            and not any(name in produced for name in root.inputs[1:]) and (
+                _elementwise_around_a_pointwise_conv(members, root)
+                or _convolutions_with_a_reduction(members, matmuls))
     if any(op_def(n.op_type).reorders for n in members) and not _aligned_matmul(graph, root,
                                                                               target):
         return False
