@@ -90,20 +90,25 @@ def test_a_convolution_no_lowering_takes_or_that_does_not_pay_stays_out_with_its
     assert reason in conv.reason, conv.reason
 
 
-@pytest.mark.pypto
-@pytest.mark.parametrize("name", list(CASES))
-def test_a_convolution_and_its_epilogue_compile_to_one_kernel_that_checks(name, tmp_path):
-    model = _conv(**CASES[name])
-    graph, plan = fuse(model)
-    (kernel,) = compile_kernels(graph, plan, TARGETS["kirin9050"], cache_dir=tmp_path,
-                                search=False)
-    assert kernel.compiled and kernel.functional_ok, (name, kernel.fallback_reason)
-    assert kernel.tuned_tile.ub_bytes <= TARGETS["kirin9050"].ub_plan_bytes.value
-    # the compiled graph (the region as its ONNX function) computes what the model does
+def _one_kernel_that_checks(model, folder, tolerance: float, target: str = "kirin9050"):
+    """The model's one region compiled (default tile) and passing its check, and the compiled
+    graph (the region as its ONNX function) computing what the model does within
+    ``tolerance`` of its largest output value; the kernel."""
+    graph, plan = fuse(model, target=target)
+    (kernel,) = compile_kernels(graph, plan, TARGETS[target], cache_dir=folder, search=False)
+    assert kernel.compiled and kernel.functional_ok, kernel.fallback_reason
     feeds = generate_inputs(model, seed=1)
     expected, actual = run_model(model, feeds), run_model(plan.compiled_model, feeds)
     for output, want in expected.items():
-        assert max_abs_diff(want, actual[output]) <= 1e-3 * max(1.0, np.abs(want).max())
+        assert max_abs_diff(want, actual[output]) <= tolerance * max(1.0, np.abs(want).max())
+    return kernel
+
+
+@pytest.mark.pypto
+@pytest.mark.parametrize("name", list(CASES))
+def test_a_convolution_and_its_epilogue_compile_to_one_kernel_that_checks(name, tmp_path):
+    kernel = _one_kernel_that_checks(_conv(**CASES[name]), tmp_path, 1e-3)
+    assert kernel.tuned_tile.ub_bytes <= TARGETS["kirin9050"].ub_plan_bytes.value
 
 
 def test_the_compare_table_shows_each_convolution_kernel_against_its_lower_bound():
@@ -266,16 +271,8 @@ def test_an_excitation_of_a_pooling_in_the_region_joins_it():
 def test_a_squeeze_excite_from_gm_compiles_to_one_kernel_that_checks(tmp_path):
     """The PP-LCNet block above (16 channels of 6x24: a few seconds of compile): one kernel
     that passes its check, and the compiled graph computes what the model does."""
-    model = lcnet_squeeze_excite(16, 6, 24)
-    graph, plan = fuse(model)
-    (kernel,) = compile_kernels(graph, plan, TARGETS["kirin9050"], cache_dir=tmp_path,
-                                search=False)
-    assert kernel.compiled and kernel.functional_ok, kernel.fallback_reason
+    kernel = _one_kernel_that_checks(lcnet_squeeze_excite(16, 6, 24), tmp_path, 1e-4)
     assert kernel.source.count("pypto.matmul(") == 3
-    feeds = generate_inputs(model, seed=1)
-    expected, actual = run_model(model, feeds), run_model(plan.compiled_model, feeds)
-    for output, want in expected.items():
-        assert max_abs_diff(want, actual[output]) <= 1e-4 * max(1.0, np.abs(want).max())
 
 
 def activated_pointwise_conv(channels=16, height=6, width=24, filters=32, kernel=1):
@@ -329,15 +326,7 @@ def test_an_elementwise_prologue_and_its_pointwise_convolution_compile_and_check
     2.9 + 7.6 for the two it was, a launch fewer; at 128 channels of 12x160, 326.7 us and
     5.97 MB against 173.9 + 167.4 us and 6.04 MB), and the compiled graph computes what the
     model does."""
-    model = activated_pointwise_conv()
-    graph, plan = fuse(model)
-    (kernel,) = compile_kernels(graph, plan, TARGETS["kirin9050"], cache_dir=tmp_path,
-                                search=False)
-    assert kernel.compiled and kernel.functional_ok, kernel.fallback_reason
-    feeds = generate_inputs(model, seed=1)
-    expected, actual = run_model(model, feeds), run_model(plan.compiled_model, feeds)
-    for output, want in expected.items():
-        assert max_abs_diff(want, actual[output]) <= 1e-4 * max(1.0, np.abs(want).max())
+    _one_kernel_that_checks(activated_pointwise_conv(), tmp_path, 1e-4)
 
 
 def test_an_input_cast_read_by_a_block_and_its_residual_joins_the_block():
@@ -403,16 +392,8 @@ def test_a_convolution_on_stride_phases_compiles_and_checks(lcnet_cache):
     compiled graph computes what the model does. Measured alone on kirin9050 (the
     depthwise (2, 1) and its ReLU): 1.41 MB in 104.6 us as per-tap strided views, 0.83 MB in
     73.1 us on phases (docs/pypto-ops.md, "Strided convolutions")."""
-    model = _lcnet_downsampling()
-    graph, plan = fuse(model, target="kirin90")
-    (kernel,) = compile_kernels(graph, plan, TARGETS["kirin90"], cache_dir=lcnet_cache,
-                                search=False)
-    assert kernel.compiled and kernel.functional_ok, kernel.fallback_reason
+    kernel = _one_kernel_that_checks(_lcnet_downsampling(), lcnet_cache, 1e-3, "kirin90")
     assert "index_select" not in kernel.source and "pypto.reshape(t" in kernel.source
-    feeds = generate_inputs(model, seed=1)
-    expected, actual = run_model(model, feeds), run_model(plan.compiled_model, feeds)
-    for output, want in expected.items():
-        assert max_abs_diff(want, actual[output]) <= 1e-3 * max(1.0, np.abs(want).max())
 
 
 @pytest.mark.pypto

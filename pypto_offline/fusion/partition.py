@@ -22,11 +22,9 @@ from pypto_offline.fusion.classify import node_id, node_tensors
 from pypto_offline.fusion.program import region_op
 from pypto_offline.fusion.rows import NotRows, reduces_lone_elements, row_layout
 from pypto_offline.importer import ImportedGraph, Node
-from pypto_offline.importer.ops import (BROADCAST, ELEMENTWISE, MATMUL, REDUCTION, data_inputs,
+from pypto_offline.importer.ops import (ELEMENTWISE_OPS, MATMUL, REDUCTION, data_inputs,
                                         is_cube_conv, kind_of, matmul_extents, op_def)
 from pypto_offline.targets import Target
-
-ELEMENTWISE_KINDS = (ELEMENTWISE, BROADCAST)
 
 # PyPTO's data-movement tiles need a last dimension of a multiple of 32 bytes.
 ROW_ALIGN_BYTES = 32
@@ -191,12 +189,12 @@ def _matmul_is_root(graph: ImportedGraph, members: list[Node], target: Target) -
     if not is_cube_conv(root.op_type, root.params) \
             and any(kind_of(n.op_type) == REDUCTION for n in members):
         return False
+    if any(name in produced for name in root.inputs[1:]):  # weights always from outside
+        return False
     prologue = _quantising_prologue(members, root, produced)
-    if prologue is None:  # an operand made in the region: a convolution's image, no weights
-        return is_cube_conv(root.op_type, root.params) \
-            and not any(name in produced for name in root.inputs[1:]) and (
-                _elementwise_around_a_pointwise_conv(members, root)
-                or _convolutions_with_a_reduction(members, matmuls))
+    if prologue is None:  # its data operand made in the region: a convolution's image only
+        return _elementwise_around_a_pointwise_conv(members, root) \
+            or _convolutions_with_a_reduction(members, matmuls)
     if any(op_def(n.op_type).reorders for n in members) and not _aligned_matmul(graph, root,
                                                                               target):
         return False
@@ -213,12 +211,10 @@ def _quantising_prologue(members: list[Node], root: Node, produced: set[str]) ->
     the operand in UB and the cube multiplies it, one kernel where the float model has one
     (docs/int8.md, "Regions"). Or a DequantizeLinear alone, of an int8 tensor from outside the
     region, for a float matmul (``fusion/dequantise_in_readers.py``): the kernel reads int8.
-    Empty if the matmul's operands all come from outside, None if
-    one comes from inside otherwise."""
+    Empty if the matmul's data operand comes from outside, None if it comes from inside
+    otherwise (its weights come from outside: ``_matmul_is_root``)."""
     by_output = {name: node for node in members for name in node.outputs}
     chain, operand = [], root.inputs[0]
-    if any(name in produced for name in root.inputs[1:]):
-        return None
     for op_type in ("DequantizeLinear", "QuantizeLinear", "Pad"):
         node = by_output.get(operand)
         if node is not None and node.op_type == op_type and (
@@ -238,8 +234,8 @@ def _elementwise_around_a_pointwise_conv(members: list[Node], root: Node) -> boo
     to its own kernel, as PP-LCNet's blocks have it, computed in UB and multiplied by the cube
     in the convolution's kernel, one launch fewer and about the bytes of the two kernels
     (docs/regions.md, "An elementwise prologue")."""
-    return not root.params and all(kind_of(n.op_type, n.params) in ELEMENTWISE_KINDS
-                                   for n in members if n is not root)
+    return is_cube_conv(root.op_type, root.params) and not root.params and all(
+        n.op_type in ELEMENTWISE_OPS for n in members if n is not root)
 
 
 def _pads_with_zeros(node: Node) -> bool:
