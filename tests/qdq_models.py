@@ -139,6 +139,19 @@ def concat_of_branches() -> tuple[onnx.ModelProto, onnx.ModelProto]:
     return _quantised(b.model(y))
 
 
+def squeeze_excite() -> tuple[onnx.ModelProto, onnx.ModelProto]:
+    """A squeeze-and-excite block with its projection, as MobileNetV3's and PP-LCNet's: on
+    1x32x16x16, the channels' means (GlobalAveragePool), a 1x1 conv 32 -> 32 with Relu, a 1x1
+    conv 32 -> 32 with HardSigmoid, the image gated by it, and a 1x1 projection 32 -> 64. Every
+    conv of depth 32: all three int8, each dequantised by a per-channel Mul and Add."""
+    b = GraphBuilder()
+    x = b.input("x", IMAGE)
+    squeezed = b.op("Relu", [_conv(b, b.op("GlobalAveragePool", [x]), 32, 32, 1, seed=16)])
+    gate = b.op("HardSigmoid", [_conv(b, squeezed, 32, 32, 1, seed=17)], alpha=1 / 6, beta=0.5)
+    y = _conv(b, b.op("Mul", [x, gate]), 32, 64, 1, seed=18)
+    return _quantised(b.model(y))
+
+
 def dequantised_twice() -> onnx.ModelProto:
     """HardSwish as a QDQ model writes it, at 200 x 192 (a ppocr_cls_v2 tensor): r =
     Q(Relu(x)) read twice (the DQ's two readers), y = DQ(Q(DQ(r) * DQ(Q(DQ(r) + 3)))) / 6,
@@ -183,4 +196,5 @@ def input_quantisation() -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
 BUILDERS = {f.__name__: f for f in (matmul_bias_relu, conv1x1_relu, conv3x3_relu,
                                     conv3x3_qoperator, residual_uint8,
                                     depthwise3x3_relu6, residual_convs,
-                                    heads_split_and_merged, concat_of_branches)}
+                                    heads_split_and_merged, concat_of_branches,
+                                    squeeze_excite)}

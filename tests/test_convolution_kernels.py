@@ -220,11 +220,12 @@ def test_several_convolutions_share_a_region_only_around_a_reduction():
     assert all(r.count("MatMul") <= 1 for r in regions(chain("MatMul", reduce=True)))
 
 
-def lcnet_squeeze_excite(channels=32, height=6, width=96):
+def lcnet_squeeze_excite(channels=32, height=6, width=96, projected=None):
     """ppocr_cls_v2's PP-LCNet block from its depthwise convolution's product on (a convolution
     whose staging does not pay stays out, so its product comes from GM): the bias and HardSwish,
     the squeeze-and-excite (pooling, 1x1 convolution, Relu, 1x1 convolution, HardSigmoid), the
-    gate's Mul, and the 1x1 projection with its bias and HardSwish."""
+    gate's Mul, and the 1x1 projection (to ``projected`` channels, default ``channels``) with its
+    bias and HardSwish."""
     b = GraphBuilder()
     x = b.input("x", [1, channels, height, width])
 
@@ -239,7 +240,7 @@ def lcnet_squeeze_excite(channels=32, height=6, width=96):
                                   channels)])
     gate = b.op("HardSigmoid", [conv(squeezed, channels, channels // 4)], alpha=1 / 6, beta=0.5)
     excited = b.op("Mul", [activated, gate])
-    return b.model(b.op("HardSwish", [conv(excited, channels, channels)]))
+    return b.model(b.op("HardSwish", [conv(excited, projected or channels, channels)]))
 
 
 LCNET_SQUEEZE_EXCITE = ["Add", "HardSwish", "GlobalAveragePool", "Conv", "Add", "Relu", "Conv",
@@ -252,12 +253,23 @@ def test_an_excitation_of_a_pooling_in_the_region_joins_it():
     pooling made in the region, and joins it (``partition._matmul_is_root``: a convolution's
     operand made in the region only with a reduction among the members, as for several), so
     the block is one region where it was four (bias+HardSwish+pooling, squeeze, excite+gate,
-    projection). A MatMul whose operand the region makes still does not join. (A projection
-    to other channels than the image's is a product in its own rows, where a per-channel bias
-    is not laid out yet: ``rows._on_own``; its bias and activation would stay out.)"""
-    graph, plan = fuse(lcnet_squeeze_excite())
-    assert [[op.op_type for op in r.original] for r in plan.regions] == [LCNET_SQUEEZE_EXCITE]
-    assert not plan.unfused and plan.totals.kernels_after == 1
+    projection). A MatMul whose operand the region makes still does not join. A projection
+    to other channels than the image's is a product in its own rows (OWN), and its per-channel
+    bias one value per row of them (OWN_ROW, ``rows._per_channel_of_own``): before, that bias
+    was not laid out, and the bias and activation stayed a kernel of their own."""
+    from pypto_offline.fusion.rows import OWN, OWN_ROW, row_layout
+    from pypto_offline.pypto_kernels.codegen.layout import shapes_of
+
+    for projected in (None, 64):
+        graph, plan = fuse(lcnet_squeeze_excite(projected=projected))
+        assert [[op.op_type for op in r.original] for r in plan.regions] == [
+            LCNET_SQUEEZE_EXCITE], projected
+        assert not plan.unfused and plan.totals.kernels_after == 1
+    (region,) = plan.regions
+    rows = row_layout(region.simplified, shapes_of(region), region.outputs)
+    (projection, bias) = region.simplified[-2].inputs  # the projection's Add
+    assert (rows.kinds[projection], rows.shape(projection)) == (OWN, [64, 6 * 96])
+    assert (rows.kinds[bias], rows.shape(bias)) == (OWN_ROW, [64, 1])
 
     b = GraphBuilder()
     x = b.input("x", [1, 32, 64])

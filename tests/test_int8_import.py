@@ -25,7 +25,7 @@ INTEGER = {"matmul_bias_relu": {"MatMulInteger": 1}, "conv1x1_relu": {"ConvInteg
            "conv3x3_relu": {"ConvInteger": 1}, "residual_convs": {"ConvInteger": 2},
            "conv3x3_qoperator": {"ConvInteger": 2}, "residual_uint8": {"ConvInteger": 2},
            "depthwise3x3_relu6": {}, "heads_split_and_merged": {"MatMulInteger": 2},
-           "concat_of_branches": {"ConvInteger": 3}}
+           "concat_of_branches": {"ConvInteger": 3}, "squeeze_excite": {"ConvInteger": 3}}
 
 
 @pytest.fixture(scope="module")

@@ -100,6 +100,27 @@ def test_a_concat_of_quantised_branches_is_assembled_in_int8(int8_cache):
 
 
 @pytest.mark.pypto
+def test_a_squeeze_excite_block_is_one_int8_kernel_as_in_its_float_model(int8_cache):
+    """Pooling, two excitation convolutions, the gate and the projection: three int8 products
+    in one kernel, as the fp32 model's block is one. Each product's dequantisation is a
+    per-channel Mul and Add, laid out on the projection's own rows (``rows._per_channel_of_own``;
+    before, the projection's were cut from the block), and the excitations multiply the pooled
+    int8 channels as a row (``matmul._one_pixel_of_bytes``; as a column of one byte per row
+    PyPTO failed to parse the kernel, F21004, and each product went to a kernel of its own: 7
+    kernels). Bit-exact; it moves fewer bytes than the fp32 model's kernel."""
+    qdq, fp32 = BUILDERS["squeeze_excite"]()
+    summary = api.compile(qdq, "kirin9050", cache_dir=int8_cache, verify=True).summary()
+    (kernel,) = summary["kernels"]
+    assert kernel["status"] == "compiled" and kernel["ops"].count("ConvInteger") == 3, kernel
+    assert kernel["dtypes"]["accumulate"] == "int32"
+    assert summary["kernels_after"] == 1 and summary["build_record"]["kernels_passed"] == 1
+    for output in summary["verification"]["metrics"].values():
+        assert output["int8_steps"]["max_steps"] == 0, output  # bit-exact
+    (float_kernel,) = api.compile(fp32, "kirin9050", cache_dir=int8_cache).summary()["kernels"]
+    assert kernel["gm_bytes"] < float_kernel["gm_bytes"], (kernel, float_kernel)
+
+
+@pytest.mark.pypto
 def test_a_quantisation_rounds_before_its_zero_point_as_onnxruntime_does(int8_cache):
     """Run by its PyPTO program on values just above the ties of x / scale, the kernel's
     QuantizeLinear equals onnxruntime's bit for bit; adding the zero point before rounding

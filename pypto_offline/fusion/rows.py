@@ -12,6 +12,8 @@ its elementwise producers and consumers). Each tensor of the region is then one 
     OWN [Cout, H*W]  a convolution's product on the cube in its own rows, beside the region's
                    (a squeeze-and-excite's projection), and elementwise ops on it
                    (``RowLayout.own``, ``_on_own``)
+    OWN_ROW [Cout, 1]  a per-channel parameter of such a product: a bias, or an int8
+                   product's dequantising scale and shift (``_per_channel_of_own``)
     EXPANDED [R, C]  a region input broadcast over other axes than the rows' or the columns'
                    alone, expanded in UB to full rows: an attention mask [1, 1, S, S] over
                    [B, H, S, S] scores (``RowLayout.expanded``); or an elementwise op on such
@@ -42,7 +44,8 @@ from pypto_offline.importer.ops import (BROADCAST, CONV_OPS, ELEMENTWISE, OPS,
                                         PER_ROW_PARAMETER_OPS, POINTWISE_OPS, REDUCTION,
                                         ROW_RESULT_OPS, VIEW, is_cube_conv, kind_of)
 
-FULL, ROW, COLUMN, SCALAR, EXPANDED, OWN = "full", "row", "column", "scalar", "expanded", "own"
+FULL, ROW, COLUMN, SCALAR, EXPANDED, OWN, OWN_ROW = (
+    "full", "row", "column", "scalar", "expanded", "own", "own_row")
 
 
 class NotRows(Exception):
@@ -59,13 +62,16 @@ class RowLayout:
     # each EXPANDED tensor → the shape it is broadcast to (its reader's output) before it is
     # laid out as rows
     expanded: Mapping[str, tuple[int, ...]] = field(default_factory=lambda: MappingProxyType({}))
-    # each OWN tensor → its own [Cout, H*W] rows (a convolution's product beside the region's)
+    # each OWN tensor → its own [Cout, H*W] rows (a convolution's product beside the region's);
+    # each OWN_ROW tensor → the rows of the product it is a per-channel parameter of
     own: Mapping[str, tuple[int, int]] = field(default_factory=lambda: MappingProxyType({}))
 
     def shape(self, tensor: str) -> list[int]:
         kind = self.kinds[tensor]
         if kind == OWN:
             return list(self.own[tensor])
+        if kind == OWN_ROW:
+            return [self.own[tensor][0], 1]
         return [self.rows if kind in (FULL, ROW, EXPANDED) else 1,
                 self.columns if kind in (FULL, COLUMN, EXPANDED) else 1]
 
@@ -160,11 +166,27 @@ def _on_own(op: RegionOp, shapes, kinds: dict, own: dict, sources: dict) -> bool
             _own_from(name, frame, shapes, kinds, own, sources)
         elif tuple(shapes[name]) == out_shape:
             _set_own(name, frame, kinds, own, op)
+        elif _per_channel_of_own(shapes[name], out_shape, frame):
+            _set(kinds, name, OWN_ROW, op)
+            if own.setdefault(name, frame) != frame:
+                raise NotRows(f"{name!r} is a parameter of products of {own[name]} and {frame}")
         else:
             raise NotRows(f"{op.op_type} broadcasts {list(shapes[name])} over a convolution's "
                           f"product rows")
     _set_own(op.outputs[0], frame, kinds, own, op)
     return True
+
+
+def _per_channel_of_own(shape, out_shape, frame: tuple[int, int]) -> bool:
+    """Whether a tensor of ``shape`` broadcasts over an op's output in a product's own rows
+    one value per row (per output channel): a ``[Cout, 1, 1]`` bias or dequantising scale over
+    a ``[1, Cout, H, W]`` convolution's product, laid out as ``[Cout, 1]``. An int8 1x1
+    convolution's dequantisation (``importer/quantised.py``) is such a Mul and Add: without it
+    an int8 squeeze-and-excite's projection was cut from its block (docs/regions.md)."""
+    split = _split(out_shape, frame[0])
+    aligned = (1,) * (len(out_shape) - len(shape)) + tuple(shape)
+    return split is not None and len(aligned) == len(out_shape) \
+        and aligned[:split] == tuple(out_shape[:split]) and all(d == 1 for d in aligned[split:])
 
 
 def _set_own(tensor: str, frame: tuple[int, int], kinds: dict, own: dict, op: RegionOp) -> None:

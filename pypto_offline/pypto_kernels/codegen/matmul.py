@@ -10,6 +10,7 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from pypto_offline.fusion.records import Region, RegionOp
+from pypto_offline.importer.contractions import INT8_CUBE_DEPTH
 from pypto_offline.importer.ops import matmul_extents
 from pypto_offline.pypto_kernels.folding import right_aligned
 from pypto_offline.pypto_kernels.tiling import cube_tiles
@@ -61,8 +62,30 @@ def pointwise_conv(w: Writer, op: RegionOp) -> None:
     image, weights = op.inputs[:2]
     channels = w.shape(image)[1]
     filters, pixels = matmul_extents("Conv", list(w.shape(op.outputs[0])), 2)
+    if pixels == 1 and itemsize_of(w.dtype(image)) == 1 and len(op.inputs) == 2:
+        _one_pixel_of_bytes(w, op, channels, filters)
+        return
     conv_product(w, op, lambda: w.value(weights, [filters, channels]),
                  lambda: w.value(image, [channels, pixels]), channels)
+
+
+def _one_pixel_of_bytes(w: Writer, op: RegionOp, channels: int, filters: int) -> None:
+    """A 1x1 convolution of an 8-bit image of one pixel (a squeeze-and-excite's excitation of
+    the pooled channels) as ``x[1, Cin] @ W[Cout, Cin]ᵀ``, its product a ``[1, Cout]`` row:
+    as ``W @ x[Cin, 1]`` the image's int8 rows are one byte, and PyPTO 0.2.0 failed to parse
+    the kernel (F21004; an 8-bit row must be whole 32-byte blocks). The image is made a row
+    where it is quantised (``quantisation._quantize``). Measured: ppocr_cls_v2's excitations
+    (32 -> 8 and 16 channels) and the unit model's (32 -> 32), bit-exact (docs/int8.md)."""
+    image, weights = op.inputs[:2]
+    a, b = w.value(image, [1, channels]), w.value(weights, [filters, channels])
+    m_tiles, k_tiles, n_tiles = cube_tiles(1, channels, filters, 1, w.policy.budget_bytes)
+    # the transposed int8 weights' side is the fractal's 32 deep too: at 8 or 16 filters
+    # (ppocr_cls_v2's squeezes) the tile of cube_tiles failed to parse (F21004), at 32 compiled
+    n_tiles = [max(side, INT8_CUBE_DEPTH) for side in n_tiles]
+    w.emit(f"pypto.set_cube_tile_shapes({m_tiles}, {k_tiles}, {n_tiles})")
+    w.product_rows, w.cube_rows = 1, m_tiles[0]
+    w.assign(op.outputs[0], f"pypto.matmul({a}, {b}, {pypto_dtype(w.dtype(op.outputs[0]))}, "
+                            "b_trans=True)", [1, filters])
 
 
 def conv_product(w: Writer, op: RegionOp, weights: Callable[[], str],

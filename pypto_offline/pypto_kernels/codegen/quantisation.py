@@ -76,6 +76,12 @@ def _quantize(w: Writer, op: RegionOp) -> None:
         w.assign(out, value, shape)
         return
     rounded = let(w, value)
+    if len(shape) == 2 and shape[-1] == 1 < shape[0]:
+        # a column (a pooled channel per row) made a row of the same elements: an 8-bit row
+        # of one byte is not a whole block (``matmul._one_pixel_of_bytes``)
+        shape = [1, shape[0]]
+        w.tile(shape, FLOAT)
+        rounded = let(w, f"pypto.reshape({rounded}, {shape})")
     # a tile row of an 8-bit type must be whole 32-byte blocks ("lastDimBytes % BLOCK_SIZE ==
     # 0": a 24-wide fp32 tile cast to int8 failed); only then each cast under its own type's
     # tile: a tile changed in a kernel's middle made PyPTO stage the tensors through GM (a
