@@ -6,8 +6,9 @@ fusing would create a cycle; checked by reachability on the graph of regions, se
 as the consumer in graph order so that planning stays near-linear: docs/regions.md) or when the
 working set of one tile of every tensor in the region would not fit the target's Unified Buffer,
 or when a region holding a reduction could no longer run as rows (``rows``), or a matmul would no
-longer be its region's root. Regions keep several inputs and outputs and fan-out inside (Split →
-… → Concat, rotary, window partition).
+longer be its region's root, unless the region is an attention's core (``attention_core``).
+Regions keep several inputs and outputs and fan-out inside (Split → … → Concat, rotary, window
+partition).
 """
 from __future__ import annotations
 
@@ -22,8 +23,10 @@ from pypto_offline.fusion.classify import node_id, node_tensors
 from pypto_offline.fusion.program import region_op
 from pypto_offline.fusion.rows import NotRows, reduces_lone_elements, row_layout
 from pypto_offline.importer import ImportedGraph, Node
-from pypto_offline.importer.ops import (ELEMENTWISE_OPS, MATMUL, REDUCTION, data_inputs,
-                                        is_cube_conv, kind_of, matmul_extents, op_def)
+from pypto_offline.importer.ops import (ELEMENTWISE_OPS, MATMUL, POINTWISE_OPS, REDUCTION, VIEW,
+                                        data_inputs, is_cube_conv, kind_of, matmul_extents,
+                                        op_def)
+from pypto_offline.importer.precision import QUANTISATION_OPS
 from pypto_offline.targets import Target
 
 # PyPTO's data-movement tiles need a last dimension of a multiple of 32 bytes.
@@ -83,7 +86,8 @@ class Partition:
     def _merge_producers(self, consumer: str) -> bool:
         """One pass of ``_grow``: whether it merged a producer and refused another."""
         merged = refused = False
-        for producer in list(self.quotient.predecessors(self.region_of[consumer])):
+        for producer in sorted(self.quotient.predecessors(self.region_of[consumer]),
+                               key=self._holds_no_matmul):
             a, b = producer, self.region_of[consumer]
             # A region of several nodes holds fusable nodes only (merges join no other), so
             # its name, one of its nodes, tells whether all of it is.
@@ -96,12 +100,20 @@ class Partition:
                 continue
             if self.constrained[a] + self.constrained[b]:
                 members = [self.nodes[m] for m in self.members[a] + self.members[b]]
-                if not _matmul_is_root(self.graph, members, self.target) \
-                        or not _rows_agree(self.graph, members, self.readers):
+                if not holds_together(self.graph, members, self.target, self.readers):
                     continue
             self._merge(a, b)
             merged = True
         return merged and refused
+
+    def _holds_no_matmul(self, region: str) -> bool:
+        """A producer region holding a batched MatMul (an attention's scores) is merged first
+        (sorted stably): its epilogue claims the consumer before a region without one does. An
+        attention's mask made in the graph (a Where of the attention mask, read by every
+        layer) took the first layer's scores Add into its region, and that attention stayed
+        three kernels (BERT, GPT-2, LLaMA; docs/regions.md, "Attention")."""
+        return not any(self.nodes[m].op_type == "MatMul" and _batched(self.graph, self.nodes[m])
+                       for m in self.members[region])
 
     def _creates_cycle(self, a: str, b: str, consumer: int) -> bool:
         """Merging producer region ``a`` into consumer region ``b`` (an edge a → b) makes a
@@ -143,9 +155,75 @@ class Partition:
 def holds_together(graph: ImportedGraph, members: list[Node], target: Target,
                    readers: Mapping[str, list[str]]) -> bool:
     """Whether these nodes may be one region as far as their ops go: a matmul is its root and a
-    reduction's rows agree (what ``Partition`` checks of a merge; convexity and UB aside). A
-    part of a cut region is checked so (``fusion.split``). ``readers``: ``tensor_readers``."""
-    return _matmul_is_root(graph, members, target) and _rows_agree(graph, members, readers)
+    reduction's rows agree, or the nodes are an attention's core (``attention_core``; what
+    ``Partition`` checks of a merge, convexity and UB aside). A part of a cut region is checked
+    so (``fusion.split``). ``readers``: ``tensor_readers``."""
+    return attention_core(graph, members, readers) or (
+        _matmul_is_root(graph, members, target) and _rows_agree(graph, members, readers))
+
+
+def attention_core(graph: ImportedGraph, members: list[Node],
+                   readers: Mapping[str, list[str]]) -> bool:
+    """An attention's scores and what follows them (issue 54, docs/regions.md "Attention"):
+    a batched MatMul of two operands from outside (Q and Kᵀ, per head), elementwise ops on its
+    product with operands from outside (the scale, a mask, a position bias), one Softmax over
+    its last axis, and maybe a second batched MatMul of the probabilities by an operand from
+    outside (V) followed by the reshapes and transposes that merge the heads; only its last
+    tensor read beyond it. The kernel runs it as a loop over the heads, each head's scores
+    kept in UB between the two products (``codegen.matmul.batched_matmul_loop``); without it a
+    MatMul took no reduction beside it and an attention was three kernels."""
+    matmuls = [n for n in members if kind_of(n.op_type, n.params) == MATMUL]
+    softmaxes = [n for n in members if n.op_type == "Softmax"]
+    # a quantised attention's Q/DQ around each op are not what the loop lowers: it keeps the
+    # regions it had (docs/int8.md)
+    if any(n.op_type in QUANTISATION_OPS for n in members) \
+            or len(read_beyond(members, graph, readers)) != 1 \
+            or not 1 <= len(matmuls) <= 2 or len(softmaxes) != 1 \
+            or any(m.op_type != "MatMul" or not _batched(graph, m) for m in matmuls):
+        return False
+    (softmax,) = softmaxes
+    rank = len(graph.tensors[softmax.inputs[0]].shape or ())
+    if tuple(softmax.params.get("axes", ())) != (rank - 1,):
+        return False
+    produced = {name for n in members for name in n.outputs}
+    scores, *values = matmuls
+    # the probabilities, or their Cast to the values' type (an fp32 Softmax of a mixed
+    # precision mode before fp16 values)
+    casts = [n for n in members if n.op_type == "Cast" and n.inputs[0] in softmax.outputs]
+    probabilities = {name for n in (softmax, *casts) for name in n.outputs}
+    if any(name in produced for name in scores.inputs) \
+            or any(v.inputs[1] in produced or v.inputs[0] not in probabilities for v in values):
+        return False
+    chain = _chain_into(softmax, members, produced)
+    if chain is None or chain[0] is not scores:
+        return False
+    rest = [n for n in members
+            if n is not softmax and n not in chain and n not in values and n not in casts]
+    return all(n.op_type in POINTWISE_OPS for n in chain[1:]) and all(
+        values and (kind_of(n.op_type, n.params) == VIEW or n.op_type == "Transpose")
+        for n in rest)
+
+
+def _chain_into(node: Node, members: list[Node], produced: set[str]) -> list[Node] | None:
+    """The members before ``node`` along its one input made in the region, each taking one
+    input made there (the others from outside: a scale, a mask), first to last; None if one
+    takes two."""
+    by_output = {name: n for n in members for name in n.outputs}
+    chain, current = [], node
+    while True:
+        made = [name for name in current.inputs if name in produced]
+        if len(made) > 1:
+            return None
+        if not made:
+            return chain[::-1]
+        current = by_output[made[0]]
+        chain.append(current)
+
+
+def _batched(graph: ImportedGraph, matmul: Node) -> bool:
+    """A MatMul of two operands of one rank of at least 3 and the same batch axes."""
+    left, right = (graph.tensors[name].shape or () for name in matmul.inputs[:2])
+    return len(left) == len(right) >= 3 and tuple(left[:-2]) == tuple(right[:-2])
 
 
 def tensor_readers(graph: ImportedGraph) -> dict[str, list[str]]:

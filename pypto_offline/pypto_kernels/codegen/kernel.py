@@ -41,12 +41,13 @@ KERNEL_FUNCTION = "kernel"
 def kernel_source(region: Region, policy: TilePolicy, constants: Mapping[str, np.ndarray]) -> str:
     """The module text; ``constants`` are region inputs known at compile time (inlined if scalar)."""
     w = Writer(region, policy, constants)
-    _plan_layout(w)
+    loop = batched_matmul_loop(region, constants)
+    if loop is None or loop.softmax is None:  # an attention's loop lays out each head alone
+        _plan_layout(w)
     inputs = _hold_inputs(w)
     outputs = {tensor: f"out{index}" for index, tensor in enumerate(region.outputs)}
     w.assembled = assembled_outputs(region)
     share_assembled_inputs(w)
-    loop = batched_matmul_loop(region, constants)
     if loop is not None:
         lower_batched_loop(w, loop, inputs, outputs[loop.output])
     else:

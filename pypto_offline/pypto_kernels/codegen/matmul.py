@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from math import prod
+from types import MappingProxyType
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
@@ -14,7 +15,8 @@ from pypto_offline.importer.contractions import INT8_CUBE_DEPTH
 from pypto_offline.importer.ops import matmul_extents
 from pypto_offline.pypto_kernels.folding import right_aligned
 from pypto_offline.pypto_kernels.tiling import cube_tiles
-from pypto_offline.pypto_kernels.codegen import elementwise
+from pypto_offline.fusion.rows import FULL, RowLayout
+from pypto_offline.pypto_kernels.codegen import elementwise, reduction
 from pypto_offline.pypto_kernels.codegen.elementwise import BINARY, UNARY
 from pypto_offline.pypto_kernels.codegen.layout import shapes_of
 from pypto_offline.pypto_kernels.codegen.writer import (MAX_RANK, CannotExpress, Writer,
@@ -118,11 +120,16 @@ LOOP_EPILOGUE_OPS = frozenset({*UNARY, *BINARY, "Cast"})
 @dataclass(frozen=True)
 class BatchedLoop:
     """A region that is one batched MatMul of two region inputs, an elementwise epilogue on
-    region inputs and scalars, and the output, maybe with the heads moved behind the rows."""
+    region inputs and scalars, and the output, maybe with the heads moved behind the rows. An
+    attention's core (``fusion.partition.attention_core``) adds a Softmax over the product's
+    rows and maybe a second MatMul of the probabilities by a region input (``values``)."""
     matmul: RegionOp
     epilogue: tuple[RegionOp, ...]
     heads_outward: bool
     output: str
+    softmax: RegionOp | None = None
+    cast: RegionOp | None = None  # the probabilities' to the values' type
+    values: RegionOp | None = None
 
 
 def batched_matmul_loop(region: Region, constants: Mapping[str, np.ndarray]
@@ -157,6 +164,17 @@ def batched_matmul_loop(region: Region, constants: Mapping[str, np.ndarray]
             return None
         epilogue.append(op)
         current = op.outputs[0]
+    softmax = cast = values = None
+    if rest and rest[0].op_type == "Softmax" and rest[0].inputs[0] == current \
+            and tuple(rest[0].params["axes"]) == (len(product_shape) - 1,):
+        softmax = rest.pop(0)
+        current = softmax.outputs[0]
+        if rest and rest[0].op_type == "Cast" and rest[0].inputs[0] == current:
+            cast = rest.pop(0)  # to the values' type, in a mixed precision mode
+            current = cast.outputs[0]
+        if rest and _values_of(rest[0], current, region, shapes):
+            values = rest.pop(0)
+            current = values.outputs[0]
     heads_outward = bool(rest) and rest[0].op_type == "Transpose" \
         and rest[0].inputs[0] == current and tuple(rest[0].params["perm"]) == HEADS_OUTWARD
     if heads_outward:
@@ -165,7 +183,19 @@ def batched_matmul_loop(region: Region, constants: Mapping[str, np.ndarray]
         current = rest.pop(0).outputs[0]
     if rest or list(region.outputs) != [current]:
         return None
-    return BatchedLoop(ops[0], tuple(epilogue), heads_outward, current)
+    if cast is not None and values is None:
+        return None
+    return BatchedLoop(ops[0], tuple(epilogue), heads_outward, current, softmax, cast, values)
+
+
+def _values_of(op: RegionOp, probabilities: str, region: Region, shapes) -> bool:
+    """Whether ``op`` multiplies the probabilities by a region input of the same batch axes
+    (an attention's V), 2-D slice by slice."""
+    if op.op_type != "MatMul" or op.inputs[0] != probabilities or op.inputs[1] not in \
+            region.inputs:
+        return False
+    left, right = shapes[probabilities], shapes[op.inputs[1]]
+    return len(right) == len(left) and right[:-1] == left[:-2] + left[-1:]
 
 
 def _slices_along(shape: Sequence[int], product: Sequence[int]) -> bool:
@@ -187,16 +217,19 @@ def lower_batched_loop(w: Writer, loop: BatchedLoop, inputs: Mapping[str, str],
     n = w.shape(right)[-1]
     count = prod(batch)
     w.declared[left], w.declared[right] = (count * m, k), (count * k, n)
+    columns = w.shape(loop.values.inputs[1])[-1] if loop.values else n  # of each slice's result
+    if loop.values:
+        w.declared[loop.values.inputs[1]] = (count * n, columns)
     heads = batch[-1] if loop.heads_outward else 1
-    w.declared[loop.output] = (count // heads * m, heads * n)
+    w.declared[loop.output] = (count // heads * m, heads * columns)
     operands = {t for op in loop.epilogue for t in op.inputs
                 if t in inputs and t != product and not is_scalar_constant(t, w.constants)}
     for tensor in sorted(operands):
         own = w.shape(tensor)
         w.declared[tensor] = (prod(own[:-1]), own[-1])
-    m_tiles, k_tiles, n_tiles = cube_tiles(m, k, n, itemsize_of(w.dtype(left)),
-                                           w.policy.budget_bytes)
-    w.emit(f"pypto.set_cube_tile_shapes({m_tiles}, {k_tiles}, {n_tiles})")
+    cube = _cube_tiles_line(w, m, k, n, left)
+    if not loop.values:  # one product: its tiles once, before the loop
+        w.emit(cube)
     indexes = [f"b{axis}" if extent > 1 else "0" for axis, extent in enumerate(batch)]
     loops = [(index, extent) for index, extent in zip(indexes, batch) if extent > 1]
     for index, extent in loops:
@@ -206,6 +239,8 @@ def lower_batched_loop(w: Writer, loop: BatchedLoop, inputs: Mapping[str, str],
     w.emit(f"{a} = pypto.view({inputs[left]}, [{m}, {k}], [{slice_index} * {m}, 0])")
     w.emit(f"{b} = pypto.view({inputs[right]}, [{k}, {n}], [{slice_index} * {k}, 0])")
     w.sliced[product] = (m, n)
+    if loop.values:  # two products of other shapes: each one's tiles before it
+        w.emit(cube)
     w.assign(product, f"pypto.matmul({a}, {b}, {pypto_dtype(w.dtype(product))})", (m, n))
     for tensor in sorted(operands):
         _hold_slice(w, tensor, inputs[tensor], indexes, batch)
@@ -213,14 +248,56 @@ def lower_batched_loop(w: Writer, loop: BatchedLoop, inputs: Mapping[str, str],
         w.sliced[op.outputs[0]] = (m, n)
         elementwise.LOWERINGS[op.op_type](w, op)
     last = loop.epilogue[-1].outputs[0] if loop.epilogue else product
-    result = w.value(last, (m, n))
+    if loop.softmax:
+        last = _softmax_of_slice(w, loop.softmax, m, n)
+    if loop.cast:
+        w.sliced[loop.cast.outputs[0]] = (m, n)
+        elementwise.LOWERINGS["Cast"](w, loop.cast)
+        last = loop.cast.outputs[0]
+    if loop.values:
+        last = _values_product(w, loop.values, inputs, slice_index, m, n, columns)
+    result = w.value(last, (m, columns))
     if loop.heads_outward:
-        offsets = f"[{_flat_index(indexes[:-1], batch[:-1])} * {m}, {indexes[-1]} * {n}]"
+        offsets = f"[{_flat_index(indexes[:-1], batch[:-1])} * {m}, {indexes[-1]} * {columns}]"
     else:
         offsets = f"[{slice_index} * {m}, 0]"
-    w.tile((m, n), w.dtype(last))
+    w.tile((m, columns), w.dtype(last))
     w.emit(f"pypto.assemble({result}, {offsets}, {target})")
     w.indent -= len(loops)
+
+
+def _cube_tiles_line(w: Writer, m: int, k: int, n: int, left: str) -> str:
+    m_tiles, k_tiles, n_tiles = cube_tiles(m, k, n, itemsize_of(w.dtype(left)),
+                                           w.policy.budget_bytes)
+    return f"pypto.set_cube_tile_shapes({m_tiles}, {k_tiles}, {n_tiles})"
+
+
+def _softmax_of_slice(w: Writer, op: RegionOp, m: int, n: int) -> str:
+    """The Softmax of one head's ``[m, n]`` scores, lowered as a row region's (each row whole
+    in the tile, ``codegen.reduction``): the slice is the rows."""
+    scores, out = op.inputs[0], op.outputs[0]
+    w.sliced[out] = (m, n)
+    w.rows = RowLayout(m, n, MappingProxyType({scores: FULL, out: FULL}))
+    try:
+        reduction.LOWERINGS[op.op_type](w, op)
+    finally:
+        w.rows = None
+    return out
+
+
+def _values_product(w: Writer, op: RegionOp, inputs: Mapping[str, str], slice_index: str,
+                    m: int, n: int, columns: int) -> str:
+    """One head's probabilities ``[m, n]`` by its values ``[n, columns]``, a view of the
+    region input declared as 2-D rows."""
+    probabilities, values = op.inputs
+    out = op.outputs[0]
+    view = w.fresh()
+    w.emit(f"{view} = pypto.view({inputs[values]}, [{n}, {columns}], [{slice_index} * {n}, 0])")
+    w.emit(_cube_tiles_line(w, m, n, columns, probabilities))
+    w.sliced[out] = (m, columns)
+    w.assign(out, f"pypto.matmul({w.value(probabilities, (m, n))}, {view}, "
+                  f"{pypto_dtype(w.dtype(out))})", (m, columns))
+    return out
 
 
 def _flat_index(indexes: Sequence[str], extents: Sequence[int]) -> str:

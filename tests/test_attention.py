@@ -1,0 +1,110 @@
+"""Issue 54, an attention's core as one kernel: the scores' batched MatMul, its scale and mask,
+the Softmax over the keys and the MatMul by the values, with the heads merged after it, are one
+region (``fusion.partition.attention_core``) that the kernel generator runs as a loop over the
+heads, each head's scores in UB between its two products (``codegen.matmul.batched_matmul_loop``;
+docs/regions.md, "Attention")."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pypto_offline import api
+from pypto_offline.pypto_kernels.codegen import kernel_source
+from pypto_offline.pypto_kernels.codegen.matmul import batched_matmul_loop
+from pypto_offline.pypto_kernels.tiling import default_policy
+from pypto_offline.targets import TARGETS
+from tests.fusion_helpers import assert_compiled_matches, fuse
+from tests.onnx_builders import GraphBuilder
+
+CORE = ["MatMul", "Mul", "Add", "Softmax", "MatMul", "Transpose", "Reshape"]
+
+
+def encoder_attention(heads=4, tokens=16, depth=16, softmax_axis=-1, mask_in_graph=False,
+                      values_made=False, scores_returned=False):
+    """Self-attention of an encoder with a padding mask, from the projected heads on:
+    ``softmax(q @ kᵀ * depth^-0.5 + mask) @ v``, the heads merged back to ``[1, S, H*D]``.
+    ``mask_in_graph``: the mask made from a 0/1 attention mask in the graph (Where), not an
+    input; ``values_made``: v computed from an input (a Relu) before the product;
+    ``scores_returned``: the masked scores a model output too."""
+    b = GraphBuilder()
+    q = b.input("q", [1, heads, tokens, depth])
+    kt = b.input("kt", [1, heads, depth, tokens])
+    v = b.input("v", [1, heads, tokens, depth])
+    if mask_in_graph:
+        keep = b.input("keep", [1, 1, 1, tokens])
+        mask = b.op("Where", [b.op("Greater", [keep, b.const(np.float32(0.5))]),
+                              b.const(np.float32(0.0)), b.const(np.float32(-1e4))])
+    else:
+        mask = b.input("mask", [1, 1, 1, tokens])
+    if values_made:
+        v = b.op("Relu", [v])
+    scores = b.op("Mul", [b.op("MatMul", [q, kt]), b.const(np.float32(depth ** -0.5))])
+    masked = b.op("Add", [scores, mask])
+    probabilities = b.op("Softmax", [masked], axis=softmax_axis)
+    merged = b.op("Transpose", [b.op("MatMul", [probabilities, v])], perm=[0, 2, 1, 3])
+    out = b.op("Reshape", [merged, b.const(np.array([1, tokens, heads * depth], np.int64))])
+    return b.model(out, *([masked] if scores_returned else []))
+
+
+def _regions(plan) -> list[list[str]]:
+    return [[op.op_type for op in r.original] for r in plan.regions]
+
+
+def test_an_attention_core_is_one_region_that_computes_what_onnxruntime_does():
+    graph, plan = fuse(encoder_attention())
+    assert _regions(plan) == [CORE] and not plan.unfused
+    assert plan.totals.kernels_after == 1
+    assert_compiled_matches(graph, plan)
+
+
+def test_what_the_loop_cannot_take_stays_apart():
+    """A Softmax over another axis than the keys', or of scores read beyond it (only the
+    core's last tensor may be), keeps it apart from the MatMuls, as before.
+    Values or a mask made from an input join no region holding both products (the loop takes
+    region inputs there): each is a kernel of its own that the core reads. The mask's kernel
+    does not take the scores' Add: a producer holding a matmul is merged first
+    (``Partition._holds_no_matmul``; before, BERT's, GPT-2's and LLaMA's first attention
+    stayed three kernels so). Every region holding both products is one the loop takes."""
+    for model in (encoder_attention(softmax_axis=2), encoder_attention(scores_returned=True)):
+        graph, plan = fuse(model)
+        assert not any("Softmax" in ops and "MatMul" in ops for ops in _regions(plan))
+        assert_compiled_matches(graph, plan)
+    for model in (encoder_attention(values_made=True), encoder_attention(mask_in_graph=True)):
+        graph, plan = fuse(model)
+        cores = [r for r in plan.regions if [op.op_type for op in r.original].count("MatMul") > 1]
+        assert [[op.op_type for op in r.original] for r in cores] == [CORE]
+        loop = batched_matmul_loop(cores[0], graph.constant_values())
+        assert loop is not None and loop.softmax and loop.values
+        assert plan.totals.kernels_after == 2
+        assert_compiled_matches(graph, plan)
+
+
+def test_the_kernel_keeps_each_heads_scores_between_its_two_products():
+    """One loop over the heads: each head's scores, scaled, masked and normalised on its
+    ``[S, S]`` slice, multiplied by its values' slice, and assembled at its place among the
+    merged heads."""
+    graph, plan = fuse(encoder_attention())
+    (region,) = plan.regions
+    text = kernel_source(region, default_policy(TARGETS["kirin9050"].ub_plan_bytes.value),
+                         graph.constant_values())
+    loop = text[text.index("for b1 in range(4):"):]
+    assert loop.count("pypto.matmul(") == 2 and "pypto.exp(" in loop
+    assert loop.index("pypto.amax(") < loop.rindex("pypto.matmul(") < loop.index("assemble(")
+    assert "[0 * 16, b1 * 16]" in loop  # head b1's columns of the merged rows
+
+
+@pytest.mark.pypto
+def test_an_encoder_attention_with_a_padding_mask_compiles_to_one_kernel_that_checks(tmp_path):
+    """Built as a user builds it (kirin9050, verified): one kernel, checked by PyPTO's run of it,
+    the model's output equal to onnxruntime's. Its scores cross GM only as PyPTO 0.2.0 hands a
+    product from the cube to the vector unit and back (no L0C -> UB path): the bytes beyond
+    its inputs and output are that hand-off."""
+    summary = api.compile(encoder_attention(), "kirin9050", cache_dir=tmp_path,
+                          verify=True).summary()
+    (kernel,) = summary["kernels"]
+    assert kernel["status"] == "compiled" and kernel["ops"] == CORE, kernel
+    assert summary["kernels_after"] == 1
+    assert summary["build_record"]["kernels_checked"] == summary["build_record"][
+        "kernels_passed"] == 1
+    assert summary["verification"]["status"] == "passed"
+    assert kernel["gm_bytes"] <= kernel["gm_bytes_lower_bound"] + 2 * kernel["gm_bytes_handoff"]
