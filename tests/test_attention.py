@@ -20,16 +20,22 @@ CORE = ["MatMul", "Mul", "Add", "Softmax", "MatMul", "Transpose", "Reshape"]
 
 
 def encoder_attention(heads=4, tokens=16, depth=16, softmax_axis=-1, mask_in_graph=False,
-                      values_made=False, scores_returned=False):
+                      values_made=False, scores_returned=False, heads_split=False):
     """Self-attention of an encoder with a padding mask, from the projected heads on:
     ``softmax(q @ kᵀ * depth^-0.5 + mask) @ v``, the heads merged back to ``[1, S, H*D]``.
     ``mask_in_graph``: the mask made from a 0/1 attention mask in the graph (Where), not an
     input; ``values_made``: v computed from an input (a Relu) before the product;
-    ``scores_returned``: the masked scores a model output too."""
+    ``scores_returned``: the masked scores a model output too; ``heads_split``: q, k and v
+    the projections' ``[1, S, H, D]``, their heads split by Transposes (ViT's)."""
     b = GraphBuilder()
-    q = b.input("q", [1, heads, tokens, depth])
-    kt = b.input("kt", [1, heads, depth, tokens])
-    v = b.input("v", [1, heads, tokens, depth])
+    if heads_split:
+        q, k, v = (b.input(name, [1, tokens, heads, depth]) for name in "qkv")
+        q, v = (b.op("Transpose", [t], perm=[0, 2, 1, 3]) for t in (q, v))
+        kt = b.op("Transpose", [k], perm=[0, 2, 3, 1])
+    else:
+        q = b.input("q", [1, heads, tokens, depth])
+        kt = b.input("kt", [1, heads, depth, tokens])
+        v = b.input("v", [1, heads, tokens, depth])
     if mask_in_graph:
         keep = b.input("keep", [1, 1, 1, tokens])
         mask = b.op("Where", [b.op("Greater", [keep, b.const(np.float32(0.5))]),
@@ -55,6 +61,21 @@ def test_an_attention_core_is_one_region_that_computes_what_onnxruntime_does():
     assert _regions(plan) == [CORE] and not plan.unfused
     assert plan.totals.kernels_after == 1
     assert_compiled_matches(graph, plan)
+
+
+def test_the_transposes_splitting_the_projections_heads_join_the_core():
+    """ViT's Q, K and V arrive as ``[1, S, H, D]`` projections (65 tokens: no projection's
+    epilogue transposes them) and their heads are split by three Transposes, kernels of their
+    own before: now the core's, each head read as a ``[S, D]`` block of the projection (Kᵀ
+    multiplied transposed), and the loop writes no transposed copy."""
+    graph, plan = fuse(encoder_attention(heads_split=True))
+    assert _regions(plan) == [["Transpose"] * 3 + CORE] and not plan.unfused
+    assert_compiled_matches(graph, plan)
+    (region,) = plan.regions
+    text = kernel_source(region, default_policy(TARGETS["kirin9050"].ub_plan_bytes.value),
+                         graph.constant_values())
+    assert "b_trans=True" in text and "pypto.transpose" not in text
+    assert text.count("[0 * 16, b1 * 16]") == 4  # q, k and v heads, and the output's
 
 
 def test_what_the_loop_cannot_take_stays_apart():
@@ -94,15 +115,18 @@ def test_the_kernel_keeps_each_heads_scores_between_its_two_products():
 
 
 @pytest.mark.pypto
-def test_an_encoder_attention_with_a_padding_mask_compiles_to_one_kernel_that_checks(tmp_path):
+@pytest.mark.parametrize("heads_split", [False, True])
+def test_an_encoder_attention_with_a_padding_mask_compiles_to_one_kernel_that_checks(
+        heads_split, tmp_path):
     """Built as a user builds it (kirin9050, verified): one kernel, checked by PyPTO's run of it,
     the model's output equal to onnxruntime's. Its scores cross GM only as PyPTO 0.2.0 hands a
     product from the cube to the vector unit and back (no L0C -> UB path): the bytes beyond
     its inputs and output are that hand-off."""
-    summary = api.compile(encoder_attention(), "kirin9050", cache_dir=tmp_path,
-                          verify=True).summary()
+    summary = api.compile(encoder_attention(heads_split=heads_split), "kirin9050",
+                          cache_dir=tmp_path, verify=True).summary()
     (kernel,) = summary["kernels"]
-    assert kernel["status"] == "compiled" and kernel["ops"] == CORE, kernel
+    assert kernel["status"] == "compiled", kernel
+    assert kernel["ops"] == ["Transpose"] * 3 * heads_split + CORE
     assert summary["kernels_after"] == 1
     assert summary["build_record"]["kernels_checked"] == summary["build_record"][
         "kernels_passed"] == 1

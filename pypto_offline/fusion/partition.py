@@ -165,43 +165,90 @@ def holds_together(graph: ImportedGraph, members: list[Node], target: Target,
 def attention_core(graph: ImportedGraph, members: list[Node],
                    readers: Mapping[str, list[str]]) -> bool:
     """An attention's scores and what follows them (issue 54, docs/regions.md "Attention"):
-    a batched MatMul of two operands from outside (Q and Kᵀ, per head), elementwise ops on its
-    product with operands from outside (the scale, a mask, a position bias), one Softmax over
-    its last axis, and maybe a second batched MatMul of the probabilities by an operand from
-    outside (V) followed by the reshapes and transposes that merge the heads; only its last
-    tensor read beyond it. The kernel runs it as a loop over the heads, each head's scores
-    kept in UB between the two products (``codegen.matmul.batched_matmul_loop``); without it a
-    MatMul took no reduction beside it and an attention was three kernels."""
+    a batched MatMul of two operands from outside (Q and Kᵀ, per head; or the transposes that
+    split their heads, ``_heads_split``), elementwise ops on its product with operands from
+    outside (the scale, a mask, a position bias), one Softmax over its last axis, and maybe a
+    second batched MatMul of the probabilities by an operand from outside (V) followed by the
+    reshapes and transposes that merge the heads; only its last tensor read beyond it. The
+    kernel runs it as a loop over the heads, each head's scores kept in UB between the two
+    products (``codegen.matmul.batched_matmul_loop``); without it a MatMul took no reduction
+    beside it and an attention was three kernels."""
     matmuls = [n for n in members if kind_of(n.op_type, n.params) == MATMUL]
     softmaxes = [n for n in members if n.op_type == "Softmax"]
+    beyond = read_beyond(members, graph, readers)
     # a quantised attention's Q/DQ around each op are not what the loop lowers: it keeps the
     # regions it had (docs/int8.md)
-    if any(n.op_type in QUANTISATION_OPS for n in members) \
-            or len(read_beyond(members, graph, readers)) != 1 \
-            or not 1 <= len(matmuls) <= 2 or len(softmaxes) != 1 \
+    if any(n.op_type in QUANTISATION_OPS for n in members) or len(beyond) != 1 \
+            or not 1 <= len(matmuls) <= 2 or len(softmaxes) > 1 \
             or any(m.op_type != "MatMul" or not _batched(graph, m) for m in matmuls):
-        return False
-    (softmax,) = softmaxes
-    rank = len(graph.tensors[softmax.inputs[0]].shape or ())
-    if tuple(softmax.params.get("axes", ())) != (rank - 1,):
         return False
     produced = {name for n in members for name in n.outputs}
     scores, *values = matmuls
-    # the probabilities, or their Cast to the values' type (an fp32 Softmax of a mixed
-    # precision mode before fp16 values)
+    heads = _heads_split(members, scores, values, produced)
+    if any(name in produced - _outputs(heads) for name in scores.inputs):
+        return False
+    if not softmaxes:  # as the region grows: the scores, their epilogue and their heads split
+        (last,) = [n for n in members if beyond[0] in n.outputs]
+        chain = _scores_chain(last, scores, members, produced)
+        return bool(heads) and not values and chain is not None \
+            and len(heads) + len(chain) == len(members)
+    return _probabilities_and_values(graph, members, scores, values, softmaxes[0], heads,
+                                     produced)
+
+
+def _probabilities_and_values(graph: ImportedGraph, members: list[Node], scores: Node,
+                              values: list[Node], softmax: Node, heads: list[Node],
+                              produced: set[str]) -> bool:
+    """``attention_core`` from its Softmax on: over the scores' last axis, maybe cast (an fp32
+    Softmax of a mixed precision mode before fp16 values), multiplied by values from outside
+    (or their heads split), the heads merged after."""
+    rank = len(graph.tensors[softmax.inputs[0]].shape or ())
+    if tuple(softmax.params.get("axes", ())) != (rank - 1,):
+        return False
     casts = [n for n in members if n.op_type == "Cast" and n.inputs[0] in softmax.outputs]
-    probabilities = {name for n in (softmax, *casts) for name in n.outputs}
-    if any(name in produced for name in scores.inputs) \
-            or any(v.inputs[1] in produced or v.inputs[0] not in probabilities for v in values):
+    probabilities = _outputs([softmax, *casts])
+    if any(v.inputs[1] in produced - _outputs(heads) or v.inputs[0] not in probabilities
+           for v in values):
         return False
-    chain = _chain_into(softmax, members, produced)
-    if chain is None or chain[0] is not scores:
+    chain = _scores_chain(softmax, scores, members, produced)
+    if chain is None:
         return False
-    rest = [n for n in members
-            if n is not softmax and n not in chain and n not in values and n not in casts]
-    return all(n.op_type in POINTWISE_OPS for n in chain[1:]) and all(
-        values and (kind_of(n.op_type, n.params) == VIEW or n.op_type == "Transpose")
-        for n in rest)
+    rest = [n for n in members if n not in chain and n not in values and n not in casts
+            and n not in heads]
+    return all(values and (kind_of(n.op_type, n.params) == VIEW or n.op_type == "Transpose")
+               for n in rest)
+
+
+def _scores_chain(last: Node, scores: Node, members: list[Node], produced: set[str]
+                  ) -> list[Node] | None:
+    """The scores' MatMul, the elementwise ops on its product up to ``last`` (a Softmax, or
+    the last of them) and ``last``, in order; None if they are not that."""
+    chain = [] if last is scores else _chain_into(last, members, produced - set(scores.inputs))
+    if chain is None or (chain and chain[0] is not scores):
+        return None
+    chain = chain + [last]
+    return chain if all(n.op_type in POINTWISE_OPS for n in chain[1:-1]) and (
+        last is scores or last.op_type in POINTWISE_OPS | {"Softmax"}) else None
+
+
+def _outputs(nodes: list[Node]) -> set[str]:
+    return {name for n in nodes for name in n.outputs}
+
+
+# Each operand's transpose splitting the heads of a [B, S, H, D] projection, which the loop
+# reads as a view of its head (``codegen.matmul``): Q and V to [B, H, S, D], K to [B, H, D, S]
+HEADS_SPLIT = {"q": (0, 2, 1, 3), "kt": (0, 2, 3, 1), "v": (0, 2, 1, 3)}
+
+
+def _heads_split(members: list[Node], scores: Node, values: list[Node],
+                 produced: set[str]) -> list[Node]:
+    """The members that split a projection's heads for the core's operands (``HEADS_SPLIT``)
+    from a tensor from outside: ViT's, whose 65 tokens no projection's epilogue transposes
+    (``KernelSupport.matmul_reorder_align``), were kernels of their own."""
+    operands = {scores.inputs[0]: HEADS_SPLIT["q"], scores.inputs[1]: HEADS_SPLIT["kt"],
+                **{v.inputs[1]: HEADS_SPLIT["v"] for v in values}}
+    return [n for n in members if n.op_type == "Transpose" and n.inputs[0] not in produced
+            and operands.get(n.outputs[0]) == tuple(n.params.get("perm", ()))]
 
 
 def _chain_into(node: Node, members: list[Node], produced: set[str]) -> list[Node] | None:

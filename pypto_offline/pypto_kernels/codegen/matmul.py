@@ -3,13 +3,14 @@ a 1x1 convolution of one image as a matmul, and a region that is one batched Mat
 elementwise epilogue written as a loop of 2-D matmuls (``batched_matmul_loop``)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from math import prod
 from types import MappingProxyType
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
+from pypto_offline.fusion.partition import HEADS_SPLIT
 from pypto_offline.fusion.records import Region, RegionOp
 from pypto_offline.importer.contractions import INT8_CUBE_DEPTH
 from pypto_offline.importer.ops import matmul_extents
@@ -130,6 +131,9 @@ class BatchedLoop:
     softmax: RegionOp | None = None
     cast: RegionOp | None = None  # the probabilities' to the values' type
     values: RegionOp | None = None
+    # each operand whose heads a Transpose in the region splits → that Transpose's input, a
+    # [B, S, H, D] projection read a head at a time (``fusion.partition.HEADS_SPLIT``)
+    split: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
 
 
 def batched_matmul_loop(region: Region, constants: Mapping[str, np.ndarray]
@@ -144,8 +148,14 @@ def batched_matmul_loop(region: Region, constants: Mapping[str, np.ndarray]
     7.6 us (docs/pypto-ops.md, "MatMul")."""
     ops = list(region.simplified)
     shapes = shapes_of(region)
+    split = {}
+    while ops and ops[0].op_type == "Transpose" and ops[0].inputs[0] in region.inputs \
+            and tuple(ops[0].params["perm"]) in HEADS_SPLIT.values():
+        transpose = ops.pop(0)
+        split[transpose.outputs[0]] = transpose
     if not ops or ops[0].op_type != "MatMul" or len(ops[0].inputs) != 2 \
-            or not all(t in region.inputs for t in ops[0].inputs):
+            or not all(t in region.inputs or t in split for t in ops[0].inputs) \
+            or not _split_as(split, ops[0].inputs, ("q", "kt")):
         return None
     left, right = (shapes[t] for t in ops[0].inputs)
     batch = left[:-2]
@@ -172,7 +182,7 @@ def batched_matmul_loop(region: Region, constants: Mapping[str, np.ndarray]
         if rest and rest[0].op_type == "Cast" and rest[0].inputs[0] == current:
             cast = rest.pop(0)  # to the values' type, in a mixed precision mode
             current = cast.outputs[0]
-        if rest and _values_of(rest[0], current, region, shapes):
+        if rest and _values_of(rest[0], current, region, shapes, split):
             values = rest.pop(0)
             current = values.outputs[0]
     heads_outward = bool(rest) and rest[0].op_type == "Transpose" \
@@ -183,16 +193,27 @@ def batched_matmul_loop(region: Region, constants: Mapping[str, np.ndarray]
         current = rest.pop(0).outputs[0]
     if rest or list(region.outputs) != [current]:
         return None
-    if cast is not None and values is None:
+    if (cast is not None and values is None) or (split and softmax is None) \
+            or set(split) - {*ops[0].inputs, *(values.inputs[1:] if values else ())}:
         return None
-    return BatchedLoop(ops[0], tuple(epilogue), heads_outward, current, softmax, cast, values)
+    return BatchedLoop(ops[0], tuple(epilogue), heads_outward, current, softmax, cast, values,
+                       MappingProxyType({t: op.inputs[0] for t, op in split.items()}))
 
 
-def _values_of(op: RegionOp, probabilities: str, region: Region, shapes) -> bool:
+def _split_as(split: Mapping[str, RegionOp], operands: Sequence[str], roles: Sequence[str]
+              ) -> bool:
+    """Whether each operand a Transpose splits is split as its role wants (``HEADS_SPLIT``)."""
+    return all(tuple(split[t].params["perm"]) == HEADS_SPLIT[role]
+               for t, role in zip(operands, roles) if t in split)
+
+
+def _values_of(op: RegionOp, probabilities: str, region: Region, shapes,
+               split: Mapping[str, RegionOp]) -> bool:
     """Whether ``op`` multiplies the probabilities by a region input of the same batch axes
-    (an attention's V), 2-D slice by slice."""
-    if op.op_type != "MatMul" or op.inputs[0] != probabilities or op.inputs[1] not in \
-            region.inputs:
+    (an attention's V, or its heads split in the region), 2-D slice by slice."""
+    if op.op_type != "MatMul" or op.inputs[0] != probabilities or not (
+            op.inputs[1] in region.inputs or _split_as(split, op.inputs[1:], ("v",))
+            and op.inputs[1] in split):
         return False
     left, right = shapes[probabilities], shapes[op.inputs[1]]
     return len(right) == len(left) and right[:-1] == left[:-2] + left[-1:]
@@ -216,10 +237,10 @@ def lower_batched_loop(w: Writer, loop: BatchedLoop, inputs: Mapping[str, str],
     *batch, m, k = w.shape(left)
     n = w.shape(right)[-1]
     count = prod(batch)
-    w.declared[left], w.declared[right] = (count * m, k), (count * k, n)
     columns = w.shape(loop.values.inputs[1])[-1] if loop.values else n  # of each slice's result
-    if loop.values:
-        w.declared[loop.values.inputs[1]] = (count * n, columns)
+    for tensor, rows in ((left, m), (right, k)) + (
+            ((loop.values.inputs[1], n),) if loop.values else ()):
+        _declare_operand(w, loop, tensor, rows)
     heads = batch[-1] if loop.heads_outward else 1
     w.declared[loop.output] = (count // heads * m, heads * columns)
     operands = {t for op in loop.epilogue for t in op.inputs
@@ -235,13 +256,15 @@ def lower_batched_loop(w: Writer, loop: BatchedLoop, inputs: Mapping[str, str],
     for index, extent in loops:
         w.emit(f"for {index} in range({extent}):")
         w.indent += 1
-    a, b, slice_index = w.fresh(), w.fresh(), _flat_index(indexes, batch)
-    w.emit(f"{a} = pypto.view({inputs[left]}, [{m}, {k}], [{slice_index} * {m}, 0])")
-    w.emit(f"{b} = pypto.view({inputs[right]}, [{k}, {n}], [{slice_index} * {k}, 0])")
+    slice_index = _flat_index(indexes, batch)
+    a = _operand_slice(w, loop, left, inputs, (m, k), indexes, slice_index)
+    b = _operand_slice(w, loop, right, inputs, (k, n), indexes, slice_index)
     w.sliced[product] = (m, n)
     if loop.values:  # two products of other shapes: each one's tiles before it
         w.emit(cube)
-    w.assign(product, f"pypto.matmul({a}, {b}, {pypto_dtype(w.dtype(product))})", (m, n))
+    transposed = ", b_trans=True" if right in loop.split else ""  # Kᵀ as K's [S, D] head
+    w.assign(product, f"pypto.matmul({a}, {b}, {pypto_dtype(w.dtype(product))}{transposed})",
+             (m, n))
     for tensor in sorted(operands):
         _hold_slice(w, tensor, inputs[tensor], indexes, batch)
     for op in loop.epilogue:  # LOOP_EPILOGUE_OPS only (``batched_matmul_loop``)
@@ -255,7 +278,7 @@ def lower_batched_loop(w: Writer, loop: BatchedLoop, inputs: Mapping[str, str],
         elementwise.LOWERINGS["Cast"](w, loop.cast)
         last = loop.cast.outputs[0]
     if loop.values:
-        last = _values_product(w, loop.values, inputs, slice_index, m, n, columns)
+        last = _values_product(w, loop, inputs, (indexes, slice_index), m, n, columns)
     result = w.value(last, (m, columns))
     if loop.heads_outward:
         offsets = f"[{_flat_index(indexes[:-1], batch[:-1])} * {m}, {indexes[-1]} * {columns}]"
@@ -285,19 +308,47 @@ def _softmax_of_slice(w: Writer, op: RegionOp, m: int, n: int) -> str:
     return out
 
 
-def _values_product(w: Writer, op: RegionOp, inputs: Mapping[str, str], slice_index: str,
+def _values_product(w: Writer, loop: BatchedLoop, inputs: Mapping[str, str], where,
                     m: int, n: int, columns: int) -> str:
     """One head's probabilities ``[m, n]`` by its values ``[n, columns]``, a view of the
-    region input declared as 2-D rows."""
+    region input declared as 2-D rows (``where``: the loop's indexes and slice index)."""
+    op = loop.values
     probabilities, values = op.inputs
     out = op.outputs[0]
-    view = w.fresh()
-    w.emit(f"{view} = pypto.view({inputs[values]}, [{n}, {columns}], [{slice_index} * {n}, 0])")
+    view = _operand_slice(w, loop, values, inputs, (n, columns), *where)
     w.emit(_cube_tiles_line(w, m, n, columns, probabilities))
     w.sliced[out] = (m, columns)
     w.assign(out, f"pypto.matmul({w.value(probabilities, (m, n))}, {view}, "
                   f"{pypto_dtype(w.dtype(out))})", (m, columns))
     return out
+
+
+def _declare_operand(w: Writer, loop: BatchedLoop, tensor: str, rows: int) -> None:
+    """A product's operand declared as 2-D rows: its slices stacked, ``[count * rows, cols]``;
+    a projection whose heads the region splits as its own ``[B * S, H * D]`` rows."""
+    if tensor in loop.split:
+        tokens, projection = loop.split[tensor], w.shape(loop.split[tensor])
+        w.declared[tokens] = (prod(projection[:2]), prod(projection[2:]))
+        return
+    shape = w.shape(tensor)
+    w.declared[tensor] = (prod(shape[:-2]) * rows, shape[-1])
+
+
+def _operand_slice(w: Writer, loop: BatchedLoop, tensor: str, inputs: Mapping[str, str],
+                   shape: tuple[int, int], indexes: Sequence[str], slice_index: str) -> str:
+    """The variable of one slice of a product's operand: rows of the stacked slices, or head
+    ``h`` of batch ``b`` of a projection the region splits, its ``[S, D]`` block at
+    ``[b * S, h * D]`` (for Kᵀ the block of K, multiplied transposed)."""
+    view = w.fresh()
+    if tensor in loop.split:
+        _, tokens, _, depth = w.shape(loop.split[tensor])
+        batch, head = indexes[-2:]
+        w.emit(f"{view} = pypto.view({inputs[loop.split[tensor]]}, [{tokens}, {depth}], "
+               f"[{batch} * {tokens}, {head} * {depth}])")
+    else:
+        w.emit(f"{view} = pypto.view({inputs[tensor]}, {list(shape)}, "
+               f"[{slice_index} * {shape[0]}, 0])")
+    return view
 
 
 def _flat_index(indexes: Sequence[str], extents: Sequence[int]) -> str:
