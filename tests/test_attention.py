@@ -132,3 +132,66 @@ def test_an_encoder_attention_with_a_padding_mask_compiles_to_one_kernel_that_ch
         "kernels_passed"] == 1
     assert summary["verification"]["status"] == "passed"
     assert kernel["gm_bytes"] <= kernel["gm_bytes_lower_bound"] + 2 * kernel["gm_bytes_handoff"]
+
+
+def normalised_projection(tokens=16, hidden=64, out=128, residual=True):
+    """A transformer block's LayerNorm and the projection after it: LayerNorm over the hidden
+    axis of ``[1, S, K]``, ``@ W[K, N] + b`` and GELU (as erf), its normalised rows also
+    added back after (``residual``: the LayerNorm's output read beyond the projection)."""
+    b = GraphBuilder()
+    x = b.input("x", [1, tokens, hidden])
+    rng = np.random.default_rng(7)
+    normed = b.op("LayerNormalization", [x, b.const((rng.standard_normal(hidden) * 0.1 + 1)
+                                                    .astype(np.float32)),
+                                         b.const((rng.standard_normal(hidden) * 0.1)
+                                                 .astype(np.float32))], axis=-1, epsilon=1e-5)
+    weights = (rng.standard_normal((hidden, out)) / np.sqrt(hidden)).astype(np.float32)
+    y = b.op("Add", [b.op("MatMul", [normed, b.const(weights)]),
+                     b.const((rng.standard_normal(out) * 0.1).astype(np.float32))])
+    y = b.op("Mul", [y, b.op("Sigmoid", [y])])
+    outputs = [y, b.op("Relu", [normed])] if residual else [y]
+    return b.model(*outputs)
+
+
+@pytest.mark.parametrize("residual", [False, True])
+def test_a_layernorm_is_the_prologue_of_the_projection_after_it(residual):
+    """The LayerNorm over the hidden axis joins the projection reading it
+    (``partition.normalising_prologue``): the kernel normalises whole rows in UB and the cube
+    multiplies them; the normalised rows are an output too where another op reads them (here
+    a Relu, which joins as well). Before, a matmul took no reduction beside it and the
+    LayerNorm was a kernel of its own."""
+    graph, plan = fuse(normalised_projection(residual=residual))
+    (region,) = plan.regions
+    assert [op.op_type for op in region.original][:4] == ["LayerNormalization", "MatMul", "Add",
+                                                          "Sigmoid"]
+    assert len(region.outputs) == 1 + residual and plan.totals.kernels_after == 1
+    assert_compiled_matches(graph, plan)
+
+
+def test_a_layernorm_over_other_axes_or_of_a_batched_matmul_stays_apart():
+    """A LayerNorm over two axes, or one before a batched MatMul (an attention's, whose loop
+    takes no prologue), stays a kernel of its own."""
+    b = GraphBuilder()
+    x = b.input("x", [1, 4, 16, 16])
+    normed = b.op("LayerNormalization", [x, b.const(np.ones((16, 16), np.float32))], axis=-2)
+    b_model = b.model(b.op("MatMul", [normed, b.const(np.ones((16, 8), np.float32))]))
+    c = GraphBuilder()
+    y = c.input("y", [1, 4, 16, 16])
+    normed = c.op("LayerNormalization", [y, c.const(np.ones(16, np.float32))], axis=-1)
+    c_model = c.model(c.op("MatMul", [normed, c.input("w", [1, 4, 16, 8])]))
+    for model in (b_model, c_model):
+        for ops in _regions(fuse(model)[1]):
+            assert not ("LayerNormalization" in ops and "MatMul" in ops), ops
+
+
+@pytest.mark.pypto
+def test_a_layernorm_and_its_projection_compile_to_one_kernel_that_checks(tmp_path):
+    summary = api.compile(normalised_projection(), "kirin9050", cache_dir=tmp_path,
+                          verify=True).summary()
+    kernels = summary["kernels"]
+    assert all(k["status"] == "compiled" for k in kernels), kernels
+    (projection,) = [k for k in kernels if "MatMul" in k["ops"]]
+    assert projection["ops"][:2] == ["LayerNormalization", "MatMul"]
+    assert summary["build_record"]["kernels_checked"] == summary["build_record"][
+        "kernels_passed"] == len(kernels)
+    assert summary["verification"]["status"] == "passed"

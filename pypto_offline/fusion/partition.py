@@ -159,7 +159,8 @@ def holds_together(graph: ImportedGraph, members: list[Node], target: Target,
     ``Partition`` checks of a merge, convexity and UB aside). A part of a cut region is checked
     so (``fusion.split``). ``readers``: ``tensor_readers``."""
     return attention_core(graph, members, readers) or (
-        _matmul_is_root(graph, members, target) and _rows_agree(graph, members, readers))
+        _matmul_is_root(graph, members, target) and (
+            bool(normalising_prologue(graph, members)) or _rows_agree(graph, members, readers)))
 
 
 def attention_core(graph: ImportedGraph, members: list[Node],
@@ -310,13 +311,14 @@ def _matmul_is_root(graph: ImportedGraph, members: list[Node], target: Target) -
         return _convolutions_with_a_reduction(members, matmuls)
     produced = {name for n in members for name in n.outputs}
     (root,) = matmuls
+    normalised = normalising_prologue(graph, members)
     # a convolution's epilogue may reduce its planes (``rows._conv_planes``); a MatMul's may not
-    if not is_cube_conv(root.op_type, root.params) \
+    if not is_cube_conv(root.op_type, root.params) and not normalised \
             and any(kind_of(n.op_type) == REDUCTION for n in members):
         return False
     if any(name in produced for name in root.inputs[1:]):  # weights always from outside
         return False
-    prologue = _quantising_prologue(members, root, produced)
+    prologue = normalised or _quantising_prologue(members, root, produced)
     if prologue is None:  # its data operand made in the region: a convolution's image only
         return _elementwise_around_a_pointwise_conv(members, root) \
             or _convolutions_with_a_reduction(members, matmuls)
@@ -326,6 +328,27 @@ def _matmul_is_root(graph: ImportedGraph, members: list[Node], target: Target) -
     return all(any(name in produced for name in data_inputs(n.op_type, n.inputs))
                or _float_cast(graph, n) or n.op_type == "DequantizeLinear"
                for n in members if n is not root and n not in prologue)
+
+
+def normalising_prologue(graph: ImportedGraph, members: list[Node]) -> list[Node]:
+    """The LayerNormalization over the last axis making a projection's data operand (a MatMul
+    by 2-D weights, or a Gemm) from a tensor from outside the region, when it is the region's
+    only reduction: the kernel normalises whole rows in UB and the cube multiplies them (issue
+    54; before, a matmul took no reduction beside it, and each LayerNorm of BERT, ViT and GPT-2
+    was a kernel of its own). Empty if the members are not that."""
+    matmuls = [n for n in members if kind_of(n.op_type, n.params) == MATMUL]
+    reductions = [n for n in members if kind_of(n.op_type) == REDUCTION]
+    if len(matmuls) != 1 or len(reductions) != 1 or matmuls[0].op_type not in ("MatMul", "Gemm"):
+        return []
+    (root,), (norm,) = matmuls, reductions
+    produced = {name for n in members for name in n.outputs}
+    rank = len(graph.tensors[norm.inputs[0]].shape or ())
+    if norm.op_type != "LayerNormalization" or root.inputs[0] not in norm.outputs \
+            or tuple(norm.params.get("axes", ())) != (rank - 1,) \
+            or len(graph.tensors[root.inputs[1]].shape or ()) != 2 \
+            or any(name in produced for name in norm.inputs if name):
+        return []
+    return [norm]
 
 
 def _quantising_prologue(members: list[Node], root: Node, produced: set[str]) -> list[Node]:

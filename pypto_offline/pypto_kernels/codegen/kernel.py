@@ -3,12 +3,14 @@ through the merged table (``lowering``) or the region written as a loop of 2-D m
 (``matmul.batched_matmul_loop``), each output stored, and the header and signature around it."""
 from __future__ import annotations
 
+from math import prod
 from typing import Mapping
 
 import numpy as np
 import onnx
 
 from pypto_offline.fusion.records import Region
+from pypto_offline.importer.ops import REDUCTION, kind_of
 from pypto_offline.fusion.rows import channel_rows, has_reduction
 from pypto_offline.pypto_kernels.activations import literal as float_literal
 from pypto_offline.pypto_kernels.jobs.protocol import ARGUMENT_SHAPES
@@ -18,6 +20,7 @@ from pypto_offline.pypto_kernels.codegen.layout import (annotation, argument_sha
                                                         assembled_outputs, conv_rows_of, flat_row,
                                                         row_layout_of, shapes_of,
                                                         share_assembled_inputs, within_rank)
+from pypto_offline.pypto_kernels.codegen import reduction
 from pypto_offline.pypto_kernels.codegen.lowering import lower
 from pypto_offline.pypto_kernels.codegen.matmul import batched_matmul_loop, lower_batched_loop
 from pypto_offline.pypto_kernels.codegen.writer import (MAX_RANK, CannotExpress, Writer,
@@ -64,7 +67,7 @@ def _plan_layout(w: Writer) -> None:
     region, constants = w.region, w.constants
     if w.policy.flat_rows:
         w.row = flat_row(region, constants)
-    if has_reduction(region.simplified):
+    if has_reduction(region.simplified) and not _normalised_projection(region):
         w.rows = row_layout_of(region)
     else:
         w.rows = conv_rows_of(region, w.policy) or channel_rows(region.simplified,
@@ -147,9 +150,19 @@ def _header(w: Writer, inputs: Mapping[str, str], outputs: Mapping[str, str]) ->
     ]
 
 
+def _normalised_projection(region: Region) -> bool:
+    """A projection (MatMul, Gemm) with its LayerNorm prologue: the region's one reduction
+    (``fusion.partition.normalising_prologue``), lowered as rows alone."""
+    return any(op.op_type in ("MatMul", "Gemm") for op in region.simplified)
+
+
 def _lower_program(w: Writer, outputs: Mapping[str, str]) -> None:
     """One statement per op, then ``out[:] = value`` for each output not assembled already."""
     for op in w.region.simplified:
+        if w.rows is None and kind_of(op.op_type, op.params) == REDUCTION:
+            shape = w.shape(op.inputs[0])
+            reduction.lower_as_rows(w, op, prod(shape[:-1]), shape[-1])
+            continue
         lower(w, op)
     for tensor, name in outputs.items():
         if tensor in w.assembled:

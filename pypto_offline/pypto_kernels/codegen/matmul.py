@@ -16,7 +16,6 @@ from pypto_offline.importer.contractions import INT8_CUBE_DEPTH
 from pypto_offline.importer.ops import matmul_extents
 from pypto_offline.pypto_kernels.folding import right_aligned
 from pypto_offline.pypto_kernels.tiling import cube_tiles
-from pypto_offline.fusion.rows import FULL, RowLayout
 from pypto_offline.pypto_kernels.codegen import elementwise, reduction
 from pypto_offline.pypto_kernels.codegen.elementwise import BINARY, UNARY
 from pypto_offline.pypto_kernels.codegen.layout import shapes_of
@@ -298,14 +297,9 @@ def _cube_tiles_line(w: Writer, m: int, k: int, n: int, left: str) -> str:
 def _softmax_of_slice(w: Writer, op: RegionOp, m: int, n: int) -> str:
     """The Softmax of one head's ``[m, n]`` scores, lowered as a row region's (each row whole
     in the tile, ``codegen.reduction``): the slice is the rows."""
-    scores, out = op.inputs[0], op.outputs[0]
-    w.sliced[out] = (m, n)
-    w.rows = RowLayout(m, n, MappingProxyType({scores: FULL, out: FULL}))
-    try:
-        reduction.LOWERINGS[op.op_type](w, op)
-    finally:
-        w.rows = None
-    return out
+    w.sliced[op.outputs[0]] = (m, n)
+    reduction.lower_as_rows(w, op, m, n)
+    return op.outputs[0]
 
 
 def _values_product(w: Writer, loop: BatchedLoop, inputs: Mapping[str, str], where,

@@ -3,12 +3,14 @@ Softmax and LogSoftmax, Layer-, Instance- and GroupNormalization. Each runs over
 the region's rows (``fusion/rows.py``), the reduced axis whole in a tile."""
 from __future__ import annotations
 
+from types import MappingProxyType
 from typing import Callable
 
 import onnx
 
 from pypto_offline.fusion.classify import HALF_DTYPES
 from pypto_offline.fusion.records import RegionOp
+from pypto_offline.fusion.rows import COLUMN, FULL, RowLayout
 from pypto_offline.pypto_kernels.activations import literal as float_literal
 from pypto_offline.pypto_kernels.codegen.writer import Writer, let, pypto_dtype
 
@@ -92,6 +94,20 @@ def _layer_normalization(w: Writer, op: RegionOp) -> None:
     if len(op.inputs) > 2 and op.inputs[2]:
         scaled = f"pypto.add({scaled}, {_row_input(w, op.inputs[2], dtype)})"
     _row_result(w, op, scaled, dtype)
+
+
+def lower_as_rows(w: Writer, op: RegionOp, rows: int, columns: int) -> None:
+    """A Softmax or a LayerNormalization over the last axis in a region not laid out as rows
+    (an attention's head, ``codegen.matmul``; a LayerNorm prologue of a projection,
+    ``fusion.partition.normalising_prologue``): lowered as a row region's, on its ``[rows,
+    columns]``, its parameters per column."""
+    kinds = {op.inputs[0]: FULL, op.outputs[0]: FULL,
+             **{name: COLUMN for name in op.inputs[1:] if name}}
+    w.rows = RowLayout(rows, columns, MappingProxyType(kinds))
+    try:
+        LOWERINGS[op.op_type](w, op)
+    finally:
+        w.rows = None
 
 
 LOWERINGS: dict[str, Callable[[Writer, RegionOp], None]] = {
