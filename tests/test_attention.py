@@ -134,17 +134,24 @@ def test_an_encoder_attention_with_a_padding_mask_compiles_to_one_kernel_that_ch
     assert kernel["gm_bytes"] <= kernel["gm_bytes_lower_bound"] + 2 * kernel["gm_bytes_handoff"]
 
 
-def normalised_projection(tokens=16, hidden=64, out=128, residual=True):
+def _layer_norm(b: GraphBuilder, x: str, width: int, rng) -> str:
+    return b.op("LayerNormalization", [x, b.const((rng.standard_normal(width) * 0.1 + 1)
+                                                  .astype(np.float32)),
+                                       b.const((rng.standard_normal(width) * 0.1)
+                                               .astype(np.float32))], axis=-1, epsilon=1e-5)
+
+
+def normalised_projection(tokens=16, hidden=64, out=128, residual=True, summed=False):
     """A transformer block's LayerNorm and the projection after it: LayerNorm over the hidden
-    axis of ``[1, S, K]``, ``@ W[K, N] + b`` and GELU (as erf), its normalised rows also
-    added back after (``residual``: the LayerNorm's output read beyond the projection)."""
+    axis of ``[1, S, K]``, ``@ W[K, N] + b`` and SiLU, its normalised rows also read by a Relu
+    (``residual``: the LayerNorm's output read beyond the projection); ``summed``: the
+    LayerNorm's input the sum of two inputs (BERT's embeddings)."""
     b = GraphBuilder()
     x = b.input("x", [1, tokens, hidden])
+    if summed:
+        x = b.op("Add", [x, b.input("position", [1, tokens, hidden])])
     rng = np.random.default_rng(7)
-    normed = b.op("LayerNormalization", [x, b.const((rng.standard_normal(hidden) * 0.1 + 1)
-                                                    .astype(np.float32)),
-                                         b.const((rng.standard_normal(hidden) * 0.1)
-                                                 .astype(np.float32))], axis=-1, epsilon=1e-5)
+    normed = _layer_norm(b, x, hidden, rng)
     weights = (rng.standard_normal((hidden, out)) / np.sqrt(hidden)).astype(np.float32)
     y = b.op("Add", [b.op("MatMul", [normed, b.const(weights)]),
                      b.const((rng.standard_normal(out) * 0.1).astype(np.float32))])
@@ -153,17 +160,39 @@ def normalised_projection(tokens=16, hidden=64, out=128, residual=True):
     return b.model(*outputs)
 
 
-@pytest.mark.parametrize("residual", [False, True])
-def test_a_layernorm_is_the_prologue_of_the_projection_after_it(residual):
+def projection_then_norm(tokens=16, hidden=64):
+    """An attention's output projection and the post-norm after it (BERT's): ``x @ W + b``,
+    the residual ``x`` added, LayerNorm over the hidden axis."""
+    b = GraphBuilder()
+    x = b.input("x", [1, tokens, hidden])
+    rng = np.random.default_rng(8)
+    weights = (rng.standard_normal((hidden, hidden)) / np.sqrt(hidden)).astype(np.float32)
+    y = b.op("Add", [b.op("MatMul", [x, b.const(weights)]),
+                     b.const((rng.standard_normal(hidden) * 0.1).astype(np.float32))])
+    return b.model(_layer_norm(b, b.op("Add", [y, x]), hidden, rng))
+
+
+def test_a_layernorm_of_a_projections_rows_is_its_epilogue():
+    """The LayerNorm of what a projection's epilogue makes (the residual's sum) joins it
+    (``partition.normalising_epilogue``): the product's whole rows are normalised in UB, and
+    the sum is never written. Before, it was a kernel of its own (BERT's four, GPT-2's)."""
+    graph, plan = fuse(projection_then_norm())
+    assert _regions(plan) == [["MatMul", "Add", "Add", "LayerNormalization"]]
+    assert plan.totals.kernels_after == 1
+    assert_compiled_matches(graph, plan)
+
+
+@pytest.mark.parametrize("residual,summed", [(False, False), (True, False), (False, True)])
+def test_a_layernorm_is_the_prologue_of_the_projection_after_it(residual, summed):
     """The LayerNorm over the hidden axis joins the projection reading it
     (``partition.normalising_prologue``): the kernel normalises whole rows in UB and the cube
     multiplies them; the normalised rows are an output too where another op reads them (here
-    a Relu, which joins as well). Before, a matmul took no reduction beside it and the
-    LayerNorm was a kernel of its own."""
-    graph, plan = fuse(normalised_projection(residual=residual))
+    a Relu, which joins as well), and elementwise ops making its input from inputs join too.
+    Before, a matmul took no reduction beside it and the LayerNorm was a kernel of its own."""
+    graph, plan = fuse(normalised_projection(residual=residual, summed=summed))
     (region,) = plan.regions
-    assert [op.op_type for op in region.original][:4] == ["LayerNormalization", "MatMul", "Add",
-                                                          "Sigmoid"]
+    assert [op.op_type for op in region.original][summed:4 + summed] == [
+        "LayerNormalization", "MatMul", "Add", "Sigmoid"]
     assert len(region.outputs) == 1 + residual and plan.totals.kernels_after == 1
     assert_compiled_matches(graph, plan)
 
@@ -185,13 +214,13 @@ def test_a_layernorm_over_other_axes_or_of_a_batched_matmul_stays_apart():
 
 
 @pytest.mark.pypto
-def test_a_layernorm_and_its_projection_compile_to_one_kernel_that_checks(tmp_path):
-    summary = api.compile(normalised_projection(), "kirin9050", cache_dir=tmp_path,
-                          verify=True).summary()
+@pytest.mark.parametrize("model", [normalised_projection, projection_then_norm])
+def test_a_layernorm_and_its_projection_compile_to_one_kernel_that_checks(model, tmp_path):
+    summary = api.compile(model(), "kirin9050", cache_dir=tmp_path, verify=True).summary()
     kernels = summary["kernels"]
     assert all(k["status"] == "compiled" for k in kernels), kernels
     (projection,) = [k for k in kernels if "MatMul" in k["ops"]]
-    assert projection["ops"][:2] == ["LayerNormalization", "MatMul"]
+    assert "LayerNormalization" in projection["ops"] and len(kernels) == 1
     assert summary["build_record"]["kernels_checked"] == summary["build_record"][
         "kernels_passed"] == len(kernels)
     assert summary["verification"]["status"] == "passed"

@@ -160,7 +160,8 @@ def holds_together(graph: ImportedGraph, members: list[Node], target: Target,
     so (``fusion.split``). ``readers``: ``tensor_readers``."""
     return attention_core(graph, members, readers) or (
         _matmul_is_root(graph, members, target) and (
-            bool(normalising_prologue(graph, members)) or _rows_agree(graph, members, readers)))
+            bool(normalising_prologue(graph, members)) or normalising_epilogue(graph, members)
+            or _rows_agree(graph, members, readers)))
 
 
 def attention_core(graph: ImportedGraph, members: list[Node],
@@ -312,9 +313,11 @@ def _matmul_is_root(graph: ImportedGraph, members: list[Node], target: Target) -
     produced = {name for n in members for name in n.outputs}
     (root,) = matmuls
     normalised = normalising_prologue(graph, members)
-    # a convolution's epilogue may reduce its planes (``rows._conv_planes``); a MatMul's may not
+    # a convolution's epilogue may reduce its planes (``rows._conv_planes``); a MatMul's may
+    # not, but for a LayerNorm of its rows
     if not is_cube_conv(root.op_type, root.params) and not normalised \
-            and any(kind_of(n.op_type) == REDUCTION for n in members):
+            and any(kind_of(n.op_type) == REDUCTION for n in members) \
+            and not normalising_epilogue(graph, members):
         return False
     if any(name in produced for name in root.inputs[1:]):  # weights always from outside
         return False
@@ -332,23 +335,52 @@ def _matmul_is_root(graph: ImportedGraph, members: list[Node], target: Target) -
 
 def normalising_prologue(graph: ImportedGraph, members: list[Node]) -> list[Node]:
     """The LayerNormalization over the last axis making a projection's data operand (a MatMul
-    by 2-D weights, or a Gemm) from a tensor from outside the region, when it is the region's
-    only reduction: the kernel normalises whole rows in UB and the cube multiplies them (issue
-    54; before, a matmul took no reduction beside it, and each LayerNorm of BERT, ViT and GPT-2
-    was a kernel of its own). Empty if the members are not that."""
+    by 2-D weights, or a Gemm), and the elementwise ops making its input from tensors from
+    outside the region (BERT's embeddings' sum), when it is the region's only reduction: the
+    kernel normalises whole rows in UB and the cube multiplies them (issue 54; before, a
+    matmul took no reduction beside it, and each LayerNorm of BERT, ViT and GPT-2 was a kernel
+    of its own). Empty if the members are not that."""
+    found = _projection_and_norm(graph, members)
+    if found is None or found[0].inputs[0] not in found[1].outputs:
+        return []
+    before = _made_before(found[1], members)
+    return [*before, found[1]] if all(n.op_type in POINTWISE_OPS for n in before) else []
+
+
+def normalising_epilogue(graph: ImportedGraph, members: list[Node]) -> bool:
+    """A LayerNormalization over the last axis of what a projection's epilogue makes (the
+    residual's sum after an attention's output projection, a model's last LayerNorm), the
+    region's only reduction: the kernel normalises the product's whole rows in UB."""
+    found = _projection_and_norm(graph, members)
+    return found is not None and found[0] in _made_before(found[1], members)
+
+
+def _projection_and_norm(graph: ImportedGraph, members: list[Node]
+                         ) -> tuple[Node, Node] | None:
+    """The members' one matmul, a projection (a MatMul by 2-D weights, or a Gemm), and their
+    one reduction, a LayerNormalization over the last axis; None if they are not that."""
     matmuls = [n for n in members if kind_of(n.op_type, n.params) == MATMUL]
     reductions = [n for n in members if kind_of(n.op_type) == REDUCTION]
     if len(matmuls) != 1 or len(reductions) != 1 or matmuls[0].op_type not in ("MatMul", "Gemm"):
-        return []
+        return None
     (root,), (norm,) = matmuls, reductions
-    produced = {name for n in members for name in n.outputs}
     rank = len(graph.tensors[norm.inputs[0]].shape or ())
-    if norm.op_type != "LayerNormalization" or root.inputs[0] not in norm.outputs \
-            or tuple(norm.params.get("axes", ())) != (rank - 1,) \
-            or len(graph.tensors[root.inputs[1]].shape or ()) != 2 \
-            or any(name in produced for name in norm.inputs if name):
-        return []
-    return [norm]
+    if norm.op_type != "LayerNormalization" or tuple(norm.params.get("axes", ())) != (
+            rank - 1,) or len(graph.tensors[root.inputs[1]].shape or ()) != 2:
+        return None
+    return root, norm
+
+
+def _made_before(node: Node, members: list[Node]) -> list[Node]:
+    """The members ``node``'s inputs are made by, transitively, in no particular order."""
+    by_output = {name: n for n in members for name in n.outputs}
+    found, stack = [], [name for name in node.inputs if name]
+    while stack:
+        maker = by_output.get(stack.pop())
+        if maker is not None and maker not in found:
+            found.append(maker)
+            stack.extend(name for name in maker.inputs if name)
+    return found
 
 
 def _quantising_prologue(members: list[Node], root: Node, produced: set[str]) -> list[Node]:
