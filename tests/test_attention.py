@@ -84,7 +84,7 @@ def test_what_the_loop_cannot_take_stays_apart():
     Values or a mask made from an input join no region holding both products (the loop takes
     region inputs there): each is a kernel of its own that the core reads. The mask's kernel
     does not take the scores' Add: a producer holding a matmul is merged first
-    (``Partition._holds_no_matmul``; before, BERT's, GPT-2's and LLaMA's first attention
+    (``Partition._holds_no_batched_matmul``; before, BERT's, GPT-2's and LLaMA's first attention
     stayed three kernels so). Every region holding both products is one the loop takes."""
     for model in (encoder_attention(softmax_axis=2), encoder_attention(scores_returned=True)):
         graph, plan = fuse(model)

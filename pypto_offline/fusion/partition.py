@@ -87,7 +87,7 @@ class Partition:
         """One pass of ``_grow``: whether it merged a producer and refused another."""
         merged = refused = False
         for producer in sorted(self.quotient.predecessors(self.region_of[consumer]),
-                               key=self._holds_no_matmul):
+                               key=self._holds_no_batched_matmul):
             a, b = producer, self.region_of[consumer]
             # A region of several nodes holds fusable nodes only (merges join no other), so
             # its name, one of its nodes, tells whether all of it is.
@@ -106,7 +106,7 @@ class Partition:
             merged = True
         return merged and refused
 
-    def _holds_no_matmul(self, region: str) -> bool:
+    def _holds_no_batched_matmul(self, region: str) -> bool:
         """A producer region holding a batched MatMul (an attention's scores) is merged first
         (sorted stably): its epilogue claims the consumer before a region without one does. An
         attention's mask made in the graph (a Where of the attention mask, read by every

@@ -10,8 +10,8 @@ import numpy as np
 import onnx
 
 from pypto_offline.fusion.records import Region
-from pypto_offline.importer.ops import REDUCTION, kind_of
 from pypto_offline.fusion.rows import channel_rows, has_reduction
+from pypto_offline.importer.ops import REDUCTION, kind_of
 from pypto_offline.pypto_kernels.activations import literal as float_literal
 from pypto_offline.pypto_kernels.jobs.protocol import ARGUMENT_SHAPES
 from pypto_offline.pypto_kernels.tiling import TilePolicy
@@ -67,8 +67,9 @@ def _plan_layout(w: Writer) -> None:
     region, constants = w.region, w.constants
     if w.policy.flat_rows:
         w.row = flat_row(region, constants)
-    if has_reduction(region.simplified) and not _normalised_projection(region):
-        w.rows = row_layout_of(region)
+    if has_reduction(region.simplified):
+        # a projection's LayerNorm is the one reduction, lowered as rows on its own
+        w.rows = None if _normalised_projection(region) else row_layout_of(region)
     else:
         w.rows = conv_rows_of(region, w.policy) or channel_rows(region.simplified,
                                                                 shapes_of(region))
@@ -151,8 +152,8 @@ def _header(w: Writer, inputs: Mapping[str, str], outputs: Mapping[str, str]) ->
 
 
 def _normalised_projection(region: Region) -> bool:
-    """A projection (MatMul, Gemm) with its LayerNorm prologue: the region's one reduction
-    (``fusion.partition.normalising_prologue``), lowered as rows alone."""
+    """A projection (MatMul, Gemm) with a LayerNorm before or after it, the region's one
+    reduction (``fusion.partition.normalising_prologue``, ``normalising_epilogue``)."""
     return any(op.op_type in ("MatMul", "Gemm") for op in region.simplified)
 
 
