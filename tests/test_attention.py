@@ -224,3 +224,66 @@ def test_a_layernorm_and_its_projection_compile_to_one_kernel_that_checks(model,
     assert summary["build_record"]["kernels_checked"] == summary["build_record"][
         "kernels_passed"] == len(kernels)
     assert summary["verification"]["status"] == "passed"
+
+
+def decoder_attention(heads=4, new=4, past=12, depth=16):
+    """A decoder's self-attention over its KV cache (GPT-2's, LLaMA's): the new tokens' keys
+    and values concatenated after the cache's, ``softmax(q @ kᵀ / √d + causal) @ v``, the
+    causal mask a constant (``-1e4`` above the diagonal, shifted by the cache's length), the
+    heads merged back."""
+    b = GraphBuilder()
+    q = b.input("q", [1, heads, new, depth])
+    keys = b.op("Concat", [b.input("past_k", [1, heads, past, depth]),
+                           b.input("k", [1, heads, new, depth])], axis=2)
+    values = b.op("Concat", [b.input("past_v", [1, heads, past, depth]),
+                             b.input("v", [1, heads, new, depth])], axis=2)
+    causal = np.triu(np.full((new, past + new), -1e4, np.float32), past + 1)[None, None]
+    scores = b.op("Mul", [b.op("MatMul", [q, b.op("Transpose", [keys], perm=[0, 1, 3, 2])]),
+                          b.const(np.float32(depth ** -0.5))])
+    probabilities = b.op("Softmax", [b.op("Add", [scores, b.const(causal)])], axis=-1)
+    merged = b.op("Transpose", [b.op("MatMul", [probabilities, values])], perm=[0, 2, 1, 3])
+    return b.model(b.op("Reshape", [merged, b.const(np.array([1, new, heads * depth],
+                                                              np.int64))]))
+
+
+def windowed_attention(windows=4, heads=2, tokens=16, depth=16):
+    """Swin's windowed attention: ``windows`` windows of ``tokens`` tokens, scores plus a
+    relative-position bias per head ``[1, H, S, S]`` and a shifted window's mask per window
+    ``[W, 1, S, S]``, Softmax, by V."""
+    rng = np.random.default_rng(9)
+    b = GraphBuilder()
+    q = b.input("q", [windows, heads, tokens, depth])
+    kt = b.input("kt", [windows, heads, depth, tokens])
+    v = b.input("v", [windows, heads, tokens, depth])
+    bias = (rng.standard_normal((1, heads, tokens, tokens)) * 0.5).astype(np.float32)
+    mask = np.where(rng.random((windows, 1, tokens, tokens)) < 0.2, -100.0, 0.0)
+    scores = b.op("Add", [b.op("Mul", [b.op("MatMul", [q, kt]),
+                                       b.const(np.float32(depth ** -0.5))]), b.const(bias)])
+    scores = b.op("Add", [scores, b.const(mask.astype(np.float32))])
+    out = b.op("MatMul", [b.op("Softmax", [scores], axis=-1), v])
+    return b.model(b.op("Transpose", [out], perm=[0, 2, 1, 3]))
+
+
+@pytest.mark.parametrize("model", [decoder_attention, windowed_attention])
+def test_a_decoder_and_a_windowed_attention_are_one_core(model):
+    """GPT-2's and LLaMA's shape (new tokens over a KV cache, a causal mask) and swin's (a
+    relative-position bias per head and a mask per window, both broadcast over the other
+    axis): each core one region, the cache's concatenation a kernel of its own before it."""
+    graph, plan = fuse(model())
+    cores = [r for r in plan.regions if "Softmax" in [op.op_type for op in r.original]]
+    assert len(cores) == 1 and [op.op_type for op in cores[0].original].count("MatMul") == 2
+    assert batched_matmul_loop(cores[0], graph.constant_values()) is not None
+    assert_compiled_matches(graph, plan)
+
+
+@pytest.mark.pypto
+@pytest.mark.parametrize("model", [decoder_attention, windowed_attention])
+def test_a_decoder_and_a_windowed_attention_compile_to_one_core_that_checks(model, tmp_path):
+    summary = api.compile(model(), "kirin9050", cache_dir=tmp_path, verify=True).summary()
+    kernels = summary["kernels"]
+    assert all(k["status"] == "compiled" for k in kernels), kernels
+    (core,) = [k for k in kernels if "Softmax" in k["ops"]]
+    assert core["ops"].count("MatMul") == 2
+    assert summary["build_record"]["kernels_checked"] == summary["build_record"][
+        "kernels_passed"] == len(kernels)
+    assert summary["verification"]["status"] == "passed"
