@@ -56,6 +56,18 @@ def _regions(plan) -> list[list[str]]:
     return [[op.op_type for op in r.original] for r in plan.regions]
 
 
+def _built_and_checked(model, folder) -> tuple[dict, list[dict]]:
+    """The model built as a user builds it (kirin9050, verified): every kernel compiled and
+    passing PyPTO's check, the outputs equal to onnxruntime's; the summary and its kernels."""
+    summary = api.compile(model, "kirin9050", cache_dir=folder, verify=True).summary()
+    kernels = summary["kernels"]
+    assert all(k["status"] == "compiled" for k in kernels), kernels
+    assert summary["build_record"]["kernels_checked"] == summary["build_record"][
+        "kernels_passed"] == len(kernels)
+    assert summary["verification"]["status"] == "passed"
+    return summary, kernels
+
+
 def test_an_attention_core_is_one_region_that_computes_what_onnxruntime_does():
     graph, plan = fuse(encoder_attention())
     assert _regions(plan) == [CORE] and not plan.unfused
@@ -122,15 +134,10 @@ def test_an_encoder_attention_with_a_padding_mask_compiles_to_one_kernel_that_ch
     the model's output equal to onnxruntime's. Its scores cross GM only as PyPTO 0.2.0 hands a
     product from the cube to the vector unit and back (no L0C -> UB path): the bytes beyond
     its inputs and output are that hand-off."""
-    summary = api.compile(encoder_attention(heads_split=heads_split), "kirin9050",
-                          cache_dir=tmp_path, verify=True).summary()
-    (kernel,) = summary["kernels"]
-    assert kernel["status"] == "compiled", kernel
+    summary, (kernel,) = _built_and_checked(encoder_attention(heads_split=heads_split),
+                                            tmp_path)
     assert kernel["ops"] == ["Transpose"] * 3 * heads_split + CORE
     assert summary["kernels_after"] == 1
-    assert summary["build_record"]["kernels_checked"] == summary["build_record"][
-        "kernels_passed"] == 1
-    assert summary["verification"]["status"] == "passed"
     assert kernel["gm_bytes"] <= kernel["gm_bytes_lower_bound"] + 2 * kernel["gm_bytes_handoff"]
 
 
@@ -216,14 +223,9 @@ def test_a_layernorm_over_other_axes_or_of_a_batched_matmul_stays_apart():
 @pytest.mark.pypto
 @pytest.mark.parametrize("model", [normalised_projection, projection_then_norm])
 def test_a_layernorm_and_its_projection_compile_to_one_kernel_that_checks(model, tmp_path):
-    summary = api.compile(model(), "kirin9050", cache_dir=tmp_path, verify=True).summary()
-    kernels = summary["kernels"]
-    assert all(k["status"] == "compiled" for k in kernels), kernels
+    _, kernels = _built_and_checked(model(), tmp_path)
     (projection,) = [k for k in kernels if "MatMul" in k["ops"]]
     assert "LayerNormalization" in projection["ops"] and len(kernels) == 1
-    assert summary["build_record"]["kernels_checked"] == summary["build_record"][
-        "kernels_passed"] == len(kernels)
-    assert summary["verification"]["status"] == "passed"
 
 
 def decoder_attention(heads=4, new=4, past=12, depth=16):
@@ -279,11 +281,6 @@ def test_a_decoder_and_a_windowed_attention_are_one_core(model):
 @pytest.mark.pypto
 @pytest.mark.parametrize("model", [decoder_attention, windowed_attention])
 def test_a_decoder_and_a_windowed_attention_compile_to_one_core_that_checks(model, tmp_path):
-    summary = api.compile(model(), "kirin9050", cache_dir=tmp_path, verify=True).summary()
-    kernels = summary["kernels"]
-    assert all(k["status"] == "compiled" for k in kernels), kernels
+    _, kernels = _built_and_checked(model(), tmp_path)
     (core,) = [k for k in kernels if "Softmax" in k["ops"]]
     assert core["ops"].count("MatMul") == 2
-    assert summary["build_record"]["kernels_checked"] == summary["build_record"][
-        "kernels_passed"] == len(kernels)
-    assert summary["verification"]["status"] == "passed"

@@ -63,6 +63,9 @@ class Partition:
         self.working = {nid: working_set(graph, [self.nodes[nid]]) for nid in self.order}
         self.constrained = {nid: int(nid in fusable and _constrains(graph, self.nodes[nid]))
                             for nid in self.order}  # how many members constrain a merge
+        # how many members are batched MatMuls (an attention's scores), kept as regions merge
+        self.batched = {nid: int(self.nodes[nid].op_type == "MatMul"
+                                 and _batched(graph, self.nodes[nid])) for nid in self.order}
         self.quotient = _node_graph(graph, self.position)
         self.readers = tensor_readers(graph)
         self.steps = 0
@@ -112,8 +115,7 @@ class Partition:
         attention's mask made in the graph (a Where of the attention mask, read by every
         layer) took the first layer's scores Add into its region, and that attention stayed
         three kernels (BERT, GPT-2, LLaMA; docs/regions.md, "Attention")."""
-        return not any(self.nodes[m].op_type == "MatMul" and _batched(self.graph, self.nodes[m])
-                       for m in self.members[region])
+        return not self.batched[region]
 
     def _creates_cycle(self, a: str, b: str, consumer: int) -> bool:
         """Merging producer region ``a`` into consumer region ``b`` (an edge a → b) makes a
@@ -150,6 +152,7 @@ class Partition:
         self.working[a] += self.working.pop(b)
         self.last[a] = max(self.last[a], self.last.pop(b))
         self.constrained[a] += self.constrained.pop(b)
+        self.batched[a] += self.batched.pop(b)
 
 
 def holds_together(graph: ImportedGraph, members: list[Node], target: Target,
@@ -177,12 +180,15 @@ def attention_core(graph: ImportedGraph, members: list[Node],
     beside it and an attention was three kernels."""
     matmuls = [n for n in members if kind_of(n.op_type, n.params) == MATMUL]
     softmaxes = [n for n in members if n.op_type == "Softmax"]
-    beyond = read_beyond(members, graph, readers)
     # a quantised attention's Q/DQ around each op are not what the loop lowers: it keeps the
-    # regions it had (docs/int8.md)
-    if any(n.op_type in QUANTISATION_OPS for n in members) or len(beyond) != 1 \
+    # regions it had (docs/int8.md); the counts first, the readers beyond only then (every
+    # merge of a region holding a matmul asks)
+    if any(n.op_type in QUANTISATION_OPS for n in members) \
             or not 1 <= len(matmuls) <= 2 or len(softmaxes) > 1 \
             or any(m.op_type != "MatMul" or not _batched(graph, m) for m in matmuls):
+        return False
+    beyond = read_beyond(members, graph, readers)
+    if len(beyond) != 1:
         return False
     produced = {name for n in members for name in n.outputs}
     scores, *values = matmuls
