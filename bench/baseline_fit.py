@@ -64,7 +64,7 @@ def measure(name: str, path: Path, shapes: dict, target_name: str, cache_dir: Pa
         ops = single_op_costs(region, graph, setup, constants)  # all hits now
         rows.append({"model": name, "target": target_name, "region": region.id,
                      "ops": [{"op": s.original[0].op_type,
-                              "sample": list(baseline.op_sample(s, graph, constants)), "us": us}
+                              "sample": list(baseline.op_sample(s, graph)), "us": us}
                              for s, us in ops]})
     return rows
 

@@ -5,7 +5,9 @@ heads, each head's scores in UB between its two products (``codegen.matmul.batch
 docs/regions.md, "Attention")."""
 from __future__ import annotations
 
+import re
 import numpy as np
+import onnx
 import pytest
 
 from pypto_offline import api
@@ -93,16 +95,14 @@ def test_the_transposes_splitting_the_projections_heads_join_the_core():
 def test_what_the_loop_cannot_take_stays_apart():
     """A Softmax over another axis than the keys', or of scores read beyond it (only the
     core's last tensor may be), keeps it apart from the MatMuls, as before.
-    Values or a mask made from an input join no region holding both products (the loop takes
-    region inputs there): each is a kernel of its own that the core reads. The mask's kernel
-    does not take the scores' Add: a producer holding a matmul is merged first
-    (``Partition._holds_no_batched_matmul``; before, BERT's, GPT-2's and LLaMA's first attention
-    stayed three kernels so). Every region holding both products is one the loop takes."""
+    Values made from an input join no region holding both products (the loop takes region
+    inputs there): they are a kernel of its own that the core reads. Every region holding both
+    products is one the loop takes."""
     for model in (encoder_attention(softmax_axis=2), encoder_attention(scores_returned=True)):
         graph, plan = fuse(model)
         assert not any("Softmax" in ops and "MatMul" in ops for ops in _regions(plan))
         assert_compiled_matches(graph, plan)
-    for model in (encoder_attention(values_made=True), encoder_attention(mask_in_graph=True)):
+    for model in (encoder_attention(values_made=True),):
         graph, plan = fuse(model)
         cores = [r for r in plan.regions if [op.op_type for op in r.original].count("MatMul") > 1]
         assert [[op.op_type for op in r.original] for r in cores] == [CORE]
@@ -139,6 +139,72 @@ def test_an_encoder_attention_with_a_padding_mask_compiles_to_one_kernel_that_ch
     assert kernel["ops"] == ["Transpose"] * 3 * heads_split + CORE
     assert summary["kernels_after"] == 1
     assert kernel["gm_bytes"] <= kernel["gm_bytes_lower_bound"] + 2 * kernel["gm_bytes_handoff"]
+
+
+FLT_MIN = float(np.finfo(np.float32).min)
+
+
+def _padding_of(b: GraphBuilder, keys: int) -> str:
+    """Which keys a 0/1 ``attention_mask`` input ``[1, keys]`` (int64, as transformers export
+    it) keeps, as a bool ``[1, 1, 1, keys]``."""
+    mask = b.input("attention_mask", [1, keys], onnx.TensorProto.INT64)
+    shaped = b.op("Reshape", [mask, b.const(np.array([1, 1, 1, keys], np.int64))])
+    return b.op("Cast", [shaped], to=onnx.TensorProto.BOOL)
+
+
+def _additive(b: GraphBuilder, keep: str) -> str:
+    """0 where ``keep``, the lowest float elsewhere: the additive mask transformers make."""
+    return b.op("Where", [keep, b.const(np.float32(0.0)), b.const(np.float32(FLT_MIN))])
+
+
+def encoder_layers(layers=2, heads=4, tokens=16, depth=16):
+    """``layers`` self-attentions of an encoder reading one padding mask made in the graph
+    from the ``attention_mask`` input (BERT's export: Cast to bool, Where), each layer's
+    ``softmax(q @ kᵀ / √d + mask) @ v`` a model output."""
+    b = GraphBuilder()
+    mask = _additive(b, _padding_of(b, tokens))
+    outs = []
+    for layer in range(layers):
+        q = b.input(f"q{layer}", [1, heads, tokens, depth])
+        kt = b.input(f"kt{layer}", [1, heads, depth, tokens])
+        v = b.input(f"v{layer}", [1, heads, tokens, depth])
+        scores = b.op("Mul", [b.op("MatMul", [q, kt]), b.const(np.float32(depth ** -0.5))])
+        probabilities = b.op("Softmax", [b.op("Add", [scores, mask])], axis=-1)
+        outs.append(b.op("Transpose", [b.op("MatMul", [probabilities, v])],
+                         perm=[0, 2, 1, 3]))
+    return b.model(*outs)
+
+
+def _arguments(text: str) -> list[str]:
+    """The kernel's argument annotations, in order."""
+    signature = text[text.index("def kernel("):].splitlines()[0]
+    return re.findall(r"(?:in|out)\d+: pypto\.Tensor\(\([\d, ]*\), [\w.]+\)", signature)
+
+
+def test_each_layer_makes_its_padding_mask_from_the_attention_mask_input():
+    """The mask the graph makes once for every layer is made in each layer's core
+    (``importer/masks.py`` copies it per reader): one kernel per attention, reading the
+    ``attention_mask`` input (16 int64, as int32) and not the ``[S, S]`` additive mask."""
+    graph, plan = fuse(encoder_layers())
+    assert _regions(plan) == [["Reshape", "Cast", "Where", *CORE[:-1]]] * 2 and not plan.unfused
+    assert plan.totals.kernels_after == 2
+    assert_compiled_matches(graph, plan)
+    for region in plan.regions:
+        text = kernel_source(region, default_policy(TARGETS["kirin9050"].ub_plan_bytes.value),
+                             graph.constant_values())
+        arguments = _arguments(text)
+        assert arguments[0].endswith("pypto.Tensor((1, 16), pypto.DT_INT32)")
+        assert len(arguments) == 5  # the mask input, q, kᵀ, v and the output
+        assert "pypto.where(" in text[:text.index("for b1")]  # made once, before the loop
+
+
+@pytest.mark.pypto
+def test_each_layers_core_makes_its_mask_compiles_and_checks(tmp_path):
+    """Built as a user builds it (kirin9050, verified): one kernel per layer, each making its
+    mask from the attention mask input, checked by PyPTO's run of it."""
+    summary, kernels = _built_and_checked(encoder_layers(), tmp_path)
+    assert [k["ops"] for k in kernels] == [["Reshape", "Cast", "Where", *CORE[:-1]]] * 2
+    assert summary["kernels_after"] == 2
 
 
 def _layer_norm(b: GraphBuilder, x: str, width: int, rng) -> str:
@@ -228,11 +294,12 @@ def test_a_layernorm_and_its_projection_compile_to_one_kernel_that_checks(model,
     assert "LayerNormalization" in projection["ops"] and len(kernels) == 1
 
 
-def decoder_attention(heads=4, new=4, past=12, depth=16):
+def decoder_attention(heads=4, new=4, past=12, depth=16, padded=False):
     """A decoder's self-attention over its KV cache (GPT-2's, LLaMA's): the new tokens' keys
     and values concatenated after the cache's, ``softmax(q @ kᵀ / √d + causal) @ v``, the
     causal mask a constant (``-1e4`` above the diagonal, shifted by the cache's length), the
-    heads merged back."""
+    heads merged back. ``padded``: the mask as transformers export it, the causal band a bool
+    constant and the attention mask input's padding, And, Where."""
     b = GraphBuilder()
     q = b.input("q", [1, heads, new, depth])
     keys = b.op("Concat", [b.input("past_k", [1, heads, past, depth]),
@@ -240,9 +307,14 @@ def decoder_attention(heads=4, new=4, past=12, depth=16):
     values = b.op("Concat", [b.input("past_v", [1, heads, past, depth]),
                              b.input("v", [1, heads, new, depth])], axis=2)
     causal = np.triu(np.full((new, past + new), -1e4, np.float32), past + 1)[None, None]
+    if padded:
+        kept = b.const(causal == 0, np.bool_)
+        causal = _additive(b, b.op("And", [kept, _padding_of(b, past + new)]))
+    else:
+        causal = b.const(causal)
     scores = b.op("Mul", [b.op("MatMul", [q, b.op("Transpose", [keys], perm=[0, 1, 3, 2])]),
                           b.const(np.float32(depth ** -0.5))])
-    probabilities = b.op("Softmax", [b.op("Add", [scores, b.const(causal)])], axis=-1)
+    probabilities = b.op("Softmax", [b.op("Add", [scores, causal])], axis=-1)
     merged = b.op("Transpose", [b.op("MatMul", [probabilities, values])], perm=[0, 2, 1, 3])
     return b.model(b.op("Reshape", [merged, b.const(np.array([1, new, heads * depth],
                                                               np.int64))]))
@@ -266,20 +338,41 @@ def windowed_attention(windows=4, heads=2, tokens=16, depth=16):
     return b.model(b.op("Transpose", [out], perm=[0, 2, 1, 3]))
 
 
-@pytest.mark.parametrize("model", [decoder_attention, windowed_attention])
-def test_a_decoder_and_a_windowed_attention_are_one_core(model):
+def padded_decoder_attention():
+    return decoder_attention(padded=True)
+
+
+# each model and whether its mask is made in the kernel (a band and an input's padding) or read
+# as is (swin's shifted windows' mask is no band)
+ATTENTIONS = [(decoder_attention, True), (padded_decoder_attention, True),
+              (windowed_attention, False)]
+
+
+@pytest.mark.parametrize("model, made", ATTENTIONS)
+def test_a_decoder_and_a_windowed_attention_are_one_core(model, made):
     """GPT-2's and LLaMA's shape (new tokens over a KV cache, a causal mask) and swin's (a
     relative-position bias per head and a mask per window, both broadcast over the other
-    axis): each core one region, the cache's concatenation a kernel of its own before it."""
+    axis): each core one region, the cache's concatenation a kernel of its own before it.
+    The causal mask, a band, is made in the kernel from its bounds, with the attention mask
+    input's padding where the model has it: no argument of the kernel holds the ``[4, 16]``
+    mask; swin's mask, no band, is read as is."""
     graph, plan = fuse(model())
     cores = [r for r in plan.regions if "Softmax" in [op.op_type for op in r.original]]
     assert len(cores) == 1 and [op.op_type for op in cores[0].original].count("MatMul") == 2
     assert batched_matmul_loop(cores[0], graph.constant_values()) is not None
     assert_compiled_matches(graph, plan)
+    text = kernel_source(cores[0], default_policy(TARGETS["kirin9050"].ub_plan_bytes.value),
+                         graph.constant_values())
+    arguments = _arguments(text)
+    if made:
+        assert not [a for a in arguments if "(4, 16)" in a or "(1, 1, 4, 16)" in a]
+    else:  # swin's mask of its 4 windows, as [4 * 16, 16] rows
+        assert [a for a in arguments if "(64, 16)" in a]
+    assert ("pypto.cumsum(" in text) == made
 
 
 @pytest.mark.pypto
-@pytest.mark.parametrize("model", [decoder_attention, windowed_attention])
+@pytest.mark.parametrize("model", [padded_decoder_attention, windowed_attention])
 def test_a_decoder_and_a_windowed_attention_compile_to_one_core_that_checks(model, tmp_path):
     _, kernels = _built_and_checked(model(), tmp_path)
     (core,) = [k for k in kernels if "Softmax" in k["ops"]]

@@ -62,7 +62,7 @@ def fused_cost(inputs: Iterable[str], outputs: Iterable[str], graph: ImportedGra
     some output depends on read once (``ops``, the region's program, tells which: all of them
     but for what a Slice, a cropping Pad or a pooling's windows leave out, the registry's
     ``reads``). A one-element constant is not read from global memory: the kernel
-    holds it as an immediate (codegen's scalar constants). Either way a count above what any
+    holds it as an immediate (codegen's scalar constants), nor is a band (importer/bands.py). Either way a count above what any
     kernel must move would let a compiled kernel measure below its "lower bound"."""
     outputs = list(outputs)
     read = [name for name in inputs if not _immediate(name, graph)]
@@ -231,9 +231,9 @@ def why_staging_does_not_pay(node: Node, graph: ImportedGraph, target: Target) -
 
 
 def _immediate(name: str, graph: ImportedGraph) -> bool:
-    info = graph.tensors.get(name)
-    return name in graph.constants and info is not None and info.shape is not None \
-        and int(np.prod(info.shape, dtype=np.int64)) == 1
+    """A constant the kernel holds in its source: one element, or a band it writes from
+    bounds (``ImportedGraph.made_in_kernel``)."""
+    return name in graph.made_in_kernel
 
 
 def needed_elements(ops: Sequence[RegionOp], inputs: Sequence[str], outputs: Sequence[str],

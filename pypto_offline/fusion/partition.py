@@ -26,6 +26,7 @@ from pypto_offline.importer import ImportedGraph, Node
 from pypto_offline.importer.ops import (ELEMENTWISE_OPS, MATMUL, POINTWISE_OPS, REDUCTION, VIEW,
                                         data_inputs, is_cube_conv, kind_of, matmul_extents,
                                         op_def)
+from pypto_offline.importer.masks import mask_makers
 from pypto_offline.importer.precision import QUANTISATION_OPS
 from pypto_offline.targets import Target
 
@@ -174,10 +175,11 @@ def attention_core(graph: ImportedGraph, members: list[Node],
     split their heads, ``_heads_split``), elementwise ops on its product with operands from
     outside (the scale, a mask, a position bias), one Softmax over its last axis, and maybe a
     second batched MatMul of the probabilities by an operand from outside (V) followed by the
-    reshapes and transposes that merge the heads; only its last tensor read beyond it. The
-    kernel runs it as a loop over the heads, each head's scores kept in UB between the two
-    products (``codegen.matmul.batched_matmul_loop``); without it a MatMul took no reduction
-    beside it and an attention was three kernels."""
+    reshapes and transposes that merge the heads; only its last tensor read beyond it; and
+    the ops making its mask from tensors from outside (``importer.masks``: the attention mask
+    input, a causal band), once per layer. The kernel runs it as a loop over the heads, each
+    head's scores kept in UB between the two products (``codegen.matmul.batched_matmul_loop``);
+    without it a MatMul took no reduction beside it and an attention was three kernels."""
     matmuls = [n for n in members if kind_of(n.op_type, n.params) == MATMUL]
     softmaxes = [n for n in members if n.op_type == "Softmax"]
     # a quantised attention's Q/DQ around each op are not what the loop lowers: it keeps the
@@ -190,26 +192,39 @@ def attention_core(graph: ImportedGraph, members: list[Node],
     beyond = read_beyond(members, graph, readers)
     if len(beyond) != 1:
         return False
-    produced = {name for n in members for name in n.outputs}
+    made = _outputs(members)
+    mask = mask_makers(members, lambda t: t not in made)
+    core = [n for n in members if n not in mask]
+    # the mask's tensors are operands from outside to the rest of the core
+    produced = _outputs(core)
     scores, *values = matmuls
-    heads = _heads_split(members, scores, values, produced)
+    heads = _heads_split(core, scores, values, produced)
     if any(name in produced - _outputs(heads) for name in scores.inputs):
         return False
     if not softmaxes:  # as the region grows: the scores, their epilogue and their heads split
-        (last,) = [n for n in members if beyond[0] in n.outputs]
-        chain = _scores_chain(last, scores, members, produced)
-        return bool(heads) and not values and chain is not None \
-            and len(heads) + len(chain) == len(members)
-    return _probabilities_and_values(graph, members, scores, values, softmaxes[0], heads,
-                                     produced)
+        (last,) = [n for n in core if beyond[0] in n.outputs]
+        chain = _scores_chain(last, scores, core, produced)
+        return (bool(heads) or bool(mask)) and not values and chain is not None \
+            and len(heads) + len(chain) == len(core) and _masks_scores(mask, chain)
+    chain = _scores_chain(softmaxes[0], scores, core, produced)
+    return chain is not None and _masks_scores(mask, chain) and _probabilities_and_values(
+        graph, core, scores, values, softmaxes[0], heads, chain, produced)
+
+
+def _masks_scores(mask: list[Node], chain: list[Node]) -> bool:
+    """Whether what the mask makers write is read by them or the scores' elementwise ops."""
+    made = _outputs(mask)
+    readers = [*mask, *(n for n in chain[1:] if n.op_type != "Softmax")]
+    return all(t in {name for n in readers for name in n.inputs} for t in made)
 
 
 def _probabilities_and_values(graph: ImportedGraph, members: list[Node], scores: Node,
                               values: list[Node], softmax: Node, heads: list[Node],
-                              produced: set[str]) -> bool:
-    """``attention_core`` from its Softmax on: over the scores' last axis, maybe cast (an fp32
-    Softmax of a mixed precision mode before fp16 values), multiplied by values from outside
-    (or their heads split), the heads merged after."""
+                              chain: list[Node], produced: set[str]) -> bool:
+    """``attention_core`` from its Softmax on (``chain``: the scores up to it): over the
+    scores' last axis, maybe cast (an fp32 Softmax of a mixed precision mode before fp16
+    values), multiplied by values from outside (or their heads split), the heads merged
+    after."""
     rank = len(graph.tensors[softmax.inputs[0]].shape or ())
     if tuple(softmax.params.get("axes", ())) != (rank - 1,):
         return False
@@ -217,9 +232,6 @@ def _probabilities_and_values(graph: ImportedGraph, members: list[Node], scores:
     probabilities = _outputs([softmax, *casts])
     if any(v.inputs[1] in produced - _outputs(heads) or v.inputs[0] not in probabilities
            for v in values):
-        return False
-    chain = _scores_chain(softmax, scores, members, produced)
-    if chain is None:
         return False
     rest = [n for n in members if n not in chain and n not in values and n not in casts
             and n not in heads]

@@ -17,7 +17,7 @@ import numpy as np
 import onnx
 
 from pypto_offline.errors import ModelError
-from pypto_offline.importer import batchnorm, folding, quantised, shape_probe
+from pypto_offline.importer import batchnorm, folding, masks, quantised, shape_probe
 from pypto_offline.importer.graph import ImportedGraph, ImportStats, Node, TensorInfo
 from pypto_offline.importer.input_shapes import (check_dims, check_given_inputs, fix_input_shapes,
                                                  graph_inputs)
@@ -117,6 +117,8 @@ def _fold_to_fixed_point(model: onnx.ModelProto, given: Mapping[str, np.ndarray]
             known = {name: shape for name, (_, shape) in probed.items() if shape is not None}
             model = folding.fold(model, known)
             shape_probe.check_memory(model, label, weights)
+            probed = shape_probe.probe(model, given)
+        if masks.one_mask_per_reader(model.graph):  # new tensors: their shapes probed
             probed = shape_probe.probe(model, given)
     except CannotRun as error:
         return model, {}, error, integer

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from types import MappingProxyType
 from typing import Any, Mapping
 
@@ -90,6 +91,15 @@ class ImportedGraph:
         from onnx import numpy_helper
 
         return {t.name: numpy_helper.to_array(t) for t in self.model.graph.initializer}
+
+    @cached_property
+    def made_in_kernel(self) -> frozenset[str]:
+        """The constants a kernel holds without reading them: one element (an immediate) or a
+        band of a matrix it writes from bounds (importer/bands.py)."""
+        from pypto_offline.importer.bands import in_source
+
+        return frozenset(name for name, value in self.constant_values().items()
+                         if in_source(value))
 
     def _shape_text(self, name: str) -> list[int] | str:
         info = self.tensors.get(name)

@@ -34,7 +34,6 @@ from pypto_offline.fusion.simplify import simplify
 from pypto_offline.importer import ImportedGraph
 from pypto_offline.importer.input_shapes import tensor_bytes as bytes_of
 from pypto_offline.importer.ops import MATMUL, OPS, POINTWISE_OPS
-from pypto_offline.pypto_kernels.codegen import is_scalar_constant
 from pypto_offline.pypto_kernels.jobs.protocol import HEADLINES, FailureKind
 from pypto_offline.pypto_kernels.platform import Platform, platform_of
 from pypto_offline.targets import Target
@@ -86,18 +85,19 @@ def cost_model_family(platform: Platform) -> str:
             f"{platform.figure('vector_core_cnt')} cores, UB {platform.figure('ub_size')}")
 
 
-def kib_moved(single: Region, graph: ImportedGraph, constants: dict) -> float:
+def kib_moved(single: Region, graph: ImportedGraph) -> float:
     """KiB the op's own kernel moves: its inputs read whole (but one-element constants, which
-    the kernel holds as immediates) and its outputs written."""
-    read = [name for name in single.inputs if not is_scalar_constant(name, constants)]
+    the kernel holds as immediates, and bands it writes: importer/bands.py) and its outputs
+    written."""
+    read = [name for name in single.inputs if name not in graph.made_in_kernel]
     return tensor_bytes(graph, [*read, *single.outputs]) / 1024
 
 
-def op_sample(single: Region, graph: ImportedGraph, constants: dict) -> tuple[str, float]:
+def op_sample(single: Region, graph: ImportedGraph) -> tuple[str, float]:
     """What the estimate knows of one op: its class and the KiB it moves."""
     (op,) = single.original
     name = op_class(op.op_type)
-    kib = kib_moved(single, graph, constants)
+    kib = kib_moved(single, graph)
     if name == CUBE:
         kib += cube_bytes(op, single.tensor_types) / 1024
     return name, kib
@@ -172,9 +172,8 @@ def estimated_unfused_costs(graph: ImportedGraph, regions: Sequence[Region], tar
                             ) -> dict[str, float | None]:
     """The estimated baseline of each region, by region id: no compile, no cache."""
     family = cost_model_family(platform_of(target))
-    constants = graph.constant_values()
     return {region.id: estimate_region_us(
-        (op_sample(single, graph, constants) for single in single_op_regions(region, graph)),
+        (op_sample(single, graph) for single in single_op_regions(region, graph)),
         family)
         for region in regions}
 

@@ -11,7 +11,7 @@ from onnx import helper
 from pypto_offline.fusion.classify import kernel_dtype
 from pypto_offline.fusion.records import Region
 from pypto_offline.importer import ImportedGraph
-from pypto_offline.pypto_kernels.codegen import is_scalar_constant
+from pypto_offline.importer.bands import in_source
 from pypto_offline.pypto_kernels.codegen.kernel import region_tolerance
 from pypto_offline.runtime import kernel_check, run_model, within_tolerance
 
@@ -81,13 +81,14 @@ def _per_op_where_apart(model: onnx.ModelProto, feeds: dict, reference: list,
 def kernel_arguments(region: Region, constants: dict, value_of: Callable[[str], np.ndarray]
                      ) -> tuple[list[np.ndarray], dict[str, np.ndarray]]:
     """A kernel's arguments in order, in its element types (an int64 tensor narrowed to int32:
-    classify.kernel_dtype): each constant's own value (a scalar one is in the source), and
+    classify.kernel_dtype): each constant's own value (a scalar or a band is in the source:
+    importer/bands.py), and
     ``value_of`` each other input (the seeded check's, or the original model's:
     precision_check.py); and those values by name, as given."""
     arrays, feeds = [], {}
     for name in region.inputs:
         if name in constants:
-            if not is_scalar_constant(name, constants):
+            if not in_source(constants[name]):
                 arrays.append(np.asarray(constants[name]))
             continue
         feeds[name] = value_of(name)

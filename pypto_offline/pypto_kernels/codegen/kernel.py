@@ -11,6 +11,7 @@ import onnx
 
 from pypto_offline.fusion.records import Region
 from pypto_offline.fusion.rows import channel_rows, has_reduction
+from pypto_offline.importer.bands import band_of
 from pypto_offline.importer.ops import REDUCTION, kind_of
 from pypto_offline.pypto_kernels.activations import literal as float_literal
 from pypto_offline.pypto_kernels.jobs.protocol import ARGUMENT_SHAPES
@@ -21,6 +22,7 @@ from pypto_offline.pypto_kernels.codegen.layout import (annotation, argument_sha
                                                         row_layout_of, shapes_of,
                                                         share_assembled_inputs, within_rank)
 from pypto_offline.pypto_kernels.codegen import reduction
+from pypto_offline.pypto_kernels.codegen.bands import hold_band
 from pypto_offline.pypto_kernels.codegen.lowering import lower
 from pypto_offline.pypto_kernels.codegen.matmul import batched_matmul_loop, lower_batched_loop
 from pypto_offline.pypto_kernels.codegen.writer import (MAX_RANK, CannotExpress, Writer,
@@ -84,12 +86,16 @@ def _plan_layout(w: Writer) -> None:
 
 
 def _hold_inputs(w: Writer) -> dict[str, str]:
-    """Each region input held in its argument ``in<i>``, a scalar constant as a literal; the
-    arguments by tensor."""
+    """Each region input held in its argument ``in<i>``, a scalar constant as a literal, a band
+    written from its bounds (``bands.hold_band``); the arguments by tensor."""
     inputs = {}
     for index, tensor in enumerate(w.region.inputs):
         if is_scalar_constant(tensor, w.constants):
             w.hold(tensor, float_literal(np.asarray(w.constants[tensor]).reshape(-1)[0]), ())
+            continue
+        band = band_of(np.asarray(w.constants[tensor])) if tensor in w.constants else None
+        if band is not None:
+            hold_band(w, tensor, band)
             continue
         inputs[tensor] = f"in{index}"
         w.hold(tensor, f"in{index}", w.declared.get(tensor, w.shape(tensor)))

@@ -12,11 +12,13 @@ import numpy as np
 
 from pypto_offline.fusion.partition import HEADS_SPLIT
 from pypto_offline.fusion.records import Region, RegionOp
+from pypto_offline.importer.bands import band_of
 from pypto_offline.importer.contractions import INT8_CUBE_DEPTH
+from pypto_offline.importer.masks import MASK_OPS, mask_makers
 from pypto_offline.importer.ops import matmul_extents
 from pypto_offline.pypto_kernels.folding import right_aligned
 from pypto_offline.pypto_kernels.tiling import cube_tiles
-from pypto_offline.pypto_kernels.codegen import elementwise, reduction
+from pypto_offline.pypto_kernels.codegen import elementwise, movement, reduction
 from pypto_offline.pypto_kernels.codegen.elementwise import BINARY, UNARY
 from pypto_offline.pypto_kernels.codegen.layout import shapes_of
 from pypto_offline.pypto_kernels.codegen.writer import (MAX_RANK, CannotExpress, Writer,
@@ -115,6 +117,10 @@ def conv_product(w: Writer, op: RegionOp, weights: Callable[[], str],
 # What a batched matmul's loop applies to each slice in UB: PyPTO elementwise calls, and the
 # Cast an fp16 mode adds after them
 LOOP_EPILOGUE_OPS = frozenset({*UNARY, *BINARY, "Cast"})
+# What makes an attention's mask before the loop (``importer.masks.mask_makers``: the reshapes
+# among them are one Reshape in a region's program), each op in its own shapes
+MASK_LOWERINGS = {**{op: elementwise.LOWERINGS[op] for op in MASK_OPS},
+                  "Reshape": movement.LOWERINGS["Reshape"]}
 
 
 @dataclass(frozen=True)
@@ -133,6 +139,9 @@ class BatchedLoop:
     # each operand whose heads a Transpose in the region splits → that Transpose's input, a
     # [B, S, H, D] projection read a head at a time (``fusion.partition.HEADS_SPLIT``)
     split: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    # the ops making an attention's mask from region inputs (``importer.masks.MASK_OPS``),
+    # once before the loop: each head's scores read it as a [rows, columns] matrix
+    mask: tuple[RegionOp, ...] = ()
 
 
 def batched_matmul_loop(region: Region, constants: Mapping[str, np.ndarray]
@@ -152,6 +161,10 @@ def batched_matmul_loop(region: Region, constants: Mapping[str, np.ndarray]
             and tuple(ops[0].params["perm"]) in HEADS_SPLIT.values():
         transpose = ops.pop(0)
         split[transpose.outputs[0]] = transpose
+    mask = mask_makers(ops, region.inputs.__contains__)
+    ops = [op for op in ops if op not in mask]
+    whole = {t for op in mask for t in op.outputs} | {
+        t for t in region.inputs if t in constants and band_of(np.asarray(constants[t]))}
     if not ops or ops[0].op_type != "MatMul" or len(ops[0].inputs) != 2 \
             or not all(t in region.inputs or t in split for t in ops[0].inputs) \
             or not _split_as(split, ops[0].inputs, ("q", "kt")):
@@ -169,6 +182,7 @@ def batched_matmul_loop(region: Region, constants: Mapping[str, np.ndarray]
         if op.inputs.count(current) != 1 or shapes[op.outputs[0]] != product_shape or not all(
                 is_scalar_constant(t, constants) or (
                     t in region.inputs and _slices_along(shapes[t], product_shape))
+                or (t in whole and _one_matrix(shapes[t], product_shape))
                 for t in others):
             return None
         epilogue.append(op)
@@ -196,7 +210,13 @@ def batched_matmul_loop(region: Region, constants: Mapping[str, np.ndarray]
             or set(split) - {*ops[0].inputs, *(values.inputs[1:] if values else ())}:
         return None
     return BatchedLoop(ops[0], tuple(epilogue), heads_outward, current, softmax, cast, values,
-                       MappingProxyType({t: op.inputs[0] for t, op in split.items()}))
+                       MappingProxyType({t: op.inputs[0] for t, op in split.items()}),
+                       tuple(mask))
+
+
+def _one_matrix(shape: Sequence[int], product: Sequence[int]) -> bool:
+    """Whether an operand is one ``[rows, columns]`` matrix for every slice of the product."""
+    return _slices_along(shape, product) and prod(shape[:-2]) == 1
 
 
 def _split_as(split: Mapping[str, RegionOp], operands: Sequence[str], roles: Sequence[str]
@@ -247,6 +267,12 @@ def lower_batched_loop(w: Writer, loop: BatchedLoop, inputs: Mapping[str, str],
     for tensor in sorted(operands):
         own = w.shape(tensor)
         w.declared[tensor] = (prod(own[:-1]), own[-1])
+    for op in loop.mask:  # once, in the mask's own shapes
+        if op.op_type not in MASK_LOWERINGS:
+            raise CannotExpress(f"{op.op_type} making an attention's mask")
+        MASK_LOWERINGS[op.op_type](w, op)
+    for tensor in _whole_matrices(w, loop, inputs):
+        _hold_matrix(w, tensor)
     cube = _cube_tiles_line(w, m, k, n, left)
     if not loop.values:  # one product: its tiles once, before the loop
         w.emit(cube)
@@ -286,6 +312,23 @@ def lower_batched_loop(w: Writer, loop: BatchedLoop, inputs: Mapping[str, str],
     w.tile((m, columns), w.dtype(last))
     w.emit(f"pypto.assemble({result}, {offsets}, {target})")
     w.indent -= len(loops)
+
+
+def _whole_matrices(w: Writer, loop: BatchedLoop, inputs: Mapping[str, str]) -> list[str]:
+    """The epilogue's operands made in the kernel (the mask, a band: ``importer/bands.py``),
+    one matrix for every slice."""
+    made = {t for op in loop.mask for t in op.outputs}
+    return sorted({t for op in loop.epilogue for t in op.inputs
+                   if t in made or (t in w.names and t not in inputs
+                                    and not is_scalar_constant(t, w.constants))})
+
+
+def _hold_matrix(w: Writer, tensor: str) -> None:
+    """A tensor made before the loop held as the ``[rows, columns]`` matrix each slice reads."""
+    matrix = tuple(w.shape(tensor)[-2:])
+    name = w.value(tensor, matrix)
+    w.sliced[tensor] = matrix
+    w.hold(tensor, name, matrix)
 
 
 def _cube_tiles_line(w: Writer, m: int, k: int, n: int, left: str) -> str:
