@@ -8,9 +8,13 @@ import numpy as np
 import onnx
 import pytest
 
+from pypto_offline import api
 from pypto_offline.importer.bands import Band, band_of
 from pypto_offline.importer.masks import one_mask_per_reader
-from tests.fusion_helpers import fuse
+from pypto_offline.pypto_kernels.codegen import kernel_source
+from pypto_offline.pypto_kernels.tiling import default_policy
+from pypto_offline.targets import TARGETS
+from tests.fusion_helpers import assert_compiled_matches, fuse
 from tests.onnx_builders import GraphBuilder
 from tests.test_attention import decoder_attention, encoder_layers
 
@@ -75,3 +79,38 @@ def test_a_band_is_neither_an_argument_nor_a_byte_of_the_lower_bound():
     read = [t for t in core.inputs if t not in graph.made_in_kernel]
     assert core.fused.gm_bytes == sum(graph.tensors[t].nbytes for t in read) + sum(
         graph.tensors[t].nbytes for t in core.outputs)
+
+
+def masked_softmax():
+    """A Softmax of scores read from outside plus a mask made of a causal band And a padding
+    input, Where: no attention core (no MatMul), a row region."""
+    b = GraphBuilder()
+    padding = b.input("padding", [1, 1, 1, 16], onnx.TensorProto.BOOL)
+    scores = b.input("scores", [1, 4, 4, 16])
+    keep = b.op("And", [b.const(CAUSAL[None, None], np.bool_), padding])
+    mask = b.op("Where", [keep, b.const(np.float32(0.0)), b.const(np.float32(-1e4))])
+    return b.model(b.op("Softmax", [b.op("Add", [scores, mask])], axis=-1))
+
+
+def test_a_mask_made_in_a_row_region_is_written_and_computes_what_onnxruntime_does():
+    """The mask's ops on region inputs are broadcast to the rows of the Add reading them
+    (``fusion/rows._on_expanded``); the Where's two values are scalars of the layout (before,
+    they had no kind there and the generator failed with an internal error)."""
+    graph, plan = fuse(masked_softmax())
+    assert [[op.op_type for op in r.original] for r in plan.regions] == [
+        ["And", "Where", "Add", "Softmax"]]
+    assert_compiled_matches(graph, plan)
+    text = kernel_source(plan.regions[0],
+                         default_policy(TARGETS["kirin9050"].ub_plan_bytes.value),
+                         graph.constant_values())
+    assert "pypto.cumsum(" in text and "DT_BOOL" in text  # the band made, the padding read
+
+
+@pytest.mark.pypto
+def test_a_mask_made_in_a_row_region_compiles_and_checks(tmp_path):
+    summary = api.compile(masked_softmax(), "kirin9050", cache_dir=tmp_path,
+                          verify=True).summary()
+    (kernel,) = summary["kernels"]
+    assert kernel["status"] == "compiled"
+    assert summary["build_record"]["kernels_passed"] == 1
+    assert summary["verification"]["status"] == "passed"

@@ -213,6 +213,9 @@ def _on_expanded(op: RegionOp, shapes, rows: int, columns: int, kinds: dict,
         pass
     for name in [*operands, op.outputs[0]]:
         _set(kinds, name, EXPANDED, op)
+    for name in op.inputs:  # a Where's two values: before, no kind, and the generator failed
+        if name and name not in operands:
+            _set(kinds, name, SCALAR, op)
     sources[op.outputs[0]] = operands
     return True
 
