@@ -184,7 +184,8 @@ def _arguments(text: str) -> list[str]:
 def test_each_layer_makes_its_padding_mask_from_the_attention_mask_input():
     """The mask the graph makes once for every layer is made in each layer's core
     (``importer/masks.py`` copies it per reader): one kernel per attention, reading the
-    ``attention_mask`` input (16 int64, as int32) and not the ``[S, S]`` additive mask."""
+    ``attention_mask`` input (16 int64, as int32) and not the ``[S, S]`` additive mask, made by
+    each head in UB (made once before the heads' loop, PyPTO staged it through GM)."""
     graph, plan = fuse(encoder_layers())
     assert _regions(plan) == [["Reshape", "Cast", "Where", *CORE[:-1]]] * 2 and not plan.unfused
     assert plan.totals.kernels_after == 2
@@ -195,7 +196,8 @@ def test_each_layer_makes_its_padding_mask_from_the_attention_mask_input():
         arguments = _arguments(text)
         assert arguments[0].endswith("pypto.Tensor((1, 16), pypto.DT_INT32)")
         assert len(arguments) == 5  # the mask input, q, kᵀ, v and the output
-        assert "pypto.where(" in text[:text.index("for b1")]  # made once, before the loop
+        loop = text[text.index("for b1"):]  # made by each head, between its products
+        assert loop.index("pypto.matmul(") < loop.index("pypto.where(") < loop.index("amax(")
 
 
 @pytest.mark.pypto

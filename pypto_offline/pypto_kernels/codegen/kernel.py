@@ -49,7 +49,7 @@ def kernel_source(region: Region, policy: TilePolicy, constants: Mapping[str, np
     loop = batched_matmul_loop(region, constants)
     if loop is None or loop.softmax is None:  # an attention's loop lays out each head alone
         _plan_layout(w)
-    inputs = _hold_inputs(w)
+    inputs = _hold_inputs(w, bands_per_slice=loop is not None)
     outputs = {tensor: f"out{index}" for index, tensor in enumerate(region.outputs)}
     w.assembled = assembled_outputs(region)
     share_assembled_inputs(w)
@@ -85,9 +85,10 @@ def _plan_layout(w: Writer) -> None:
                        if len(w.shape(tensor)) > MAX_RANK and tensor not in w.declared})
 
 
-def _hold_inputs(w: Writer) -> dict[str, str]:
+def _hold_inputs(w: Writer, bands_per_slice: bool) -> dict[str, str]:
     """Each region input held in its argument ``in<i>``, a scalar constant as a literal, a band
-    written from its bounds (``bands.hold_band``); the arguments by tensor."""
+    written from its bounds (``bands.hold_band``; in a loop of matmuls, by each slice:
+    ``matmul.lower_batched_loop``); the arguments by tensor."""
     inputs = {}
     for index, tensor in enumerate(w.region.inputs):
         if is_scalar_constant(tensor, w.constants):
@@ -95,7 +96,8 @@ def _hold_inputs(w: Writer) -> dict[str, str]:
             continue
         band = band_of(np.asarray(w.constants[tensor])) if tensor in w.constants else None
         if band is not None:
-            hold_band(w, tensor, band)
+            if not bands_per_slice:
+                hold_band(w, tensor, band)
             continue
         inputs[tensor] = f"in{index}"
         w.hold(tensor, f"in{index}", w.declared.get(tensor, w.shape(tensor)))
