@@ -216,17 +216,32 @@ def _layer_norm(b: GraphBuilder, x: str, width: int, rng) -> str:
                                                .astype(np.float32))], axis=-1, epsilon=1e-5)
 
 
-def normalised_projection(tokens=16, hidden=64, out=128, residual=True, summed=False):
+def _rms_norm(b: GraphBuilder, x: str, width: int, rng) -> str:
+    """LLaMA's RMSNorm as transformers exports it: ``w * (x * 1 / sqrt(mean(x ** 2) + eps))``."""
+    mean = b.op("ReduceMean", [b.op("Pow", [x, b.const(np.float32(2.0))]),
+                               b.const(np.array([-1], np.int64))], keepdims=1)
+    scale = b.op("Reciprocal", [b.op("Sqrt", [b.op("Add", [mean,
+                                                            b.const(np.float32(1e-6))])])])
+    weight = (rng.standard_normal(width) * 0.1 + 1).astype(np.float32)
+    return b.op("Mul", [b.const(weight), b.op("Mul", [x, scale])])
+
+
+RMS_OPS = ["Pow", "ReduceMean", "Add", "Sqrt", "Reciprocal", "Mul", "Mul"]
+
+
+def normalised_projection(tokens=16, hidden=64, out=128, residual=True, summed=False,
+                          norm=_layer_norm):
     """A transformer block's LayerNorm and the projection after it: LayerNorm over the hidden
     axis of ``[1, S, K]``, ``@ W[K, N] + b`` and SiLU, its normalised rows also read by a Relu
     (``residual``: the LayerNorm's output read beyond the projection); ``summed``: the
-    LayerNorm's input the sum of two inputs (BERT's embeddings)."""
+    LayerNorm's input the sum of two inputs (BERT's embeddings); ``norm``: how the rows are
+    normalised (``_rms_norm``: LLaMA's)."""
     b = GraphBuilder()
     x = b.input("x", [1, tokens, hidden])
     if summed:
         x = b.op("Add", [x, b.input("position", [1, tokens, hidden])])
     rng = np.random.default_rng(7)
-    normed = _layer_norm(b, x, hidden, rng)
+    normed = norm(b, x, hidden, rng)
     weights = (rng.standard_normal((hidden, out)) / np.sqrt(hidden)).astype(np.float32)
     y = b.op("Add", [b.op("MatMul", [normed, b.const(weights)]),
                      b.const((rng.standard_normal(out) * 0.1).astype(np.float32))])
@@ -235,16 +250,16 @@ def normalised_projection(tokens=16, hidden=64, out=128, residual=True, summed=F
     return b.model(*outputs)
 
 
-def projection_then_norm(tokens=16, hidden=64):
+def projection_then_norm(tokens=16, hidden=64, norm=_layer_norm):
     """An attention's output projection and the post-norm after it (BERT's): ``x @ W + b``,
-    the residual ``x`` added, LayerNorm over the hidden axis."""
+    the residual ``x`` added, LayerNorm over the hidden axis (``norm``)."""
     b = GraphBuilder()
     x = b.input("x", [1, tokens, hidden])
     rng = np.random.default_rng(8)
     weights = (rng.standard_normal((hidden, hidden)) / np.sqrt(hidden)).astype(np.float32)
     y = b.op("Add", [b.op("MatMul", [x, b.const(weights)]),
                      b.const((rng.standard_normal(hidden) * 0.1).astype(np.float32))])
-    return b.model(_layer_norm(b, b.op("Add", [y, x]), hidden, rng))
+    return b.model(norm(b, b.op("Add", [y, x]), hidden, rng))
 
 
 def test_a_layernorm_of_a_projections_rows_is_its_epilogue():
@@ -288,12 +303,48 @@ def test_a_layernorm_over_other_axes_or_of_a_batched_matmul_stays_apart():
             assert not ("LayerNormalization" in ops and "MatMul" in ops), ops
 
 
+def test_an_rmsnorm_written_as_its_ops_is_a_projections_prologue_or_epilogue():
+    """LLaMA's RMSNorm, its ops as exported (a mean of squares over the hidden axis, kept:
+    ``partition._mean_of_squared_rows``), joins the projection after it, as a LayerNorm does,
+    or the projection whose residual's sum it normalises. Before, each was a kernel of its own
+    (LLaMA's five)."""
+    graph, plan = fuse(normalised_projection(residual=False, norm=_rms_norm))
+    assert _regions(plan) == [RMS_OPS + ["MatMul", "Add", "Sigmoid", "Mul"]]
+    assert_compiled_matches(graph, plan)
+    graph, plan = fuse(projection_then_norm(norm=_rms_norm))
+    assert _regions(plan) == [["MatMul", "Add", "Add"] + RMS_OPS]
+    assert_compiled_matches(graph, plan)
+
+
+def test_a_mean_of_the_rows_that_is_no_rmsnorm_stays_apart():
+    """A mean over the hidden axis of something else than a square (centring the rows)
+    before a projection is no RMSNorm: the matmul takes no reduction beside it."""
+    b = GraphBuilder()
+    x = b.input("x", [1, 16, 64])
+    mean = b.op("ReduceMean", [b.op("Abs", [x]), b.const(np.array([-1], np.int64))],
+                keepdims=1)
+    centred = b.op("Sub", [x, mean])
+    graph, plan = fuse(b.model(b.op("MatMul", [centred, b.const(np.ones((64, 32),
+                                                                        np.float32))])))
+    assert not any("ReduceMean" in ops and "MatMul" in ops for ops in _regions(plan))
+    assert_compiled_matches(graph, plan)
+
+
+def rms_projection():
+    return normalised_projection(norm=_rms_norm)
+
+
+def projection_then_rms():
+    return projection_then_norm(norm=_rms_norm)
+
+
 @pytest.mark.pypto
-@pytest.mark.parametrize("model", [normalised_projection, projection_then_norm])
+@pytest.mark.parametrize("model", [normalised_projection, projection_then_norm,
+                                   rms_projection, projection_then_rms])
 def test_a_layernorm_and_its_projection_compile_to_one_kernel_that_checks(model, tmp_path):
     _, kernels = _built_and_checked(model(), tmp_path)
     (projection,) = [k for k in kernels if "MatMul" in k["ops"]]
-    assert "LayerNormalization" in projection["ops"] and len(kernels) == 1
+    assert {"LayerNormalization", "ReduceMean"} & set(projection["ops"]) and len(kernels) == 1
 
 
 def decoder_attention(heads=4, new=4, past=12, depth=16, padded=False):

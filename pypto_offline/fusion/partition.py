@@ -359,10 +359,18 @@ def normalising_prologue(graph: ImportedGraph, members: list[Node]) -> list[Node
     matmul took no reduction beside it, and each LayerNorm of BERT, ViT and GPT-2 was a kernel
     of its own). Empty if the members are not that."""
     found = _projection_and_norm(graph, members)
-    if found is None or found[0].inputs[0] not in found[1].outputs:
+    if found is None:
         return []
-    before = _made_before(found[1], members)
-    return [*before, found[1]] if all(n.op_type in POINTWISE_OPS for n in before) else []
+    root, norm = found
+    if norm.op_type == "LayerNormalization":
+        if root.inputs[0] not in norm.outputs:
+            return []
+        before = _made_before(norm, members)
+        return [*before, norm] if all(n.op_type in POINTWISE_OPS for n in before) else []
+    # an RMSNorm written as its ops: the mean and the elementwise ops around it make the data
+    prologue = _made_before(root, members)
+    return prologue if norm in prologue and all(
+        n is norm or n.op_type in POINTWISE_OPS for n in prologue) else []
 
 
 def normalising_epilogue(graph: ImportedGraph, members: list[Node]) -> bool:
@@ -376,17 +384,35 @@ def normalising_epilogue(graph: ImportedGraph, members: list[Node]) -> bool:
 def _projection_and_norm(graph: ImportedGraph, members: list[Node]
                          ) -> tuple[Node, Node] | None:
     """The members' one matmul, a projection (a MatMul by 2-D weights, or a Gemm), and their
-    one reduction, a LayerNormalization over the last axis; None if they are not that."""
+    one reduction, a LayerNormalization over the last axis or an RMSNorm's mean of squares
+    over it (``_mean_of_squared_rows``); None if they are not that."""
     matmuls = [n for n in members if kind_of(n.op_type, n.params) == MATMUL]
     reductions = [n for n in members if kind_of(n.op_type) == REDUCTION]
     if len(matmuls) != 1 or len(reductions) != 1 or matmuls[0].op_type not in ("MatMul", "Gemm"):
         return None
     (root,), (norm,) = matmuls, reductions
     rank = len(graph.tensors[norm.inputs[0]].shape or ())
-    if norm.op_type != "LayerNormalization" or tuple(norm.params.get("axes", ())) != (
-            rank - 1,) or len(graph.tensors[root.inputs[1]].shape or ()) != 2:
+    if tuple(norm.params.get("axes", ())) != (rank - 1,) \
+            or len(graph.tensors[root.inputs[1]].shape or ()) != 2:
         return None
-    return root, norm
+    if norm.op_type == "LayerNormalization" or _mean_of_squared_rows(graph, norm, members):
+        return root, norm
+    return None
+
+
+def _mean_of_squared_rows(graph: ImportedGraph, mean: Node, members: list[Node]) -> bool:
+    """A ReduceMean over the last axis, kept, of a member squaring a tensor (``Pow(x, 2)``,
+    ``Mul(x, x)``): an RMSNorm written as its ops (LLaMA's)."""
+    if mean.op_type != "ReduceMean" or not mean.params.get("keepdims", 1):
+        return False
+    (square,) = [n for n in members if mean.inputs[0] in n.outputs] or [None]
+    if square is None:
+        return False
+    if square.op_type == "Mul":
+        return square.inputs[0] == square.inputs[1]
+    exponent = graph.constant_values().get(square.inputs[1]) if square.op_type == "Pow" \
+        else None
+    return exponent is not None and exponent.size == 1 and float(exponent.reshape(-1)[0]) == 2.0
 
 
 def _made_before(node: Node, members: list[Node]) -> list[Node]:

@@ -10,7 +10,7 @@ import onnx
 
 from pypto_offline.fusion.classify import HALF_DTYPES
 from pypto_offline.fusion.records import RegionOp
-from pypto_offline.fusion.rows import COLUMN, FULL, RowLayout
+from pypto_offline.fusion.rows import COLUMN, FULL, ROW, RowLayout
 from pypto_offline.pypto_kernels.activations import literal as float_literal
 from pypto_offline.pypto_kernels.codegen.writer import Writer, let, pypto_dtype
 
@@ -97,12 +97,13 @@ def _layer_normalization(w: Writer, op: RegionOp) -> None:
 
 
 def lower_as_rows(w: Writer, op: RegionOp, rows: int, columns: int) -> None:
-    """A Softmax or a LayerNormalization over the last axis in a region not laid out as rows
-    (an attention's head, ``codegen.matmul``; a LayerNorm prologue of a projection,
-    ``fusion.partition.normalising_prologue``): lowered as a row region's, on its ``[rows,
-    columns]``, its parameters per column."""
-    kinds = {op.inputs[0]: FULL, op.outputs[0]: FULL,
-             **{name: COLUMN for name in op.inputs[1:] if name}}
+    """A Softmax, a LayerNormalization or a reduction over the last axis in a region not laid
+    out as rows (an attention's head, ``codegen.matmul``; a LayerNorm prologue of a
+    projection, or an RMSNorm's mean: ``fusion.partition.normalising_prologue``): lowered as a
+    row region's, on its ``[rows, columns]``, its parameters per column."""
+    reduced = op.op_type in REDUCTIONS  # an RMSNorm's mean: one value per row
+    kinds = {op.inputs[0]: FULL, op.outputs[0]: ROW if reduced else FULL,
+             **{name: COLUMN for name in op.inputs[1:] if name and not reduced}}
     w.rows = RowLayout(rows, columns, MappingProxyType(kinds))
     try:
         LOWERINGS[op.op_type](w, op)
