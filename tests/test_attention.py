@@ -316,6 +316,26 @@ def test_an_rmsnorm_written_as_its_ops_is_a_projections_prologue_or_epilogue():
     assert_compiled_matches(graph, plan)
 
 
+def reshaped_projection(tokens=16, hidden=64, out=128):
+    """GPT-2's first LayerNorm and the Gemm after it: the normalised ``[1, S, K]`` reshaped to
+    the Gemm's ``[S, K]`` rows, ``@ W + b``."""
+    b = GraphBuilder()
+    rng = np.random.default_rng(5)
+    normed = _layer_norm(b, b.input("x", [1, tokens, hidden]), hidden, rng)
+    rows = b.op("Reshape", [normed, b.const(np.array([tokens, hidden], np.int64))])
+    weights = (rng.standard_normal((hidden, out)) / np.sqrt(hidden)).astype(np.float32)
+    return b.model(b.op("Gemm", [rows, b.const(weights),
+                                 b.const((rng.standard_normal(out) * 0.1).astype(np.float32))]))
+
+
+def test_a_layernorm_reshaped_to_a_gemms_rows_is_its_prologue():
+    """A Reshape keeping the hidden axis between the LayerNorm and the Gemm (GPT-2's) joins
+    with it (``partition._rows_reshaped``): before, the first layer's LayerNorm was a kernel."""
+    graph, plan = fuse(reshaped_projection())
+    assert _regions(plan) == [["LayerNormalization", "Reshape", "Gemm"]]
+    assert_compiled_matches(graph, plan)
+
+
 def test_a_mean_of_the_rows_that_is_no_rmsnorm_stays_apart():
     """A mean over the hidden axis of something else than a square (centring the rows)
     before a projection is no RMSNorm: the matmul takes no reduction beside it."""
@@ -340,10 +360,10 @@ def projection_then_rms():
 
 @pytest.mark.pypto
 @pytest.mark.parametrize("model", [normalised_projection, projection_then_norm,
-                                   rms_projection, projection_then_rms])
+                                   rms_projection, projection_then_rms, reshaped_projection])
 def test_a_layernorm_and_its_projection_compile_to_one_kernel_that_checks(model, tmp_path):
     _, kernels = _built_and_checked(model(), tmp_path)
-    (projection,) = [k for k in kernels if "MatMul" in k["ops"]]
+    (projection,) = [k for k in kernels if {"MatMul", "Gemm"} & set(k["ops"])]
     assert {"LayerNormalization", "ReduceMean"} & set(projection["ops"]) and len(kernels) == 1
 
 

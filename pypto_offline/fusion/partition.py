@@ -363,14 +363,34 @@ def normalising_prologue(graph: ImportedGraph, members: list[Node]) -> list[Node
         return []
     root, norm = found
     if norm.op_type == "LayerNormalization":
-        if root.inputs[0] not in norm.outputs:
+        rows = _rows_reshaped(graph, root.inputs[0], norm, members)
+        if rows is None:
             return []
         before = _made_before(norm, members)
-        return [*before, norm] if all(n.op_type in POINTWISE_OPS for n in before) else []
+        return [*before, norm, *rows] if all(n.op_type in POINTWISE_OPS for n in before) \
+            else []
     # an RMSNorm written as its ops: the mean and the elementwise ops around it make the data
     prologue = _made_before(root, members)
     return prologue if norm in prologue and all(
         n is norm or n.op_type in POINTWISE_OPS for n in prologue) else []
+
+
+def _rows_reshaped(graph: ImportedGraph, tensor: str, norm: Node, members: list[Node]
+                   ) -> list[Node] | None:
+    """The Reshapes that make ``tensor`` from the LayerNorm's output keeping its last axis
+    (GPT-2's ``[1, S, K]`` to the Gemm's ``[S, K]``), none if it is that output; None if it
+    is made otherwise."""
+    by_output = {name: n for n in members for name in n.outputs}
+    reshapes = []
+    while tensor not in norm.outputs:
+        maker = by_output.get(tensor)
+        if maker is None or maker.op_type != "Reshape" or (
+                graph.tensors[maker.outputs[0]].shape or (0,))[-1] != (
+                graph.tensors[maker.inputs[0]].shape or (-1,))[-1]:
+            return None
+        reshapes.append(maker)
+        tensor = maker.inputs[0]
+    return reshapes[::-1]
 
 
 def normalising_epilogue(graph: ImportedGraph, members: list[Node]) -> bool:
