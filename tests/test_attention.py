@@ -447,6 +447,9 @@ def test_a_decoder_and_a_windowed_attention_are_one_core(model, made):
 @pytest.mark.pypto
 @pytest.mark.parametrize("model", [padded_decoder_attention, windowed_attention])
 def test_a_decoder_and_a_windowed_attention_compile_to_one_core_that_checks(model, tmp_path):
+    """Built, checked and verified: the decoder's core makes its mask (the padded one: from
+    the attention mask input and the causal band), one kernel with the mask's ops."""
     _, kernels = _built_and_checked(model(), tmp_path)
     (core,) = [k for k in kernels if "Softmax" in k["ops"]]
     assert core["ops"].count("MatMul") == 2
+    assert ("Where" in core["ops"]) == (model is padded_decoder_attention)
