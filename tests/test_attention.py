@@ -112,6 +112,21 @@ def test_what_the_loop_cannot_take_stays_apart():
         assert_compiled_matches(graph, plan)
 
 
+def test_keys_beyond_what_a_tiles_row_holds_leave_the_attention_its_ops_with_the_reason():
+    """4 queries over 16,384 keys: a row of scores (64 KiB) is more than kirin9050's UB holds
+    whole, so no core is made and the Softmax says why; the graph computes what it did."""
+    b = GraphBuilder()
+    q, kt = b.input("q", [1, 1, 4, 64]), b.input("kt", [1, 1, 64, 16384])
+    scores = b.op("Mul", [b.op("MatMul", [q, kt]), b.const(np.float32(0.125))])
+    probabilities = b.op("Softmax", [scores], axis=-1)
+    graph, plan = fuse(b.model(b.op("MatMul", [probabilities,
+                                               b.input("v", [1, 1, 16384, 64])])))
+    assert not plan.regions
+    (softmax,) = [u for u in plan.unfused if u.op_type == "Softmax"]
+    assert "rows of 65536 bytes" in softmax.reason and "UB" in softmax.reason
+    assert_compiled_matches(graph, plan)
+
+
 def test_the_kernel_keeps_each_heads_scores_between_its_two_products():
     """One loop over the heads: each head's scores, scaled, masked and normalised on its
     ``[S, S]`` slice, multiplied by its values' slice, and assembled at its place among the
