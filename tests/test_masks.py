@@ -114,3 +114,17 @@ def test_a_mask_made_in_a_row_region_compiles_and_checks(tmp_path):
     assert kernel["status"] == "compiled"
     assert summary["build_record"]["kernels_passed"] == 1
     assert summary["verification"]["status"] == "passed"
+
+
+def test_a_band_a_matmul_multiplies_by_is_made_in_the_kernel_too():
+    """A lower-triangular matrix of ones (a running sum written as a product) is a band: the
+    kernel writes it and the cube multiplies it, no argument holding it."""
+    b = GraphBuilder()
+    product = b.op("MatMul", [b.input("x", [1, 16, 16]),
+                              b.const(np.tril(np.ones((16, 16), np.float32)))])
+    graph, plan = fuse(b.model(b.op("Add", [product, b.input("r", [1, 16, 16])])))
+    (region,) = plan.regions
+    text = kernel_source(region, default_policy(TARGETS["kirin9050"].ub_plan_bytes.value),
+                         graph.constant_values())
+    assert "pypto.cumsum(" in text and text.count("pypto.Tensor(") == 3  # x, r and the output
+    assert_compiled_matches(graph, plan)
