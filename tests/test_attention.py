@@ -1,6 +1,6 @@
 """Issue 54, an attention's core as one kernel: the scores' batched MatMul, its scale and mask,
 the Softmax over the keys and the MatMul by the values, with the heads merged after it, are one
-region (``fusion.partition.attention_core``) that the kernel generator runs as a loop over the
+region (``fusion.attention.attention_core``) that the kernel generator runs as a loop over the
 heads, each head's scores in UB between its two products (``codegen.matmul.batched_matmul_loop``;
 docs/regions.md, "Attention")."""
 from __future__ import annotations
@@ -279,7 +279,7 @@ def projection_then_norm(tokens=16, hidden=64, norm=_layer_norm):
 
 def test_a_layernorm_of_a_projections_rows_is_its_epilogue():
     """The LayerNorm of what a projection's epilogue makes (the residual's sum) joins it
-    (``partition.normalising_epilogue``): the product's whole rows are normalised in UB, and
+    (``normalising.normalising_epilogue``): the product's whole rows are normalised in UB, and
     the sum is never written. Before, it was a kernel of its own (BERT's four, GPT-2's)."""
     graph, plan = fuse(projection_then_norm())
     assert _regions(plan) == [["MatMul", "Add", "Add", "LayerNormalization"]]
@@ -290,7 +290,7 @@ def test_a_layernorm_of_a_projections_rows_is_its_epilogue():
 @pytest.mark.parametrize("residual,summed", [(False, False), (True, False), (False, True)])
 def test_a_layernorm_is_the_prologue_of_the_projection_after_it(residual, summed):
     """The LayerNorm over the hidden axis joins the projection reading it
-    (``partition.normalising_prologue``): the kernel normalises whole rows in UB and the cube
+    (``normalising.normalising_prologue``): the kernel normalises whole rows in UB and the cube
     multiplies them; the normalised rows are an output too where another op reads them (here
     a Relu, which joins as well), and elementwise ops making its input from inputs join too.
     Before, a matmul took no reduction beside it and the LayerNorm was a kernel of its own."""
@@ -320,7 +320,7 @@ def test_a_layernorm_over_other_axes_or_of_a_batched_matmul_stays_apart():
 
 def test_an_rmsnorm_written_as_its_ops_is_a_projections_prologue_or_epilogue():
     """LLaMA's RMSNorm, its ops as exported (a mean of squares over the hidden axis, kept:
-    ``partition._mean_of_squared_rows``), joins the projection after it, as a LayerNorm does,
+    ``normalising._mean_of_squared_rows``), joins the projection after it, as a LayerNorm does,
     or the projection whose residual's sum it normalises. Before, each was a kernel of its own
     (LLaMA's five)."""
     graph, plan = fuse(normalised_projection(residual=False, norm=_rms_norm))
@@ -345,7 +345,7 @@ def reshaped_projection(tokens=16, hidden=64, out=128):
 
 def test_a_layernorm_reshaped_to_a_gemms_rows_is_its_prologue():
     """A Reshape keeping the hidden axis between the LayerNorm and the Gemm (GPT-2's) joins
-    with it (``partition._rows_reshaped``): before, the first layer's LayerNorm was a kernel."""
+    with it (``normalising._rows_reshaped``): before, the first layer's LayerNorm was a kernel."""
     graph, plan = fuse(reshaped_projection())
     assert _regions(plan) == [["LayerNormalization", "Reshape", "Gemm"]]
     assert_compiled_matches(graph, plan)

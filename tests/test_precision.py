@@ -413,7 +413,7 @@ def test_causal_scores_past_fp16_s_range_pass_their_check_under_force_fp16(tmp_p
     """GPT-2's and Llama's scores: q @ k^T scaled (to logits of tens, as theirs are), plus a
     causal mask of float32's minimum, then the softmax; a Relu reads the masked scores too, so
     they are a kernel's output (an attention's core takes the softmax only when its last
-    tensor alone is read beyond it: ``partition.attention_core``; before, a MatMul's epilogue
+    tensor alone is read beyond it: ``attention.attention_core``; before, a MatMul's epilogue
     took no softmax at all). The original model holds -3.4e38 there,
     the fp16 kernel -inf (-65,504 plus a logit below -16 rounds past fp16's largest): both
     builds failed on that kernel (cosine 0; bench/results/precision run4) while every output

@@ -18,7 +18,8 @@ from pypto_offline.fusion.cost import (fused_cost, node_cost, time_us, total,
                                        why_staging_does_not_pay)
 from pypto_offline.fusion.dequantise_in_readers import dequantise_in_readers
 from pypto_offline.fusion.lower import compiled_model
-from pypto_offline.fusion.partition import partition, read_beyond, tensor_readers
+from pypto_offline.fusion.members import read_beyond, tensor_readers
+from pypto_offline.fusion.partition import partition
 from pypto_offline.fusion.program import Program, build_program
 from pypto_offline.fusion.records import (DOES_NOT_PAY, Cost, Cut, FusionPlan, Region, RegionOp,
                                           Totals, Unfused)

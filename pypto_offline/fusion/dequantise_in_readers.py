@@ -21,7 +21,8 @@ from __future__ import annotations
 from typing import Sequence
 
 from pypto_offline.fusion.classify import node_id
-from pypto_offline.fusion.partition import holds_together, tensor_readers, working_set
+from pypto_offline.fusion.members import tensor_readers
+from pypto_offline.fusion.partition import holds_together, working_set
 from pypto_offline.importer import ImportedGraph, Node
 from pypto_offline.targets import Target
 

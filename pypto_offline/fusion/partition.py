@@ -19,15 +19,15 @@ from typing import Mapping
 import networkx as nx
 import numpy as np
 
+from pypto_offline.fusion.attention import attention_core, is_batched
 from pypto_offline.fusion.classify import node_id, node_tensors
+from pypto_offline.fusion.members import read_beyond, tensor_readers
+from pypto_offline.fusion.normalising import normalising_epilogue, normalising_prologue
 from pypto_offline.fusion.program import region_op
 from pypto_offline.fusion.rows import NotRows, reduces_lone_elements, row_layout
 from pypto_offline.importer import ImportedGraph, Node
-from pypto_offline.importer.ops import (ELEMENTWISE_OPS, MATMUL, POINTWISE_OPS, REDUCTION, VIEW,
-                                        data_inputs, is_cube_conv, kind_of, matmul_extents,
-                                        op_def)
-from pypto_offline.importer.masks import mask_makers
-from pypto_offline.importer.precision import QUANTISATION_OPS
+from pypto_offline.importer.ops import (ELEMENTWISE_OPS, MATMUL, REDUCTION, data_inputs,
+                                        is_cube_conv, kind_of, matmul_extents, op_def)
 from pypto_offline.targets import Target
 
 # PyPTO's data-movement tiles need a last dimension of a multiple of 32 bytes.
@@ -66,7 +66,7 @@ class Partition:
                             for nid in self.order}  # how many members constrain a merge
         # how many members are batched MatMuls (an attention's scores), kept as regions merge
         self.batched = {nid: int(self.nodes[nid].op_type == "MatMul"
-                                 and _batched(graph, self.nodes[nid])) for nid in self.order}
+                                 and is_batched(graph, self.nodes[nid])) for nid in self.order}
         self.quotient = _node_graph(graph, self.position)
         self.readers = tensor_readers(graph)
         self.steps = 0
@@ -168,151 +168,6 @@ def holds_together(graph: ImportedGraph, members: list[Node], target: Target,
             or _rows_agree(graph, members, readers)))
 
 
-def attention_core(graph: ImportedGraph, members: list[Node],
-                   readers: Mapping[str, list[str]]) -> bool:
-    """An attention's scores and what follows them (issue 54, docs/regions.md "Attention"):
-    a batched MatMul of two operands from outside (Q and Kᵀ, per head; or the transposes that
-    split their heads, ``_heads_split``), elementwise ops on its product with operands from
-    outside (the scale, a mask, a position bias), one Softmax over its last axis, and maybe a
-    second batched MatMul of the probabilities by an operand from outside (V) followed by the
-    reshapes and transposes that merge the heads; only its last tensor read beyond it; and
-    the ops making its mask from tensors from outside (``importer.masks``: the attention mask
-    input, a causal band), once per layer. The kernel runs it as a loop over the heads, each
-    head's scores kept in UB between the two products (``codegen.matmul.batched_matmul_loop``);
-    without it a MatMul took no reduction beside it and an attention was three kernels."""
-    matmuls = [n for n in members if kind_of(n.op_type, n.params) == MATMUL]
-    softmaxes = [n for n in members if n.op_type == "Softmax"]
-    # a quantised attention's Q/DQ around each op are not what the loop lowers: it keeps the
-    # regions it had (docs/int8.md); the counts first, the readers beyond only then (every
-    # merge of a region holding a matmul asks)
-    if any(n.op_type in QUANTISATION_OPS for n in members) \
-            or not 1 <= len(matmuls) <= 2 or len(softmaxes) > 1 \
-            or any(m.op_type != "MatMul" or not _batched(graph, m) for m in matmuls):
-        return False
-    beyond = read_beyond(members, graph, readers)
-    if len(beyond) != 1:
-        return False
-    made = _outputs(members)
-    mask = mask_makers(members, lambda t: t not in made)
-    core = [n for n in members if n not in mask]
-    # the mask's tensors are operands from outside to the rest of the core
-    produced = _outputs(core)
-    scores, *values = matmuls
-    heads = _heads_split(core, scores, values, produced)
-    if any(name in produced - _outputs(heads) for name in scores.inputs):
-        return False
-    if not softmaxes:  # as the region grows: the scores, their epilogue and their heads split
-        (last,) = [n for n in core if beyond[0] in n.outputs]
-        chain = _scores_chain(last, scores, core, produced)
-        return (bool(heads) or bool(mask)) and not values and chain is not None \
-            and len(heads) + len(chain) == len(core) and _masks_scores(mask, chain)
-    chain = _scores_chain(softmaxes[0], scores, core, produced)
-    return chain is not None and _masks_scores(mask, chain) and _probabilities_and_values(
-        graph, core, scores, values, softmaxes[0], heads, chain, produced)
-
-
-def _masks_scores(mask: list[Node], chain: list[Node]) -> bool:
-    """Whether what the mask makers write is read by them or the scores' elementwise ops."""
-    made = _outputs(mask)
-    readers = [*mask, *(n for n in chain[1:] if n.op_type != "Softmax")]
-    return all(t in {name for n in readers for name in n.inputs} for t in made)
-
-
-def _probabilities_and_values(graph: ImportedGraph, members: list[Node], scores: Node,
-                              values: list[Node], softmax: Node, heads: list[Node],
-                              chain: list[Node], produced: set[str]) -> bool:
-    """``attention_core`` from its Softmax on (``chain``: the scores up to it): over the
-    scores' last axis, maybe cast (an fp32 Softmax of a mixed precision mode before fp16
-    values), multiplied by values from outside (or their heads split), the heads merged
-    after."""
-    rank = len(graph.tensors[softmax.inputs[0]].shape or ())
-    if tuple(softmax.params.get("axes", ())) != (rank - 1,):
-        return False
-    casts = [n for n in members if n.op_type == "Cast" and n.inputs[0] in softmax.outputs]
-    probabilities = _outputs([softmax, *casts])
-    if any(v.inputs[1] in produced - _outputs(heads) or v.inputs[0] not in probabilities
-           for v in values):
-        return False
-    rest = [n for n in members if n not in chain and n not in values and n not in casts
-            and n not in heads]
-    return all(values and (kind_of(n.op_type, n.params) == VIEW or n.op_type == "Transpose")
-               for n in rest)
-
-
-def _scores_chain(last: Node, scores: Node, members: list[Node], produced: set[str]
-                  ) -> list[Node] | None:
-    """The scores' MatMul, the elementwise ops on its product up to ``last`` (a Softmax, or
-    the last of them) and ``last``, in order; None if they are not that."""
-    chain = [] if last is scores else _chain_into(last, members, produced - set(scores.inputs))
-    if chain is None or (chain and chain[0] is not scores):
-        return None
-    chain = chain + [last]
-    return chain if all(n.op_type in POINTWISE_OPS for n in chain[1:-1]) and (
-        last is scores or last.op_type in POINTWISE_OPS | {"Softmax"}) else None
-
-
-def _outputs(nodes: list[Node]) -> set[str]:
-    return {name for n in nodes for name in n.outputs}
-
-
-# Each operand's transpose splitting the heads of a [B, S, H, D] projection, which the loop
-# reads as a view of its head (``codegen.matmul``): Q and V to [B, H, S, D], K to [B, H, D, S]
-HEADS_SPLIT = {"q": (0, 2, 1, 3), "kt": (0, 2, 3, 1), "v": (0, 2, 1, 3)}
-
-
-def _heads_split(members: list[Node], scores: Node, values: list[Node],
-                 produced: set[str]) -> list[Node]:
-    """The members that split a projection's heads for the core's operands (``HEADS_SPLIT``)
-    from a tensor from outside: ViT's, whose 65 tokens no projection's epilogue transposes
-    (``KernelSupport.matmul_reorder_align``), were kernels of their own."""
-    operands = {scores.inputs[0]: HEADS_SPLIT["q"], scores.inputs[1]: HEADS_SPLIT["kt"],
-                **{v.inputs[1]: HEADS_SPLIT["v"] for v in values}}
-    return [n for n in members if n.op_type == "Transpose" and n.inputs[0] not in produced
-            and operands.get(n.outputs[0]) == tuple(n.params.get("perm", ()))]
-
-
-def _chain_into(node: Node, members: list[Node], produced: set[str]) -> list[Node] | None:
-    """The members before ``node`` along its one input made in the region, each taking one
-    input made there (the others from outside: a scale, a mask), first to last; None if one
-    takes two."""
-    by_output = {name: n for n in members for name in n.outputs}
-    chain, current = [], node
-    while True:
-        made = [name for name in current.inputs if name in produced]
-        if len(made) > 1:
-            return None
-        if not made:
-            return chain[::-1]
-        current = by_output[made[0]]
-        chain.append(current)
-
-
-def _batched(graph: ImportedGraph, matmul: Node) -> bool:
-    """A MatMul of two operands of one rank of at least 3 and the same batch axes."""
-    left, right = (graph.tensors[name].shape or () for name in matmul.inputs[:2])
-    return len(left) == len(right) >= 3 and tuple(left[:-2]) == tuple(right[:-2])
-
-
-def tensor_readers(graph: ImportedGraph) -> dict[str, list[str]]:
-    """Tensor name → the ids of the nodes that take it as an input."""
-    readers: dict[str, list[str]] = {}
-    for n in graph.nodes:
-        for name in n.inputs:
-            readers.setdefault(name, []).append(node_id(n))
-    return readers
-
-
-def read_beyond(members: list[Node], graph: ImportedGraph,
-                readers: Mapping[str, list[str]]) -> tuple[str, ...]:
-    """The tensors these nodes write that a node beyond them reads, or the graph returns: a
-    region's outputs."""
-    inside = {node_id(n) for n in members}
-    graph_outputs = set(graph.outputs)
-    return tuple(dict.fromkeys(
-        name for n in members for name in n.outputs if name in graph_outputs
-        or any(reader not in inside for reader in readers.get(name, ()))))
-
-
 def _matmul_is_root(graph: ImportedGraph, members: list[Node], target: Target) -> bool:
     """A region holds at most one matmul, as its root (IREE's root op, TVM's kOutEWiseFusable),
     or several convolutions with a reduction (``_convolutions_with_a_reduction``): no
@@ -349,102 +204,6 @@ def _matmul_is_root(graph: ImportedGraph, members: list[Node], target: Target) -
     return all(any(name in produced for name in data_inputs(n.op_type, n.inputs))
                or _float_cast(graph, n) or n.op_type == "DequantizeLinear"
                for n in members if n is not root and n not in prologue)
-
-
-def normalising_prologue(graph: ImportedGraph, members: list[Node]) -> list[Node]:
-    """The LayerNormalization over the last axis making a projection's data operand (a MatMul
-    by 2-D weights, or a Gemm), and the elementwise ops making its input from tensors from
-    outside the region (BERT's embeddings' sum), when it is the region's only reduction: the
-    kernel normalises whole rows in UB and the cube multiplies them (issue 54; before, a
-    matmul took no reduction beside it, and each LayerNorm of BERT, ViT and GPT-2 was a kernel
-    of its own). Empty if the members are not that."""
-    found = _projection_and_norm(graph, members)
-    if found is None:
-        return []
-    root, norm = found
-    if norm.op_type == "LayerNormalization":
-        rows = _rows_reshaped(graph, root.inputs[0], norm, members)
-        if rows is None:
-            return []
-        before = _made_before(norm, members)
-        return [*before, norm, *rows] if all(n.op_type in POINTWISE_OPS for n in before) \
-            else []
-    # an RMSNorm written as its ops: the mean and the elementwise ops around it make the data
-    prologue = _made_before(root, members)
-    return prologue if norm in prologue and all(
-        n is norm or n.op_type in POINTWISE_OPS for n in prologue) else []
-
-
-def _rows_reshaped(graph: ImportedGraph, tensor: str, norm: Node, members: list[Node]
-                   ) -> list[Node] | None:
-    """The Reshapes that make ``tensor`` from the LayerNorm's output keeping its last axis
-    (GPT-2's ``[1, S, K]`` to the Gemm's ``[S, K]``), none if it is that output; None if it
-    is made otherwise."""
-    by_output = {name: n for n in members for name in n.outputs}
-    reshapes = []
-    while tensor not in norm.outputs:
-        maker = by_output.get(tensor)
-        if maker is None or maker.op_type != "Reshape" or (
-                graph.tensors[maker.outputs[0]].shape or (0,))[-1] != (
-                graph.tensors[maker.inputs[0]].shape or (-1,))[-1]:
-            return None
-        reshapes.append(maker)
-        tensor = maker.inputs[0]
-    return reshapes[::-1]
-
-
-def normalising_epilogue(graph: ImportedGraph, members: list[Node]) -> bool:
-    """A LayerNormalization over the last axis of what a projection's epilogue makes (the
-    residual's sum after an attention's output projection, a model's last LayerNorm), the
-    region's only reduction: the kernel normalises the product's whole rows in UB."""
-    found = _projection_and_norm(graph, members)
-    return found is not None and found[0] in _made_before(found[1], members)
-
-
-def _projection_and_norm(graph: ImportedGraph, members: list[Node]
-                         ) -> tuple[Node, Node] | None:
-    """The members' one matmul, a projection (a MatMul by 2-D weights, or a Gemm), and their
-    one reduction, a LayerNormalization over the last axis or an RMSNorm's mean of squares
-    over it (``_mean_of_squared_rows``); None if they are not that."""
-    matmuls = [n for n in members if kind_of(n.op_type, n.params) == MATMUL]
-    reductions = [n for n in members if kind_of(n.op_type) == REDUCTION]
-    if len(matmuls) != 1 or len(reductions) != 1 or matmuls[0].op_type not in ("MatMul", "Gemm"):
-        return None
-    (root,), (norm,) = matmuls, reductions
-    rank = len(graph.tensors[norm.inputs[0]].shape or ())
-    if tuple(norm.params.get("axes", ())) != (rank - 1,) \
-            or len(graph.tensors[root.inputs[1]].shape or ()) != 2:
-        return None
-    if norm.op_type == "LayerNormalization" or _mean_of_squared_rows(graph, norm, members):
-        return root, norm
-    return None
-
-
-def _mean_of_squared_rows(graph: ImportedGraph, mean: Node, members: list[Node]) -> bool:
-    """A ReduceMean over the last axis, kept, of a member squaring a tensor (``Pow(x, 2)``,
-    ``Mul(x, x)``): an RMSNorm written as its ops (LLaMA's)."""
-    if mean.op_type != "ReduceMean" or not mean.params.get("keepdims", 1):
-        return False
-    (square,) = [n for n in members if mean.inputs[0] in n.outputs] or [None]
-    if square is None:
-        return False
-    if square.op_type == "Mul":
-        return square.inputs[0] == square.inputs[1]
-    exponent = graph.constant_values().get(square.inputs[1]) if square.op_type == "Pow" \
-        else None
-    return exponent is not None and exponent.size == 1 and float(exponent.reshape(-1)[0]) == 2.0
-
-
-def _made_before(node: Node, members: list[Node]) -> list[Node]:
-    """The members ``node``'s inputs are made by, transitively, in no particular order."""
-    by_output = {name: n for n in members for name in n.outputs}
-    found, stack = [], [name for name in node.inputs if name]
-    while stack:
-        maker = by_output.get(stack.pop())
-        if maker is not None and maker not in found:
-            found.append(maker)
-            stack.extend(name for name in maker.inputs if name)
-    return found
 
 
 def _quantising_prologue(members: list[Node], root: Node, produced: set[str]) -> list[Node]:

@@ -33,7 +33,7 @@ def cut_in_two(region_id: str, members: Sequence[Node], reason: str, graph: Impo
                target: Target, readers: Mapping[str, list[str]]) -> Cut | None:
     """The cut of a region of these nodes (graph order) that moves the fewest bytes, or None
     when no prefix leaves two parts that may each be a region (a region of one node).
-    ``readers``: ``partition.tensor_readers(graph)``."""
+    ``readers``: ``members.tensor_readers(graph)``."""
     best: tuple[tuple[int, int], Cut] | None = None
     for split in range(1, len(members)):
         first, second = list(members[:split]), list(members[split:])

@@ -1,7 +1,7 @@
 """One attention mask per layer: an additive mask the graph makes once and every layer's
 scores read becomes one copy per reader, so each attention's kernel can make its own from the
 attention mask input and the causal band, and no kernel writes the ``[S_q, S_k]`` mask to GM
-for the others to read (``fusion.partition.attention_core``; docs/regions.md, "Attention").
+for the others to read (``fusion.attention.attention_core``; docs/regions.md, "Attention").
 
 The copied ops are the mask's last elementwise steps (``MASK_OPS``: comparisons, logic, Where,
 Cast; and reshapes, ``MASK_VIEWS``), each read by the next only, from the ``Where`` that turns the condition into the
@@ -20,7 +20,7 @@ from pypto_offline.importer.graph_index import names_in_subgraphs, readers_of
 from pypto_offline.importer.names import names_in, unused_name
 
 # The ops that make an attention's mask from tensors from outside its core and join each core
-# (fusion.partition.attention_core)
+# (fusion.attention.attention_core)
 MASK_OPS = frozenset({"And", "Or", "Not", "Xor", "Where", "Cast", "Equal", "Greater", "Less",
                       "GreaterOrEqual", "LessOrEqual"})
 # and the reshapes among them (the attention mask input's [B, S] as [B, 1, 1, S]), which a
@@ -33,7 +33,7 @@ Op = TypeVar("Op")  # a Node, or a region program's RegionOp: op_type, inputs, o
 def mask_makers(ops: Sequence[Op], from_outside: Callable[[str], bool]) -> list[Op]:
     """The ops, in order, that make tensors from tensors from outside and each other only, of
     the ``MASK_OPS`` and ``MASK_VIEWS`` (an attention core's mask, made once before its loop:
-    fusion.partition.attention_core, codegen.matmul.batched_matmul_loop)."""
+    fusion.attention.attention_core, codegen.matmul.batched_matmul_loop)."""
     mask, made = [], set()
     for op in ops:
         if op.op_type in MASK_OPS | MASK_VIEWS \

@@ -161,7 +161,7 @@ def _header(w: Writer, inputs: Mapping[str, str], outputs: Mapping[str, str]) ->
 
 def _normalised_projection(region: Region) -> bool:
     """A projection (MatMul, Gemm) with a LayerNorm before or after it, the region's one
-    reduction (``fusion.partition.normalising_prologue``, ``normalising_epilogue``)."""
+    reduction (``fusion.normalising.normalising_prologue``, ``normalising_epilogue``)."""
     return any(op.op_type in ("MatMul", "Gemm") for op in region.simplified)
 
 

@@ -10,7 +10,7 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from pypto_offline.fusion.partition import HEADS_SPLIT
+from pypto_offline.fusion.attention import HEADS_SPLIT
 from pypto_offline.fusion.records import Region, RegionOp
 from pypto_offline.importer.bands import band_of
 from pypto_offline.importer.contractions import INT8_CUBE_DEPTH
@@ -128,7 +128,7 @@ MASK_LOWERINGS = {**{op: elementwise.LOWERINGS[op] for op in MASK_OPS},
 class BatchedLoop:
     """A region that is one batched MatMul of two region inputs, an elementwise epilogue on
     region inputs and scalars, and the output, maybe with the heads moved behind the rows. An
-    attention's core (``fusion.partition.attention_core``) adds a Softmax over the product's
+    attention's core (``fusion.attention.attention_core``) adds a Softmax over the product's
     rows and maybe a second MatMul of the probabilities by a region input (``values``)."""
     matmul: RegionOp
     epilogue: tuple[RegionOp, ...]
@@ -138,7 +138,7 @@ class BatchedLoop:
     cast: RegionOp | None = None  # the probabilities' to the values' type
     values: RegionOp | None = None
     # each operand whose heads a Transpose in the region splits → that Transpose's input, a
-    # [B, S, H, D] projection read a head at a time (``fusion.partition.HEADS_SPLIT``)
+    # [B, S, H, D] projection read a head at a time (``fusion.attention.HEADS_SPLIT``)
     split: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     # the ops making an attention's mask from region inputs (``importer.masks.mask_makers``),
     # by each slice: its scores read it as a [rows, columns] matrix (``_make_mask``)

@@ -99,7 +99,7 @@ def _layer_normalization(w: Writer, op: RegionOp) -> None:
 def lower_as_rows(w: Writer, op: RegionOp, rows: int, columns: int) -> None:
     """A Softmax, a LayerNormalization or a reduction over the last axis in a region not laid
     out as rows (an attention's head, ``codegen.matmul``; a LayerNorm prologue of a
-    projection, or an RMSNorm's mean: ``fusion.partition.normalising_prologue``): lowered as a
+    projection, or an RMSNorm's mean: ``fusion.normalising.normalising_prologue``): lowered as a
     row region's, on its ``[rows, columns]``, its parameters per column."""
     reduced = op.op_type in REDUCTIONS  # an RMSNorm's mean: one value per row
     kinds = {op.inputs[0]: FULL, op.outputs[0]: ROW if reduced else FULL,
