@@ -1,5 +1,5 @@
 """Canonical forms of the contractions: MatMul, Gemm and Conv (depthwise as its taps, any other
-as the cube's matmul). Registered with ``canonical.normaliser`` as the other ops' forms are;
+as the cube's matmul). Registered with ``node_context.normaliser`` as the other ops' forms are;
 ``canonical`` imports this module so that every normaliser is known wherever it is imported."""
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from typing import Any
 import numpy as np
 import onnx
 
-from pypto_offline.importer.canonical import (NodeContext, NotCanonical, as_ints, normaliser,
-                                              window_extents, window_pads)
+from pypto_offline.importer.node_context import (NodeContext, NotCanonical, as_ints,
+                                                 normaliser, window_extents, window_pads)
 
 MATMUL_FORM = "the kernel generator takes a MatMul of matrices with equal batch axes"
 

@@ -1,12 +1,12 @@
 """Canonical forms of the ops that normalise over some axes — Softmax, LogSoftmax and the
 Layer, Instance and Group normalisations: the axes, epsilon and stash type a kernel reads.
-Registered with ``canonical.normaliser`` as the other ops' forms are; ``canonical`` imports this
+Registered with ``node_context.normaliser`` as the other ops' forms are; ``canonical`` imports this
 module so that every normaliser is known wherever it is imported."""
 from __future__ import annotations
 
 from typing import Any
 
-from pypto_offline.importer.canonical import NodeContext, NotCanonical, normaliser
+from pypto_offline.importer.node_context import NodeContext, NotCanonical, normaliser
 
 
 @normaliser("Softmax", "LogSoftmax")

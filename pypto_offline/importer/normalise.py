@@ -8,7 +8,8 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from pypto_offline.importer.canonical import NodeContext, NotCanonical, normalise
+from pypto_offline.importer.canonical import normalise
+from pypto_offline.importer.node_context import NodeContext, NotCanonical
 from pypto_offline.importer.encoding import encode
 from pypto_offline.importer.graph import Node
 from pypto_offline.importer.ops import data_inputs

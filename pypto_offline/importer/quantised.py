@@ -32,7 +32,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from pypto_offline.importer.canonical import NodeContext, NotCanonical, normaliser
+from pypto_offline.importer.node_context import NodeContext, NotCanonical, normaliser
 from pypto_offline.importer.contractions import too_shallow_for_int8
 from pypto_offline.importer.graph_index import Constants, names_in_subgraphs, readers_of
 from pypto_offline.importer.int8_movers import move_quantised, quantise_concat_parts
