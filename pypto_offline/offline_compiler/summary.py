@@ -12,10 +12,12 @@ from typing import Mapping, Sequence
 
 import onnx
 
+from pypto_offline.fusion.split import part_id
 from pypto_offline.importer.precision import MUST_KEEP
 from pypto_offline.offline_compiler import gears as gear_table
 from pypto_offline.offline_compiler import ptom_pb2
 from pypto_offline.offline_compiler.source_check import SourceCheck
+from pypto_offline.pypto_kernels.baseline import ESTIMATED
 from pypto_offline.pypto_kernels.records import legacy_fallback_kind
 
 NOT_MEASURED = "not measured"
@@ -378,6 +380,21 @@ def tensor_dtypes(imported: bytes) -> dict[str, str]:
     from pypto_offline.report.tensors import tensor_types  # the report's one reading of it
 
     return {name: t.dtype for name, t in tensor_types(onnx.load_from_string(imported)).items()}
+
+
+def cut_parts(kernel: ptom_pb2.Kernel) -> list[tuple[str, list[str]]]:
+    """Each part of a cut region: the id its kernel takes if it pays (``fusion.split.part_id``)
+    and its node ids; none for a region not cut."""
+    if not kernel.HasField("cut"):
+        return []
+    return [(part_id(kernel.id, index), list(nodes))
+            for index, nodes in enumerate((kernel.cut.first, kernel.cut.second))]
+
+
+def baseline_estimated(pypto: Mapping) -> bool:
+    """Whether the summary's unfused baseline (``pypto``: its ``pypto`` section) is the
+    estimate of the ops' cost, not their compiled kernels' measure."""
+    return pypto["cost_us_unfused_basis"] == ESTIMATED
 
 
 def cut_summary(kernel: ptom_pb2.Kernel) -> dict | None:

@@ -8,11 +8,10 @@ from dataclasses import dataclass
 import onnx
 
 from pypto_offline.offline_compiler import ptom_pb2
-from pypto_offline.pypto_kernels.baseline import ESTIMATED
-from pypto_offline.offline_compiler.summary import (NOT_MEASURED, cut_summary,
-                                                  kernel_precision, measured, precision_line,
-                                                  provenance, shown, summarise, tile_us)
-from pypto_offline.fusion.split import part_id
+from pypto_offline.offline_compiler.summary import (NOT_MEASURED, baseline_estimated,
+                                                  cut_parts, cut_summary, kernel_precision,
+                                                  measured, precision_line, provenance, shown,
+                                                  summarise, tile_us)
 from pypto_offline.report import kernel_table
 from pypto_offline.report.downloads import downloads, file_stem
 from pypto_offline.report.dot import graphviz_version
@@ -95,7 +94,7 @@ def headline(summary: dict) -> list[Headline]:
         *([Headline("Against PyPTO's 910B platform", platform_change(summary))]
           if summary["platform_comparison"] else []),
         Headline("PyPTO cost model", cost,
-                 estimate=pypto["cost_us_unfused_basis"] == ESTIMATED),
+                 estimate=baseline_estimated(pypto)),
         Headline("Verification against onnxruntime", check["status"], kind=check["status"]),
     ]
 
@@ -148,7 +147,7 @@ def summary_figures(summary: dict) -> list[Figure]:
         figures.append(Figure(key, label, str(value) if text is None else text,
                               json.dumps(value), key.startswith("est_time")
                               or (key == "pypto.cost_us_unfused"
-                                  and pypto["cost_us_unfused_basis"] == ESTIMATED)))
+                                  and baseline_estimated(pypto))))
     return figures
 
 
@@ -168,7 +167,7 @@ def kernel_cards(grouped: list[list[ptom_pb2.Kernel]], types: dict[str, TensorTy
         "fallback_reason": k.fallback_reason,
         "signature": k.region_signature, "sha256": k.sha256, "platform": k.platform,
         "precision": kernel_precision(k), "cut": cut_summary(k),
-        "cut_parts": _cut_parts(k),
+        "cut_parts": cut_parts(k),
         "original": [_op(o) for o in k.original], "simplified": [_op(o) for o in k.simplified],
         "rules": list(k.rules_applied), "inputs": typed(k.inputs), "outputs": typed(k.outputs),
         "verdict": kernel_table.verdict(k),
@@ -190,15 +189,6 @@ def kernel_cards(grouped: list[list[ptom_pb2.Kernel]], types: dict[str, TensorTy
         "verdicts": [(v.pass_name, v.result) for v in k.verdicts],
         "artifacts": [(a.name, len(a.data), a.sha256) for a in k.artifacts],
     } for group in grouped for k in group[:1]]
-
-
-def _cut_parts(kernel: ptom_pb2.Kernel) -> list[tuple[str, list[str]]]:
-    """Each part of a cut region: the id its kernel takes if it pays (``fusion.split.part_id``)
-    and its node ids; none for a region not cut."""
-    if not kernel.HasField("cut"):
-        return []
-    return [(part_id(kernel.id, index), list(nodes))
-            for index, nodes in enumerate((kernel.cut.first, kernel.cut.second))]
 
 
 def _tile(tile: ptom_pb2.TileChoice) -> dict:
