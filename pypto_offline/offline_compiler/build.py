@@ -39,6 +39,7 @@ from pypto_offline.pypto_kernels.jobs.protocol import FailureKind
 from pypto_offline.pypto_kernels.measured_baseline import unfused_costs
 from pypto_offline.pypto_kernels.precision_check import KernelPrecision, check_kernels
 from pypto_offline.pypto_kernels.platform import STOCK_PLATFORM, platform_figures, platform_of
+from pypto_offline.pypto_kernels.search import Setup
 from pypto_offline.pypto_kernels.versions import DEFAULT_TIMEOUT_S
 from pypto_offline.targets import Target
 from pypto_offline.user_files import read_regular
@@ -126,6 +127,24 @@ class BuildResult:
                 "pypto_compiles": sum(k.pypto_compiles for k in (*self.replaced, *self.kernels))}
 
 
+@dataclass
+class BuildContext:
+    """What every compile of a build, and of the builds run with it (a blob's gears, every
+    round), shares, made once from the first build's options: per target (a --compare-platform
+    round compiles under PyPTO's 910B platform too), the kernel cache, where the jobs run and
+    a job's time limit (``pypto_kernels.Setup``); and the options saying how kernels compile
+    (jobs, tile search)."""
+    options: BuildOptions
+    setups: dict[Target, Setup] = field(default_factory=dict)
+
+    def setup(self, target: Target) -> Setup:
+        if target not in self.setups:
+            options = self.options
+            self.setups[target] = setup_for(target, options.cache_dir, options.executor,
+                                            options.kernel_timeout_s, options.cache_trust)
+        return self.setups[target]
+
+
 def model_bytes(source) -> tuple[bytes, str]:
     """The source model's bytes (for its sha256) and a name without any folder."""
     if isinstance(source, onnx.ModelProto):
@@ -160,15 +179,17 @@ def build_together(builds: Sequence[tuple[object, BuildOptions]], target: Target
                    inputs=first.inputs) != first for _, options in builds):
         raise ValueError("builds run together may differ in their shapes and inputs only")
     timings = timings or Timings()
-    steps = [build_steps(source, target, options,
+    context = BuildContext(first)
+    steps = [build_steps(source, target, options, context,
                          Labelled(progress, labels[index]) if labels else progress, timings)
              for index, (source, options) in enumerate(builds)]
-    return in_rounds(steps, builds[0][1], progress, timings)
+    return in_rounds(steps, context, progress, timings)
 
 
-def build_steps(source, target: Target, options: BuildOptions, progress: Progress,
-                timings: Timings) -> Steps:
-    """One build, yielding a ``rounds.Compiles`` where it needs kernels (``rounds``)."""
+def build_steps(source, target: Target, options: BuildOptions, context: BuildContext,
+                progress: Progress, timings: Timings) -> Steps:
+    """One build, yielding a ``rounds.Compiles`` where it needs kernels (``rounds``);
+    ``context``: what its compiles share with the builds run with it."""
     from pypto_offline import __version__
 
     platform_figures(target)  # a target whose platform lacks a figure stops here, at once
@@ -194,15 +215,15 @@ def build_steps(source, target: Target, options: BuildOptions, progress: Progres
         replaced = kernels
         kernels = yield Compiles(graph, tuple(plan.regions), target)
     plan, kernels, baseline = yield from _cut_until_shipped(graph, plan, kernels, target,
-                                                            options, progress, timings)
+                                                            context, progress, timings)
     failed = {k.region_id: (_category(k), k.fallback_reason) for k in kernels if not k.compiled}
     with timings.stage("plan_s"):  # re-lowering without the fallen-back regions is planning
         shipped = without_regions(plan, graph, target, failed) if failed else plan
     on_910b = yield from _on_910b_platform(graph, plan, target, progress,
                                               options.compare_platform)
     values = _original_values(original, options, timings)
-    precision_of = _kernel_precision(values, graph, plan, kernels, target, options, progress,
-                                     timings)
+    precision_of = _kernel_precision(values, graph, plan, kernels, context.setup(target),
+                                     context.options.jobs, progress, timings)
     platform = platform_of(target)
     message = ptom_pb2.CompiledModel(
         target=target_descriptor(target),
@@ -275,7 +296,7 @@ def _original_values(original: onnx.ModelProto | None, options: BuildOptions,
 
 
 def _kernel_precision(original: OriginalValues, graph: ImportedGraph, plan: FusionPlan,
-                      kernels: Sequence[Kernel], target: Target, options: BuildOptions,
+                      kernels: Sequence[Kernel], setup: Setup, jobs: int,
                       progress, timings: Timings) -> dict[str, KernelPrecision]:
     """A converted build's kernels against the original model, on its values:
     ``pypto_kernels/precision_check.py``. Empty for a graph compiled in its own types."""
@@ -283,14 +304,12 @@ def _kernel_precision(original: OriginalValues, graph: ImportedGraph, plan: Fusi
         return {}
     progress.stage("running the kernels on the original model's values (precision check)")
     with timings.stage("kernels_s"):
-        setup = setup_for(target, options.cache_dir, options.executor, options.kernel_timeout_s,
-                          options.cache_trust)
         return check_kernels(kernels, {r.id: r for r in plan.regions}, graph, original.values,
-                             original.names, setup, options.jobs)
+                             original.names, setup, jobs)
 
 
 def _cut_until_shipped(graph: ImportedGraph, plan: FusionPlan, kernels: Sequence[Kernel],
-                       target: Target, options: BuildOptions, progress: Progress,
+                       target: Target, context: BuildContext, progress: Progress,
                        timings: Timings
                        ) -> Generator[Compiles, tuple, tuple[FusionPlan, tuple[Kernel, ...],
                                                              Baseline]]:
@@ -304,9 +323,9 @@ def _cut_until_shipped(graph: ImportedGraph, plan: FusionPlan, kernels: Sequence
         compiled = {k.region_id for k in batch if k.compiled}
         with timings.stage("baseline_s"):
             baseline = unfused_baseline(graph, [r for r in plan.regions if r.id in compiled],
-                                        target, options, progress)
+                                        target, context, progress)
             baseline = _measured_where_the_estimate_cannot_judge(
-                graph, plan, batch, baseline, target, options, progress)
+                graph, plan, batch, baseline, target, context, progress)
         judged = baseline if judged is None else judged.joined(baseline)
         batch = _slower_fallen_back(batch, plan, baseline, target)
         every += batch
@@ -343,7 +362,7 @@ def _estimate_cannot_judge(kernel: Kernel, region: Region, baseline: Baseline,
 
 def _measured_where_the_estimate_cannot_judge(
         graph: ImportedGraph, plan: FusionPlan, kernels: Sequence[Kernel], baseline: Baseline,
-        target: Target, options: BuildOptions, progress: Progress) -> Baseline:
+        target: Target, context: BuildContext, progress: Progress) -> Baseline:
     """``baseline`` with the ops of each kernel the estimate cannot judge
     (``_estimate_cannot_judge``) measured with PyPTO, through the per-op cache."""
     regions = {r.id: r for r in plan.regions}
@@ -353,9 +372,7 @@ def _measured_where_the_estimate_cannot_judge(
         return baseline
     progress.stage(f"measuring the unfused baseline of the kernels an estimate cannot judge "
                    f"({len(unsure)})")
-    setup = setup_for(target, options.cache_dir, options.executor, options.kernel_timeout_s,
-                      options.cache_trust)
-    measured = unfused_costs(graph, unsure, setup, jobs=options.jobs)
+    measured = unfused_costs(graph, unsure, context.setup(target), jobs=context.options.jobs)
     timed = {region_id: us for region_id, us in measured.items() if us is not None}
     return baseline.joined(Baseline(timed, baseline.basis, frozenset(timed),
                                     frozenset(measured) - frozenset(timed)))
@@ -444,16 +461,15 @@ class Baseline:
 
 
 def unfused_baseline(graph: ImportedGraph, regions: Sequence[Region], target: Target,
-                     options: BuildOptions, progress: Progress) -> Baseline:
+                     context: BuildContext, progress: Progress) -> Baseline:
     """Measured with PyPTO under --measure-baseline; otherwise the shipped estimate, which costs
     no compile and does not depend on what a cache holds (docs/baseline.md)."""
-    if not options.measure_baseline:
+    if not context.options.measure_baseline:
         progress.stage("estimating the unfused baseline")
         return Baseline(estimated_unfused_costs(graph, regions, target), ESTIMATED)
     progress.stage("measuring the unfused baseline")
-    setup = setup_for(target, options.cache_dir, options.executor, options.kernel_timeout_s,
-                      options.cache_trust)
-    return Baseline(unfused_costs(graph, regions, setup, jobs=options.jobs), MEASURED)
+    return Baseline(unfused_costs(graph, regions, context.setup(target),
+                                  jobs=context.options.jobs), MEASURED)
 
 
 def _require_static_inputs(graph: ImportedGraph, name: str) -> None:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pypto_offline.fusion.records import Region
 from pypto_offline.importer import ImportedGraph
 from pypto_offline.progress import Progress, Timings
-from pypto_offline.pypto_kernels import Kernel, setup_for
+from pypto_offline.pypto_kernels import Kernel
 from pypto_offline.pypto_kernels.compiler import compile_regions
 from pypto_offline.targets import Target
 
@@ -39,10 +39,10 @@ class Compiles:
 Steps = Generator[Compiles, tuple[Kernel, ...], object]
 
 
-def in_rounds(steps: Sequence[Steps], options, progress: Progress, timings: Timings) -> list:
-    """Each build's result, in order. ``options`` (a ``build.BuildOptions``): how the kernels
-    compile (cache, trust, executor, jobs, tile search, time limit), the same for every build
-    here; the compile rounds' seconds go to ``timings``' ``kernels_s``."""
+def in_rounds(steps: Sequence[Steps], context, progress: Progress, timings: Timings) -> list:
+    """Each build's result, in order. ``context`` (a ``build.BuildContext``): how the kernels
+    compile (each target's cache, executor and time limit; jobs, tile search), the same for
+    every build here; the compile rounds' seconds go to ``timings``' ``kernels_s``."""
     results: list = [None] * len(steps)
     answers: dict[int, tuple[Kernel, ...] | None] = dict.fromkeys(range(len(steps)))
     while answers:
@@ -52,11 +52,11 @@ def in_rounds(steps: Sequence[Steps], options, progress: Progress, timings: Timi
                 asks[index] = steps[index].send(answer)
             except StopIteration as finished:
                 results[index] = finished.value
-        answers = _compiled_together(asks, options, progress, timings)
+        answers = _compiled_together(asks, context, progress, timings)
     return results
 
 
-def _compiled_together(asks: Mapping[int, Compiles], options, progress: Progress,
+def _compiled_together(asks: Mapping[int, Compiles], context, progress: Progress,
                        timings: Timings) -> dict[int, tuple[Kernel, ...]]:
     """Every request of a round compiled, one ``compile_regions`` per target (a build's
     --compare-platform round asks for PyPTO's 910B platform), each build's kernels split back
@@ -70,10 +70,9 @@ def _compiled_together(asks: Mapping[int, Compiles], options, progress: Progress
         kernels: Sequence[Kernel] = ()
         if work:
             with timings.stage("kernels_s"):
-                kernels = compile_regions(
-                    work, setup_for(target, options.cache_dir, options.executor,
-                                    options.kernel_timeout_s, options.cache_trust),
-                    jobs=options.jobs, search=options.tile_search, progress=progress)
+                kernels = compile_regions(work, context.setup(target),
+                                          jobs=context.options.jobs,
+                                          search=context.options.tile_search, progress=progress)
         start = 0
         for index in mine:
             count = len(asks[index].regions)
