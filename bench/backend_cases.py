@@ -16,7 +16,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from pypto_offline.importer.ops import OPS
+from pypto_offline.registry.ops import OPS
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from bench import corpus
 import pypto_offline
-from pypto_offline.importer.ops import MATMUL, kind_of
+from pypto_offline.registry.ops import MATMUL, kind_of
 from pypto_offline.offline_compiler.summary import kernels_below_lower_bound, shown
 from pypto_offline.pypto_kernels.baseline import slower_fused
 from pypto_offline.targets import TARGETS

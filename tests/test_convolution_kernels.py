@@ -14,7 +14,7 @@ import onnx
 import pytest
 
 import pypto_offline
-from pypto_offline.importer.ops import MATMUL, WINDOW, kind_of
+from pypto_offline.registry.ops import MATMUL, WINDOW, kind_of
 from pypto_offline.pypto_kernels import compile_kernels
 from pypto_offline.runtime import generate_inputs, max_abs_diff, run_model
 from pypto_offline.targets import TARGETS

@@ -8,7 +8,7 @@ import pytest
 from bench import corpus
 from pypto_offline import import_model
 from pypto_offline.fusion import plan_fusion
-from pypto_offline.importer.ops import in_scope
+from pypto_offline.registry.ops import in_scope
 from pypto_offline.targets import TARGETS
 from pypto_offline.verify import compare, generate_inputs
 

@@ -1,4 +1,4 @@
-"""The op registry (importer/ops.py) is the one place that says what an op is: every stage agrees
+"""The op registry (registry/ops.py) is the one place that says what an op is: every stage agrees
 with it, and every op fusion admits, the kernel generator writes."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pypto_offline.fusion import make_region, rows, rules, views
 from pypto_offline.fusion.classify import why_not_fusable
 from pypto_offline.importer import encoding
 from pypto_offline.importer.canonical import NORMALISERS
-from pypto_offline.importer.ops import (BROADCAST, ELEMENTWISE, KINDS, OPS, POINTWISE_OPS, READS,
+from pypto_offline.registry.ops import (BROADCAST, ELEMENTWISE, KINDS, OPS, POINTWISE_OPS, READS,
                                         READS_WINDOW, REDUCE_OPS, REDUCTION, VIEW_ONLY_OPS,
                                         WINDOW, lowered_ops)
 from pypto_offline.pypto_kernels import activations, codegen

@@ -10,7 +10,7 @@ import onnx
 import pytest
 
 from pypto_offline.fusion.cost import cube_handoff_bytes, cube_reread_bytes
-from pypto_offline.importer.ops import MATMUL, REDUCTION, kind_of
+from pypto_offline.registry.ops import MATMUL, REDUCTION, kind_of
 from pypto_offline.pypto_kernels import compile_kernels
 from pypto_offline.pypto_kernels.compiler import setup_for
 from pypto_offline.pypto_kernels.measured_baseline import unfused_costs

@@ -26,7 +26,7 @@ from pypto_offline.fusion.records import (DOES_NOT_PAY, Cost, Cut, FusionPlan, R
 from pypto_offline.fusion.simplify import simplify
 from pypto_offline.fusion.split import cut_in_two, members_of, part_id
 from pypto_offline.importer import ImportedGraph, Node
-from pypto_offline.importer.ops import in_scope
+from pypto_offline.registry.ops import in_scope
 from pypto_offline.targets import Target
 
 __all__ = ["Cost", "Cut", "FusionPlan", "Region", "RegionOp", "Totals", "Unfused", "make_region",

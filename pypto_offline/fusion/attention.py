@@ -9,7 +9,7 @@ from typing import Mapping
 from pypto_offline.fusion.members import chain_into, outputs_of, read_beyond
 from pypto_offline.importer import ImportedGraph, Node
 from pypto_offline.importer.masks import mask_makers
-from pypto_offline.importer.ops import MATMUL, POINTWISE_OPS, VIEW, kind_of
+from pypto_offline.registry.ops import MATMUL, POINTWISE_OPS, VIEW, kind_of
 from pypto_offline.importer.precision import QUANTISATION_OPS
 
 

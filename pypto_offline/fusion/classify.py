@@ -1,6 +1,6 @@
 """Classification: which nodes are memory-bound ops the target's kernels can take.
 
-Memory-bound = the ops of the registry (``importer/ops.py``: data movement, elementwise math,
+Memory-bound = the ops of the registry (``registry/ops.py``: data movement, elementwise math,
 reductions over trailing axes), in canonical form. Anything
 else is a boundary. A memory-bound op the target cannot take (a dtype it lacks, an op or mode the
 kernel generator cannot express, a rank too high) stays out with that reason.
@@ -17,7 +17,7 @@ from pypto_offline.fusion.program import region_op
 from pypto_offline.fusion.rows import (NotRows, reduced_rows, reduces_lone_elements, row_layout,
                                        trailing_axes)
 from pypto_offline.importer import ImportedGraph, Node
-from pypto_offline.importer.ops import (POOL_OPS, REDUCTION, VIEW_ONLY_OPS, data_inputs,
+from pypto_offline.registry.ops import (POOL_OPS, REDUCTION, VIEW_ONLY_OPS, data_inputs,
                                         in_scope, kind_of, op_def)
 from pypto_offline.targets import Target
 

@@ -19,7 +19,7 @@ from pypto_offline.fusion.records import Cost, RegionOp
 from pypto_offline.fusion.rows import broadcasts_to
 from pypto_offline.importer import ImportedGraph, Node
 from pypto_offline.importer.input_shapes import tensor_bytes as bytes_of
-from pypto_offline.importer.ops import (CONV_OPS, MATMUL, POINTWISE_OPS, READS_ALL,
+from pypto_offline.registry.ops import (CONV_OPS, MATMUL, POINTWISE_OPS, READS_ALL,
                                         READS_WINDOW, VIEW_ONLY_OPS, kind_of, matmul_extents,
                                         is_depthwise_conv, reads_of, stride_one_span)
 from pypto_offline.targets import ASCEND910B, Target

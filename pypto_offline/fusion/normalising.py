@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pypto_offline.fusion.members import made_before
 from pypto_offline.importer import ImportedGraph, Node
-from pypto_offline.importer.ops import MATMUL, POINTWISE_OPS, REDUCTION, kind_of
+from pypto_offline.registry.ops import MATMUL, POINTWISE_OPS, REDUCTION, kind_of
 
 
 def normalising_prologue(graph: ImportedGraph, members: list[Node]) -> list[Node]:

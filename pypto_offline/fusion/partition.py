@@ -26,7 +26,7 @@ from pypto_offline.fusion.normalising import normalising_epilogue, normalising_p
 from pypto_offline.fusion.program import region_op
 from pypto_offline.fusion.rows import NotRows, reduces_lone_elements, row_layout
 from pypto_offline.importer import ImportedGraph, Node
-from pypto_offline.importer.ops import (ELEMENTWISE_OPS, MATMUL, REDUCTION, data_inputs,
+from pypto_offline.registry.ops import (ELEMENTWISE_OPS, MATMUL, REDUCTION, data_inputs,
                                         is_cube_conv, kind_of, matmul_extents, op_def)
 from pypto_offline.targets import Target
 

@@ -11,7 +11,7 @@ from typing import Iterable, Mapping
 
 from pypto_offline.fusion.records import RegionOp
 from pypto_offline.importer import ImportedGraph, Node
-from pypto_offline.importer.ops import VIEW_ONLY_OPS, data_inputs
+from pypto_offline.registry.ops import VIEW_ONLY_OPS, data_inputs
 
 
 @dataclass

@@ -40,7 +40,7 @@ from typing import Collection, Mapping, Sequence
 import numpy as np
 
 from pypto_offline.fusion.records import RegionOp
-from pypto_offline.importer.ops import (BROADCAST, CONV_OPS, ELEMENTWISE, OPS,
+from pypto_offline.registry.ops import (BROADCAST, CONV_OPS, ELEMENTWISE, OPS,
                                         PER_ROW_PARAMETER_OPS, POINTWISE_OPS, REDUCTION,
                                         ROW_RESULT_OPS, VIEW, is_cube_conv, kind_of)
 

@@ -15,7 +15,7 @@ from pypto_offline.fusion.program import Program
 from pypto_offline.fusion.records import RegionOp
 from pypto_offline.fusion.rows import reduces_lone_elements
 from pypto_offline.fusion.views import ViewStack
-from pypto_offline.importer.ops import BROADCASTING_OPS, OPS
+from pypto_offline.registry.ops import BROADCASTING_OPS, OPS
 
 Rule = Callable[[Program, RegionOp], "list[RegionOp] | None"]
 # The ops the view algebra composes (their registry entry names a view transform)

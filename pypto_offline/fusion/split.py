@@ -20,7 +20,7 @@ from pypto_offline.fusion.cost import tensor_bytes
 from pypto_offline.fusion.partition import holds_together
 from pypto_offline.fusion.records import Cut
 from pypto_offline.importer import ImportedGraph, Node
-from pypto_offline.importer.ops import data_inputs
+from pypto_offline.registry.ops import data_inputs
 from pypto_offline.targets import Target
 
 

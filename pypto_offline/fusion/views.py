@@ -17,7 +17,7 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from pypto_offline.importer.ops import op_def
+from pypto_offline.registry.ops import op_def
 
 
 def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
@@ -212,7 +212,7 @@ def _identity(stack: ViewStack, p) -> ViewStack:
     return stack
 
 
-# The transforms an op's ``OpDef.view`` names (importer/ops.py): the stack after the op, given
+# The transforms an op's ``OpDef.view`` names (registry/ops.py): the stack after the op, given
 # its canonical parameters.
 TRANSFORMS: Mapping[str, Callable[[ViewStack, Mapping], "ViewStack | None"]] = MappingProxyType({
     "slice": _slice, "pad": _pad, "permute": _permute, "expand": _expand, "reshape": _reshape,

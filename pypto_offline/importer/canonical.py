@@ -19,7 +19,7 @@ from pypto_offline.importer import contractions, normalisations, quantised  # no
 from pypto_offline.importer.node_context import (NORMALISERS, NodeContext, NotCanonical,
                                                  as_ints, normaliser, schema_attributes,
                                                  window_extents, window_pads)
-from pypto_offline.importer.ops import ELEMENTWISE_OPS, GLOBAL_POOL_OPS, POOL_OPS, REDUCE_OPS
+from pypto_offline.registry.ops import ELEMENTWISE_OPS, GLOBAL_POOL_OPS, POOL_OPS, REDUCE_OPS
 
 FLT_MAX = float(np.finfo(np.float32).max)
 

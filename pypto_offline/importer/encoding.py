@@ -15,7 +15,7 @@ import onnx
 from onnx import helper
 
 from pypto_offline.importer.canonical import axes_as_input
-from pypto_offline.importer.ops import GLOBAL_POOL_OPS, POOL_OPS, REDUCE_OPS
+from pypto_offline.registry.ops import GLOBAL_POOL_OPS, POOL_OPS, REDUCE_OPS
 
 # Turns a parameter (its name and value) into the name of a tensor holding it.
 MakeConstant = Callable[[str, np.ndarray], str]
@@ -192,7 +192,7 @@ _ATTRIBUTE_OPS = (
     "Add Mul Max Min Sum Mean Equal And Or Xor Sub Where Less Greater LessOrEqual "
     "GreaterOrEqual Div PRelu Pow Mod BitShift")
 
-# Every op of the registry (importer/ops.py): its encoder. tests/test_op_registry.py checks
+# Every op of the registry (registry/ops.py): its encoder. tests/test_op_registry.py checks
 # that none is missing.
 ENCODERS: Mapping[str, Callable] = MappingProxyType({
     "Slice": _slice, "Pad": _pad, "Tile": _tile, "Expand": _expand, "Split": _split,

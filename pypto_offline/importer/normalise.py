@@ -12,8 +12,8 @@ from pypto_offline.importer.canonical import normalise
 from pypto_offline.importer.node_context import NodeContext, NotCanonical
 from pypto_offline.importer.encoding import encode
 from pypto_offline.importer.graph import Node
-from pypto_offline.importer.ops import data_inputs
-from pypto_offline.importer.ops import in_scope
+from pypto_offline.registry.ops import data_inputs
+from pypto_offline.registry.ops import in_scope
 from pypto_offline.importer.validation import node_label
 
 

@@ -27,7 +27,7 @@ import onnx
 from onnx import numpy_helper
 
 from pypto_offline.errors import UsageError
-from pypto_offline.importer.ops import MATMUL, data_inputs, kind_of, op_def
+from pypto_offline.registry.ops import MATMUL, data_inputs, kind_of, op_def
 from pypto_offline.runtime import FP16_MAX
 from pypto_offline.user_files import read_regular
 

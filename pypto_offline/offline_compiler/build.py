@@ -21,7 +21,7 @@ from pypto_offline.importer import ImportedGraph, import_model, precision
 from pypto_offline.importer.input_format import check_input_format
 from pypto_offline.importer.input_shapes import graph_inputs, symbolic_input_error
 from pypto_offline.importer.shape_probe import check_memory, every_value
-from pypto_offline.importer.ops import MATMUL, kind_of
+from pypto_offline.registry.ops import MATMUL, kind_of
 from pypto_offline.offline_compiler import ptom_pb2
 from pypto_offline.offline_compiler.messages import (kernel_message, platform_message,
                                                      precision_message, provenance_message,

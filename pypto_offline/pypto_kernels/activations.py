@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
-from pypto_offline.importer.ops import OPS
+from pypto_offline.registry.ops import OPS
 
 # Abramowitz and Stegun 7.1.26: erf(x) = 1 - t*(a1 + t*(a2 + ... + t*a5)) * exp(-x*x) for
 # x >= 0, t = 1 / (1 + p*x); absolute error below 1.5e-7.
@@ -228,7 +228,7 @@ def _call(function: str) -> Builder:
 
 
 # The builders that compute in fp32 whatever the input's precision: the registry's
-# ``fp32_for_half`` (importer/ops.py)
+# ``fp32_for_half`` (registry/ops.py)
 FP32 = frozenset(name for name, d in OPS.items() if d.fp32_for_half)
 
 BUILDERS: Mapping[str, Builder] = MappingProxyType({

@@ -33,7 +33,7 @@ from pypto_offline.fusion.records import Region, RegionOp
 from pypto_offline.fusion.simplify import simplify
 from pypto_offline.importer import ImportedGraph
 from pypto_offline.importer.input_shapes import tensor_bytes as bytes_of
-from pypto_offline.importer.ops import MATMUL, OPS, POINTWISE_OPS
+from pypto_offline.registry.ops import MATMUL, OPS, POINTWISE_OPS
 from pypto_offline.pypto_kernels.jobs.protocol import HEADLINES, FailureKind
 from pypto_offline.pypto_kernels.platform import Platform, platform_of
 from pypto_offline.targets import Target

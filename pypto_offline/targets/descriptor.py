@@ -26,7 +26,7 @@ class Figure:
 @dataclass(frozen=True)
 class KernelSupport:
     """Limits of what the kernel generator (PyPTO 0.2.0 in Tensor mode) can express, per its CPU
-    probe. Which ops it lowers is the op registry's (``importer/ops.py``): one generator serves
+    probe. Which ops it lowers is the op registry's (``registry/ops.py``): one generator serves
     every target."""
 
     max_rank: int

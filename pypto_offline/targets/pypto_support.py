@@ -1,6 +1,6 @@
 """The limits of what PyPTO 0.2.0 compiles and verifies in Tensor mode (docs/pypto-ops.md).
 
-Which ops lower is the op registry's (``importer/ops.py``). Only constant padding. Elementwise
+Which ops lower is the op registry's (``registry/ops.py``). Only constant padding. Elementwise
 tensors are limited to rank 4 and transposes to rank 5; the kernel generator folds contiguous
 axes, so fusion admits tensors up to rank 6 and the generator splits a region it cannot fold. A
 matmul result of odd rows reshaped and transposed (tf_vit's keys, 65 tokens) did not compile

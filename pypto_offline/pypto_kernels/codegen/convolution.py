@@ -16,7 +16,7 @@ from typing import Callable, Mapping
 
 from pypto_offline.fusion.cost import reads_stride_phases
 from pypto_offline.fusion.records import RegionOp
-from pypto_offline.importer.ops import is_depthwise_conv, stride_one_span
+from pypto_offline.registry.ops import is_depthwise_conv, stride_one_span
 from pypto_offline.pypto_kernels.codegen.matmul import conv_product, pointwise_conv
 from pypto_offline.pypto_kernels.codegen.movement import every_step
 from pypto_offline.pypto_kernels.codegen.writer import Writer, full, itemsize_of, let

@@ -12,7 +12,7 @@ import onnx
 
 from pypto_offline.fusion.classify import FLOAT_DTYPES, HALF_DTYPES
 from pypto_offline.fusion.records import RegionOp
-from pypto_offline.importer.ops import OPS
+from pypto_offline.registry.ops import OPS
 from pypto_offline.pypto_kernels import activations
 from pypto_offline.pypto_kernels.activations import literal as float_literal
 from pypto_offline.pypto_kernels.codegen.layout import (broadcast_to, compute_shape,

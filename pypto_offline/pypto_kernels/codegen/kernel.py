@@ -12,7 +12,7 @@ import onnx
 from pypto_offline.fusion.records import Region
 from pypto_offline.fusion.rows import channel_rows, has_reduction
 from pypto_offline.importer.bands import band_of
-from pypto_offline.importer.ops import REDUCTION, kind_of
+from pypto_offline.registry.ops import REDUCTION, kind_of
 from pypto_offline.pypto_kernels.activations import literal as float_literal
 from pypto_offline.pypto_kernels.jobs.protocol import ARGUMENT_SHAPES
 from pypto_offline.pypto_kernels.tiling import TilePolicy

@@ -14,7 +14,7 @@ import numpy as np
 from pypto_offline.fusion.classify import FLOAT_DTYPES, kernel_dtype
 from pypto_offline.fusion.records import Region, RegionOp
 from pypto_offline.fusion.rows import NotRows, RowLayout, conv_rows, row_layout
-from pypto_offline.importer.ops import OPS, POINTWISE_OPS, is_cube_conv
+from pypto_offline.registry.ops import OPS, POINTWISE_OPS, is_cube_conv
 from pypto_offline.pypto_kernels.folding import fold_broadcast, right_aligned
 from pypto_offline.pypto_kernels.tiling import BLOCK_BYTES, TilePolicy
 from pypto_offline.pypto_kernels.codegen.writer import (MAX_RANK, CannotExpress, Writer,

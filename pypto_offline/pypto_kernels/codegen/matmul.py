@@ -15,7 +15,7 @@ from pypto_offline.fusion.records import Region, RegionOp
 from pypto_offline.importer.bands import band_of
 from pypto_offline.importer.contractions import INT8_CUBE_DEPTH
 from pypto_offline.importer.masks import MASK_OPS, mask_makers
-from pypto_offline.importer.ops import matmul_extents
+from pypto_offline.registry.ops import matmul_extents
 from pypto_offline.pypto_kernels.folding import right_aligned
 from pypto_offline.pypto_kernels.tiling import cube_tiles
 from pypto_offline.pypto_kernels.codegen import elementwise, movement, reduction

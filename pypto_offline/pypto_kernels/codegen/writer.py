@@ -15,7 +15,7 @@ import onnx
 from pypto_offline.fusion.classify import BYTE_INTEGERS, kernel_dtype
 from pypto_offline.fusion.records import Region
 from pypto_offline.fusion.rows import RowLayout
-from pypto_offline.importer.ops import is_cube_conv
+from pypto_offline.registry.ops import is_cube_conv
 from pypto_offline.pypto_kernels.activations import literal as float_literal
 from pypto_offline.pypto_kernels.tiling import BLOCK_BYTES, TilePolicy
 
