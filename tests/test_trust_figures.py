@@ -235,11 +235,12 @@ def test_a_kernel_reading_a_slice_window_measures_at_least_its_lower_bound(tmp_p
 
 @pytest.mark.pypto
 @pytest.mark.parametrize("model, least_compiled, transposes_out, matmuls_alone", [
-    ("tf_bert_encoder", 15, True, False), ("asr_frontend_whisper80_conv", 2, False, True)])
+    ("tf_bert_encoder", 14, True, False), ("asr_frontend_whisper80_conv", 2, False, True)])
 def test_no_kernel_of_a_corpus_model_measures_below_its_lower_bound(
         model, least_compiled, transposes_out, matmuls_alone, tmp_path):
     """BERT: Reshape+Transpose of Q/K/V (TRANSPOSE_MOVEOUT) after their matmuls, the attention
-    mask and GELU with one-element constants (immediates in the kernel). whisper: a spectrogram
+    mask made in each attention's kernel (14 kernels: the mask's own joined the cores, issue 54)
+    and GELU with one-element constants (immediates in the kernel). whisper: a spectrogram
     transposed and sliced (the dropped frame is never read) and a Div by a constant; its mel
     filterbank matmul kept alone, as the build splits it (no tile of it fits Kirin's UB)."""
     from bench import corpus
