@@ -5,9 +5,9 @@ and LLaMA's ``[1, 1, new, past + new]`` bool, True where key ``j <= i + past``) 
 would read from GM, R x C elements, where two bounds say all of it. A *band* is such a constant:
 the same ``[R, C]`` matrix for every index of its leading axes (all of extent 1), holding
 ``inside`` where ``low <= j - i <= high`` and ``outside`` elsewhere. The kernel generator writes
-it as a comparison of two index ranges (``pypto.arange``: codegen/bands.py) and the kernel takes
-no argument for it; the cost model counts no bytes read for it, as for a one-element constant
-(docs/regions.md, "Attention": masks made in the kernel).
+it as a comparison of two index ranges (running sums of ones: codegen/bands.py) and the kernel
+takes no argument for it; the cost model counts no bytes read for it, as for a one-element
+constant (docs/regions.md, "Masks made in the kernel").
 """
 from __future__ import annotations
 

@@ -9,6 +9,8 @@ from typing import Any, Mapping
 import numpy as np
 import onnx
 
+from pypto_offline.importer.bands import in_source
+
 
 @dataclass(frozen=True)
 class TensorInfo:
@@ -96,8 +98,6 @@ class ImportedGraph:
     def made_in_kernel(self) -> frozenset[str]:
         """The constants a kernel holds without reading them: one element (an immediate) or a
         band of a matrix it writes from bounds (importer/bands.py)."""
-        from pypto_offline.importer.bands import in_source
-
         return frozenset(name for name, value in self.constant_values().items()
                          if in_source(value))
 

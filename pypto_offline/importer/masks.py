@@ -3,10 +3,10 @@ scores read becomes one copy per reader, so each attention's kernel can make its
 attention mask input and the causal band, and no kernel writes the ``[S_q, S_k]`` mask to GM
 for the others to read (``fusion.attention.attention_core``; docs/regions.md, "Attention").
 
-The copied ops are the mask's last elementwise steps (``MASK_OPS``: comparisons, logic, Where,
-Cast; and reshapes, ``MASK_VIEWS``), each read by the next only, from the ``Where`` that turns the condition into the
-additive values down to tensors read elsewhere or made otherwise (GPT-2's attention mask after
-its GatherND, a constant band: importer/bands.py). A few vector ops per layer, against a
+The copied ops are the mask's last steps (``MASK_OPS``: comparisons, logic, Where, Cast; and
+reshapes, ``MASK_VIEWS``), each read by the next only, from the ``Where`` that turns the
+condition into the additive values down to tensors read elsewhere or made otherwise (GPT-2's
+attention mask after its GatherND, a constant band: importer/bands.py). A few vector ops per layer, against a
 kernel launch and the mask's ``S_q x S_k`` elements written once and read once per layer; as
 ``quantised._one_dequantisation_per_reader`` does for a DequantizeLinear.
 """
@@ -32,7 +32,7 @@ Op = TypeVar("Op")  # a Node, or a region program's RegionOp: op_type, inputs, o
 
 def mask_makers(ops: Sequence[Op], from_outside: Callable[[str], bool]) -> list[Op]:
     """The ops, in order, that make tensors from tensors from outside and each other only, of
-    the ``MASK_OPS`` and ``MASK_VIEWS`` (an attention core's mask, made once before its loop:
+    the ``MASK_OPS`` and ``MASK_VIEWS`` (an attention core's mask, made by each head:
     fusion.attention.attention_core, codegen.matmul.batched_matmul_loop)."""
     mask, made = [], set()
     for op in ops:
