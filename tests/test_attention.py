@@ -408,6 +408,50 @@ def decoder_attention(heads=4, new=4, past=12, depth=16, padded=False):
                                                               np.int64))]))
 
 
+def decoder_layer(heads=4, new=4, past=12, depth=16):
+    """GPT-2's attention as its export has it: the new tokens' ``[1, S, H*D]`` projected to
+    q, k and v (MatMuls by weights), each reshaped to its heads and transposed; k and v
+    concatenated after the cache's and returned (the model's ``present`` outputs); the causal
+    band And the attention mask input's padding as the mask."""
+    b = GraphBuilder()
+    rng = np.random.default_rng(11)
+    x = b.input("x", [1, new, heads * depth])
+
+    def heads_of(name: str) -> str:
+        weights = (rng.standard_normal((heads * depth, heads * depth)) /
+                   np.sqrt(heads * depth)).astype(np.float32)
+        split = b.op("Reshape", [b.op("MatMul", [x, b.const(weights)]),
+                                 b.const(np.array([1, new, heads, depth], np.int64))])
+        return b.op("Transpose", [split], perm=[0, 2, 1, 3])
+
+    q = heads_of("q")
+    keys = b.op("Concat", [b.input("past_k", [1, heads, past, depth]), heads_of("k")], axis=2)
+    values = b.op("Concat", [b.input("past_v", [1, heads, past, depth]), heads_of("v")],
+                  axis=2)
+    causal = np.triu(np.ones((new, past + new), np.bool_), past + 1)[None, None]
+    mask = _additive(b, b.op("And", [b.const(~causal, np.bool_), _padding_of(b, past + new)]))
+    scores = b.op("Mul", [b.op("MatMul", [q, b.op("Transpose", [keys], perm=[0, 1, 3, 2])]),
+                          b.const(np.float32(depth ** -0.5))])
+    probabilities = b.op("Softmax", [b.op("Add", [scores, mask])], axis=-1)
+    merged = b.op("Transpose", [b.op("MatMul", [probabilities, values])], perm=[0, 2, 1, 3])
+    out = b.op("Reshape", [merged, b.const(np.array([1, new, heads * depth], np.int64))])
+    return b.model(out, keys, values)
+
+
+def test_a_decoders_cache_is_concatenated_by_its_projection_and_its_attention_is_one_core():
+    """In a decoder as exported, the cache's concatenation joins the projection making the
+    new keys (values), whose kernel writes the ``present`` output anyway; the attention with
+    its mask made from the band and the padding is one core reading them, no Concat a kernel
+    of its own (GPT-2's plan: docs/regions.md, "Masks made in the kernel")."""
+    graph, plan = fuse(decoder_layer())
+    regions = _regions(plan)
+    cores = [ops for ops in regions if "Softmax" in ops]
+    assert len(cores) == 1 and cores[0].count("MatMul") == 2 and "Where" in cores[0]
+    assert all("MatMul" in ops for ops in regions if "Concat" in ops)
+    assert sum(ops.count("Concat") for ops in regions) == 2
+    assert_compiled_matches(graph, plan)
+
+
 def windowed_attention(windows=4, heads=2, tokens=16, depth=16):
     """Swin's windowed attention: ``windows`` windows of ``tokens`` tokens, scores plus a
     relative-position bias per head ``[1, H, S, S]`` and a shifted window's mask per window
@@ -460,11 +504,14 @@ def test_a_decoder_and_a_windowed_attention_are_one_core(model, made):
 
 
 @pytest.mark.pypto
-@pytest.mark.parametrize("model", [padded_decoder_attention, windowed_attention])
+@pytest.mark.parametrize("model", [padded_decoder_attention, decoder_layer, windowed_attention])
 def test_a_decoder_and_a_windowed_attention_compile_to_one_core_that_checks(model, tmp_path):
-    """Built, checked and verified: the decoder's core makes its mask (the padded one: from
-    the attention mask input and the causal band), one kernel with the mask's ops."""
+    """Built, checked and verified: a decoder's core makes its mask (from the attention mask
+    input and the causal band), one kernel with the mask's ops; the decoder layer's cache is
+    concatenated by its projections' kernels."""
     _, kernels = _built_and_checked(model(), tmp_path)
     (core,) = [k for k in kernels if "Softmax" in k["ops"]]
     assert core["ops"].count("MatMul") == 2
-    assert ("Where" in core["ops"]) == (model is padded_decoder_attention)
+    assert ("Where" in core["ops"]) == (model is not windowed_attention)
+    if model is decoder_layer:
+        assert len(kernels) == 4 and all("MatMul" in k["ops"] for k in kernels)
