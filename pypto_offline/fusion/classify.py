@@ -95,8 +95,7 @@ def _fills_tiles(node: Node) -> bool:
 
 
 def _fits_int32(graph: ImportedGraph, name: str) -> bool:
-    value = next(onnx.numpy_helper.to_array(t) for t in graph.model.graph.initializer
-                 if t.name == name)
+    value = graph.constant(name)
     return value.size == 0 or INT32_RANGE[0] <= value.min() and value.max() <= INT32_RANGE[1]
 
 

@@ -87,6 +87,5 @@ def _mean_of_squared_rows(graph: ImportedGraph, mean: Node, members: list[Node])
         return False
     if square.op_type == "Mul":
         return square.inputs[0] == square.inputs[1]
-    exponent = graph.constant_values().get(square.inputs[1]) if square.op_type == "Pow" \
-        else None
+    exponent = graph.constant(square.inputs[1]) if square.op_type == "Pow" else None
     return exponent is not None and exponent.size == 1 and float(exponent.reshape(-1)[0]) == 2.0

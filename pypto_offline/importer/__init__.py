@@ -118,8 +118,9 @@ def _fold_to_fixed_point(model: onnx.ModelProto, given: Mapping[str, np.ndarray]
             model = folding.fold(model, known)
             shape_probe.check_memory(model, label, weights)
             probed = shape_probe.probe(model, given)
-        if masks.one_mask_per_reader(model.graph):  # new tensors: their shapes probed
-            probed = shape_probe.probe(model, given)
+        # each mask copy has its original's type and shape: no probe runs again for them
+        probed.update({copy: probed[original] for copy, original
+                       in masks.one_mask_per_reader(model.graph).items() if original in probed})
     except CannotRun as error:
         return model, {}, error, integer
     return model, probed, None, integer

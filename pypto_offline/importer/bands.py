@@ -12,8 +12,10 @@ constant (docs/regions.md, "Masks made in the kernel").
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterable, Mapping
 
 import numpy as np
+import onnx
 
 # The element types a band is written in: its two values a Python literal of the type
 BAND_DTYPES = (np.dtype(np.bool_), np.dtype(np.float32))
@@ -38,7 +40,9 @@ def band_of(value: np.ndarray) -> Band | None:
         return None
     matrix = value.reshape(value.shape[-2:])
     rows, columns = matrix.shape
-    if rows * columns < 2:
+    # a band's first row and column hold its two values at most: a weight matrix is refused
+    # there, before the offsets of all its elements are compared
+    if rows * columns < 2 or np.unique(np.concatenate([matrix[0], matrix[:, 0]])).size > 2:
         return None
     offsets = np.arange(columns)[None, :] - np.arange(rows)[:, None]
     for corner in (matrix[0, 0], matrix[-1, -1]):  # the main diagonal lies inside a band
@@ -55,8 +59,27 @@ def band_of(value: np.ndarray) -> Band | None:
     return None
 
 
+def bands_among(names: Iterable[str], constants: Mapping[str, np.ndarray]) -> dict[str, Band]:
+    """Each of ``names`` that is a band constant, and its band."""
+    found = {}
+    for name in names:
+        band = band_of(np.asarray(constants[name])) if name in constants else None
+        if band is not None:
+            found[name] = band
+    return found
+
+
 def _literal(value: np.generic) -> bool | float:
     return bool(value) if isinstance(value, np.bool_) else float(value)
+
+
+def could_be_in_source(shape: tuple[int, ...], elem_type: int) -> bool:
+    """Whether a constant of this shape and ONNX element type may be held in a kernel's source
+    (``in_source``), before its value is looked at."""
+    if int(np.prod(shape, dtype=np.int64)) == 1:
+        return True
+    return len(shape) >= 2 and all(d == 1 for d in shape[:-2]) and elem_type in (
+        onnx.TensorProto.BOOL, onnx.TensorProto.FLOAT)
 
 
 def in_source(value: np.ndarray) -> bool:

@@ -9,7 +9,7 @@ from typing import Any, Mapping
 import numpy as np
 import onnx
 
-from pypto_offline.importer.bands import in_source
+from pypto_offline.importer.bands import could_be_in_source, in_source
 
 
 @dataclass(frozen=True)
@@ -95,11 +95,25 @@ class ImportedGraph:
         return {t.name: numpy_helper.to_array(t) for t in self.model.graph.initializer}
 
     @cached_property
+    def _initializers(self) -> dict[str, onnx.TensorProto]:
+        return {t.name: t for t in self.model.graph.initializer}
+
+    def constant(self, name: str) -> np.ndarray | None:
+        """One initializer's value (None if ``name`` is none), without converting the others
+        as ``constant_values`` does: a rule asking for a scalar of a model of MBs of weights."""
+        from onnx import numpy_helper
+
+        tensor = self._initializers.get(name)
+        return None if tensor is None else numpy_helper.to_array(tensor)
+
+    @cached_property
     def made_in_kernel(self) -> frozenset[str]:
         """The constants a kernel holds without reading them: one element (an immediate) or a
-        band of a matrix it writes from bounds (importer/bands.py)."""
-        return frozenset(name for name, value in self.constant_values().items()
-                         if in_source(value))
+        band of a matrix it writes from bounds (importer/bands.py). Only the initializers that
+        could be a band by their shape and type are converted to be looked at."""
+        return frozenset(name for name, tensor in self._initializers.items()
+                         if could_be_in_source(tuple(tensor.dims), tensor.data_type)
+                         and in_source(self.constant(name)))
 
     def _shape_text(self, name: str) -> list[int] | str:
         info = self.tensors.get(name)

@@ -43,10 +43,10 @@ def mask_makers(ops: Sequence[Op], from_outside: Callable[[str], bool]) -> list[
     return mask
 
 
-def one_mask_per_reader(graph: onnx.GraphProto) -> int:
+def one_mask_per_reader(graph: onnx.GraphProto) -> dict[str, str]:
     """Copy each shared additive mask (a ``Where`` of two one-element constants read only by
-    Adds, two or more) and its own ``MASK_OPS`` chain once per reader but the first; the number
-    of copies made."""
+    Adds, two or more) and its own ``MASK_OPS`` chain once per reader but the first; each
+    copy's output → the output it copies (of the same type and shape)."""
     readers = readers_of(graph)
     producer = {name: node for node in graph.node for name in node.output}
     scalars = {t.name for t in graph.initializer if _size(t) == 1}
@@ -54,21 +54,22 @@ def one_mask_per_reader(graph: onnx.GraphProto) -> int:
     taken = names_in(graph)
     position = {id(node): index for index, node in enumerate(graph.node)}
     copies: dict[int, list[onnx.NodeProto]] = {}
+    originals: dict[str, str] = {}
     for node in graph.node:
         if not _shared_additive_mask(node, readers, scalars, kept):
             continue
         chain = _own_chain(node, producer, readers, kept, position)
         for reader in readers[node.output[0]][1:]:
-            copies.setdefault(id(node), []).extend(_copy_for(chain, reader, taken))
+            copies.setdefault(id(node), []).extend(_copy_for(chain, reader, taken, originals))
     if not copies:
-        return 0
+        return originals
     nodes = []
     for node in graph.node:
         nodes.append(node)
         nodes.extend(copies.get(id(node), ()))
     del graph.node[:]
     graph.node.extend(nodes)
-    return sum(len(c) for c in copies.values())
+    return originals
 
 
 def _size(tensor: onnx.TensorProto) -> int:
@@ -104,9 +105,10 @@ def _own_chain(where: onnx.NodeProto, producer, readers, kept: set[str],
     return sorted(chain, key=lambda n: position[id(n)])
 
 
-def _copy_for(chain: list[onnx.NodeProto], reader: onnx.NodeProto, taken: set[str]
-              ) -> list[onnx.NodeProto]:
-    """The chain copied under new names for ``reader``, which now reads the copy."""
+def _copy_for(chain: list[onnx.NodeProto], reader: onnx.NodeProto, taken: set[str],
+              originals: dict[str, str]) -> list[onnx.NodeProto]:
+    """The chain copied under new names for ``reader``, which now reads the copy; each new
+    output's original recorded in ``originals``."""
     renamed: dict[str, str] = {}
     copies = []
     for node in chain:
@@ -116,6 +118,7 @@ def _copy_for(chain: list[onnx.NodeProto], reader: onnx.NodeProto, taken: set[st
         for index, name in enumerate(copy.output):
             renamed[name] = copy.output[index] = unused_name(f"{name}_for_{reader.output[0]}",
                                                              taken)
+            originals[renamed[name]] = name
         copy.name = unused_name(f"{node.name or node.output[0]}_for_{reader.output[0]}", taken)
         copies.append(copy)
     out = chain[-1].output[0]

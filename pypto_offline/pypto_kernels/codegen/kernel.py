@@ -11,7 +11,6 @@ import onnx
 
 from pypto_offline.fusion.records import Region
 from pypto_offline.fusion.rows import channel_rows, has_reduction
-from pypto_offline.importer.bands import band_of
 from pypto_offline.registry.ops import REDUCTION, kind_of
 from pypto_offline.pypto_kernels.activations import literal as float_literal
 from pypto_offline.pypto_kernels.jobs.protocol import ARGUMENT_SHAPES
@@ -94,10 +93,9 @@ def _hold_inputs(w: Writer, bands_per_slice: bool) -> dict[str, str]:
         if is_scalar_constant(tensor, w.constants):
             w.hold(tensor, float_literal(np.asarray(w.constants[tensor]).reshape(-1)[0]), ())
             continue
-        band = band_of(np.asarray(w.constants[tensor])) if tensor in w.constants else None
-        if band is not None:
+        if tensor in w.bands:
             if not bands_per_slice:
-                hold_band(w, tensor, band)
+                hold_band(w, tensor, w.bands[tensor])
             continue
         inputs[tensor] = f"in{index}"
         w.hold(tensor, f"in{index}", w.declared.get(tensor, w.shape(tensor)))

@@ -12,7 +12,7 @@ import numpy as np
 
 from pypto_offline.fusion.attention import HEADS_SPLIT
 from pypto_offline.fusion.records import Region, RegionOp
-from pypto_offline.importer.bands import band_of
+from pypto_offline.importer.bands import bands_among
 from pypto_offline.importer.contractions import INT8_CUBE_DEPTH
 from pypto_offline.importer.masks import MASK_OPS, mask_makers
 from pypto_offline.registry.ops import matmul_extents
@@ -164,8 +164,7 @@ def batched_matmul_loop(region: Region, constants: Mapping[str, np.ndarray]
         split[transpose.outputs[0]] = transpose
     mask = mask_makers(ops, region.inputs.__contains__)
     ops = [op for op in ops if op not in mask]
-    whole = {t for op in mask for t in op.outputs} | {
-        t for t in region.inputs if t in constants and band_of(np.asarray(constants[t]))}
+    whole = {t for op in mask for t in op.outputs} | set(bands_among(region.inputs, constants))
     if not ops or ops[0].op_type != "MatMul" or len(ops[0].inputs) != 2 \
             or not all(t in region.inputs or t in split for t in ops[0].inputs) \
             or not _split_as(split, ops[0].inputs, ("q", "kt")):
@@ -317,12 +316,9 @@ def _make_mask(w: Writer, loop: BatchedLoop) -> None:
     15,632 B moved and 14.3 us against 14,400 B and 13.3 us made per head; BERT's 37,920 B and
     15.3 us against 32,896 and 13.3: its inputs, its output and the cube's hand-off, no mask;
     docs/regions.md, "Masks made in the kernel")."""
-    made = set()
-    for tensor in w.region.inputs:
-        band = band_of(np.asarray(w.constants[tensor])) if tensor in w.constants else None
-        if band is not None:
-            hold_band(w, tensor, band)
-            made.add(tensor)
+    for tensor, band in w.bands.items():
+        hold_band(w, tensor, band)
+    made = set(w.bands)
     for op in loop.mask:
         if op.op_type not in MASK_LOWERINGS:
             raise CannotExpress(f"{op.op_type} making an attention's mask")

@@ -15,6 +15,7 @@ import onnx
 from pypto_offline.fusion.classify import BYTE_INTEGERS, kernel_dtype
 from pypto_offline.fusion.records import Region
 from pypto_offline.fusion.rows import RowLayout
+from pypto_offline.importer.bands import Band, bands_among
 from pypto_offline.registry.ops import is_cube_conv
 from pypto_offline.pypto_kernels.activations import literal as float_literal
 from pypto_offline.pypto_kernels.tiling import BLOCK_BYTES, TilePolicy
@@ -92,6 +93,11 @@ class Writer:
     row: int | None = None
     # The rows a region with reductions runs on (``fusion/rows.py``); None: it has none.
     rows: RowLayout | None = None
+
+    @cached_property
+    def bands(self) -> dict[str, Band]:
+        """The region's band constants (``importer/bands.py``): written, not read."""
+        return bands_among(self.region.inputs, self.constants)
 
     @cached_property
     def convolution(self) -> bool:
