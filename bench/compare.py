@@ -36,7 +36,7 @@ import onnxruntime as ort
 
 from bench import corpus
 from bench.corpus_build import below_cell
-from pypto_offline.fusion.classify import VIEW_ONLY_OPS
+from pypto_offline.registry.ops import definition
 
 TILE_GAIN = 0.20
 # Runs a command and writes its wall time and the peak RSS of its largest process to a file
@@ -77,8 +77,7 @@ def with_input_shapes(model: onnx.ModelProto, shapes: dict[str, list[int]]) -> o
 
 def kernel_count(model: onnx.ModelProto) -> int:
     """One kernel per node; reshape-likes only rewrite metadata (the rule pypto-offline counts by)."""
-    return sum(not (n.op_type in VIEW_ONLY_OPS and n.domain in ("", "ai.onnx"))
-               for n in model.graph.node)
+    return sum(not definition(n.op_type, n.domain).view_only for n in model.graph.node)
 
 
 def run_plain(model: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:

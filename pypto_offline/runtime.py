@@ -13,6 +13,8 @@ from typing import Mapping, Sequence
 import numpy as np
 import onnx
 
+from pypto_offline.registry.ops import is_op
+
 # Ops an index tensor passes through unchanged on its way to a Gather.
 INDEX_PASS_THROUGH = frozenset({"Cast", "Unsqueeze", "Squeeze", "Reshape", "Flatten", "Identity",
                                 "Expand"})
@@ -256,12 +258,12 @@ def _gather_bound(model: onnx.ModelProto, name: str) -> int | None:
         for node in model.graph.node:
             if current not in node.input:
                 continue
-            if node.op_type == "Gather" and list(node.input).index(current) == 1:
+            if is_op(node, "Gather") and list(node.input).index(current) == 1:
                 axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
                 data_shape = shapes.get(node.input[0])
                 if data_shape:
                     return data_shape[axis]
-            if node.op_type in INDEX_PASS_THROUGH:
+            if is_op(node, INDEX_PASS_THROUGH):
                 frontier.extend(o for o in node.output if o not in seen)
     return None
 

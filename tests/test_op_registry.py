@@ -6,35 +6,33 @@ import pytest
 
 from bench.backend_cases import in_scope_cases
 from pypto_offline import import_model
-from pypto_offline.fusion import make_region, rows, rules, views
+from pypto_offline.fusion import make_region, rules, views
 from pypto_offline.fusion.classify import why_not_fusable
 from pypto_offline.importer import encoding
 from pypto_offline.importer.canonical import NORMALISERS
-from pypto_offline.registry.ops import (BROADCAST, ELEMENTWISE, KINDS, OPS, POINTWISE_OPS, READS,
-                                        READS_WINDOW, REDUCE_OPS, REDUCTION, VIEW_ONLY_OPS,
-                                        WINDOW, lowered_ops)
+from pypto_offline.registry import attributes
+from pypto_offline.registry.ops import (BROADCAST, DECOMPOSED_OPS, ELEMENTWISE, KINDS, OPS,
+                                        POINTWISE_OPS, PROGRAM_ONLY_OPS, READS, READS_WINDOW,
+                                        REDUCE_OPS, REDUCTION, VIEW_TRANSFORM_OPS, WINDOW,
+                                        definition, lowered_ops, marked)
 from pypto_offline.pypto_kernels import activations, codegen
 from pypto_offline.pypto_kernels.tiling import default_policy
 from pypto_offline.targets import TARGETS
 from tests.onnx_builders import one_node
 
-# Ops only rewrite rules create inside a region's program (fusion/rules.py), never imported.
-PROGRAM_ONLY_OPS = {"Roll"}
 # Reshape-likes a region's program holds as one Reshape (fusion/program.py): no table that
 # works on programs needs them
-RESHAPE_LIKES = VIEW_ONLY_OPS - {"Reshape", "Identity"}
+RESHAPE_LIKES = marked("reshape_like") - {"Reshape"}
 
 # Every table outside the registry keyed by op names (the kernel generator's tables may also
 # name the program-only ops). A new one belongs here, and its agreement with the registry below.
 OP_TABLES = {
     "codegen.UNARY": codegen.UNARY, "codegen.BINARY": codegen.BINARY,
-    "codegen.COMMUTATIVE": codegen.COMMUTATIVE, "codegen.COMPARISONS": codegen.COMPARISONS,
-    "codegen.FLAT_OPS": codegen.FLAT_OPS, "codegen.REDUCTIONS": codegen.REDUCTIONS,
+    "codegen.COMPARISONS": codegen.COMPARISONS,
+    "codegen.REDUCTIONS": codegen.REDUCTIONS,
     "codegen.MEANS": codegen.MEANS,
     "activations.BUILDERS": activations.BUILDERS, "activations.FP32": activations.FP32,
-    "rules.UNARY_VIEW_OPS": rules.UNARY_VIEW_OPS, "rules.DECOMPOSED": rules.DECOMPOSED,
     "rules.MOVES_NOTHING_WHEN": rules.MOVES_NOTHING_WHEN,
-    "rows.AS_IS_OVER_ONE": rows.AS_IS_OVER_ONE,
     "encoding.ENCODERS": encoding.ENCODERS, "canonical.NORMALISERS": NORMALISERS,
 }
 
@@ -67,9 +65,9 @@ def test_the_lowering_table_agrees_with_the_registry():
     lowerings = codegen.LOWERINGS
     assert set(lowerings) - set(OPS) == PROGRAM_ONLY_OPS
     assert set(lowerings) & set(OPS) <= lowered_ops()
-    assert not set(lowerings) & rules.DECOMPOSED
+    assert not set(lowerings) & DECOMPOSED_OPS
     assert lowered_ops() - set(lowerings) <= \
-        RESHAPE_LIKES | rules.DECOMPOSED | set(codegen.UNARY) | set(codegen.BINARY)
+        RESHAPE_LIKES | DECOMPOSED_OPS | set(codegen.UNARY) | set(codegen.BINARY)
 
 
 def test_the_generator_tables_agree_with_the_kinds():
@@ -82,7 +80,6 @@ def test_the_generator_tables_agree_with_the_kinds():
 
 
 def test_commutative_ops_are_the_registrys():
-    assert codegen.COMMUTATIVE == {op for op in codegen.BINARY if OPS[op].commutative}
     # a comparison reads its operands swapped as its mirror: itself, when it is commutative
     for op, (_, _, mirrored) in codegen.COMPARISONS.items():
         assert (mirrored == op) == OPS[op].commutative, op
@@ -97,31 +94,29 @@ def test_the_ops_computed_in_fp32_are_the_registrys_and_have_builders():
 def test_pointwise_and_flat_ops_are_defined_once():
     assert POINTWISE_OPS == _marked("pointwise")
     assert POINTWISE_OPS - _marked("flat") == {"Expand"}  # a broadcast adds elements
-    assert codegen.FLAT_OPS == _marked("flat")
 
 
 def test_decomposed_ops_are_the_registrys_and_have_no_lowering_of_their_own():
-    assert rules.DECOMPOSED == _marked("decomposed")
-    assert rules.DECOMPOSED <= lowered_ops()
+    assert DECOMPOSED_OPS == _marked("decomposed")
+    assert DECOMPOSED_OPS <= lowered_ops()
     own = set(codegen.UNARY) | set(codegen.BINARY) | set(codegen.COMPARISONS) \
         | set(codegen.REDUCTIONS) | set(activations.BUILDERS)
-    assert not rules.DECOMPOSED & own
+    assert not DECOMPOSED_OPS & own
 
 
 def test_the_view_algebra_is_the_registrys():
     transforms = {d.view for d in OPS.values() if d.view}
     assert transforms == set(views.TRANSFORMS)
-    assert rules.UNARY_VIEW_OPS == _marked("view")
+    assert VIEW_TRANSFORM_OPS == _marked("view")
     # every view op says when it moves nothing (an Identity always does: the program drops it)
-    assert rules.UNARY_VIEW_OPS - {"Identity"} <= set(rules.MOVES_NOTHING_WHEN)
+    assert VIEW_TRANSFORM_OPS - {"Identity"} <= set(rules.MOVES_NOTHING_WHEN)
     stack = views.ViewStack.of((2, 3))
     assert stack.apply("Roll", {"axis": 0, "shift": 1}) is None  # not a view op
     assert stack.apply("Squeeze", {"axes": (0,)}) is None  # a Reshape inside a program
 
 
 def test_reductions_over_lone_elements_are_the_registrys():
-    assert rows.AS_IS_OVER_ONE == _marked("as_is_over_one")
-    assert rows.AS_IS_OVER_ONE <= REDUCE_OPS  # those with explicit axes
+    assert _marked("as_is_over_one") <= REDUCE_OPS  # those with explicit axes
 
 
 def test_what_an_op_reads_is_one_of_three():
@@ -209,3 +204,35 @@ def test_every_admitted_op_lowers(name, graph, node):
             or node.op_type in ("DepthToSpace", "SpaceToDepth"), why
         return
     assert "def kernel(" in source
+
+
+def test_an_attribute_is_registered_with_a_defined_op_once():
+    with pytest.raises(KeyError, match="registered for Frobnicate, which registry/ops.py"):
+        attributes.register("test_attribute", "Frobnicate")(1)
+    attributes.register("test_attribute_once", "Relu")(1)
+    with pytest.raises(ValueError, match="'test_attribute_once' of Relu registered twice"):
+        attributes.register("test_attribute_once", "Relu")(2)
+
+
+def test_what_a_stage_does_with_an_op_is_registered_with_it():
+    """A refusal (fusion/classify.py) and the ONNX ops a program op is written as
+    (fusion/lower.py) are found by asking the registry about the op."""
+    from pypto_offline.fusion import classify, lower
+    assert set(attributes.attributes_of("Pad")) >= {classify.REFUSES}
+    assert attributes.attributes_of("Roll")[lower.AS_ONNX] is lower.roll_as_slices
+    assert set(attributes.registered(classify.FILLS_TILES)) == {"Clip", "MaxPool", "AveragePool"}
+
+
+def test_every_rewrite_rule_names_the_ops_it_rewrites():
+    """``simplify`` asks a rule about its roots only (``rules.rewrites``): a rule without them
+    would be asked about no op; roots name registry or program-only ops."""
+    for rule in rules.RULES:
+        assert hasattr(rule, "roots"), rule.__name__
+        assert rule.roots is rules.ANY_OP or rule.roots <= set(OPS) | PROGRAM_ONLY_OPS, rule
+
+
+def test_an_op_the_registry_lacks_is_of_no_kind():
+    assert definition("Roll").kind == "" and not definition("Roll").pointwise
+    assert not definition("Reshape", "com.microsoft").view_only
+    assert definition("Reshape").view_only and definition("Squeeze").reshape_like
+    assert not definition("Identity").reshape_like

@@ -13,7 +13,7 @@ from dataclasses import replace
 from types import MappingProxyType
 from typing import Mapping
 
-from pypto_offline.fusion.classify import VIEW_ONLY_OPS, node_id, node_tensors, why_not_fusable
+from pypto_offline.fusion.classify import node_id, node_tensors, why_not_fusable
 from pypto_offline.fusion.cost import (fused_cost, node_cost, time_us, total,
                                        why_staging_does_not_pay)
 from pypto_offline.fusion.dequantise_in_readers import dequantise_in_readers
@@ -26,7 +26,7 @@ from pypto_offline.fusion.records import (DOES_NOT_PAY, Cost, Cut, FusionPlan, R
 from pypto_offline.fusion.simplify import simplify
 from pypto_offline.fusion.split import cut_in_two, members_of, part_id
 from pypto_offline.importer import ImportedGraph, Node
-from pypto_offline.registry.ops import in_scope
+from pypto_offline.registry.ops import definition, in_scope
 from pypto_offline.targets import Target
 
 __all__ = ["Cost", "Cut", "FusionPlan", "Region", "RegionOp", "Totals", "Unfused", "make_region",
@@ -173,7 +173,7 @@ def _unfused(graph, verdicts, regions, refused) -> list[Unfused]:
             category, reason = verdicts[nid]
         elif nid in refused:
             category, reason = refused[nid]
-        elif node.op_type in VIEW_ONLY_OPS:
+        elif definition(node.op_type).view_only:
             category, reason = DOES_NOT_PAY, "metadata only: no kernel to save"
         else:
             category, reason = DOES_NOT_PAY, "no fusable neighbour"

@@ -9,8 +9,7 @@ from typing import Mapping
 from pypto_offline.fusion.members import chain_into, outputs_of, read_beyond
 from pypto_offline.importer import ImportedGraph, Node
 from pypto_offline.importer.masks import mask_makers
-from pypto_offline.registry.ops import MATMUL, POINTWISE_OPS, VIEW, kind_of
-from pypto_offline.importer.precision import QUANTISATION_OPS
+from pypto_offline.registry.ops import MATMUL, QUANTISATION_OPS, VIEW, definition, is_op, kind_of
 
 
 def attention_core(graph: ImportedGraph, members: list[Node],
@@ -30,7 +29,7 @@ def attention_core(graph: ImportedGraph, members: list[Node],
     # a quantised attention's Q/DQ around each op are not what the loop lowers: it keeps the
     # regions it had (docs/int8.md); the counts first, the readers beyond only then (every
     # merge of a region holding a matmul asks)
-    if any(n.op_type in QUANTISATION_OPS for n in members) \
+    if any(is_op(n, QUANTISATION_OPS) for n in members) \
             or not 1 <= len(matmuls) <= 2 or len(softmaxes) > 1 \
             or any(m.op_type != "MatMul" or not is_batched(graph, m) for m in matmuls):
         return False
@@ -92,8 +91,9 @@ def _scores_chain(last: Node, scores: Node, members: list[Node], produced: set[s
     if chain is None or (chain and chain[0] is not scores):
         return None
     chain = chain + [last]
-    return chain if all(n.op_type in POINTWISE_OPS for n in chain[1:-1]) and (
-        last is scores or last.op_type in POINTWISE_OPS | {"Softmax"}) else None
+    return chain if all(definition(n.op_type).pointwise for n in chain[1:-1]) and (
+        last is scores or definition(last.op_type).pointwise or last.op_type == "Softmax") \
+        else None
 
 
 # Each operand's transpose splitting the heads of a [B, S, H, D] projection, which the loop

@@ -17,11 +17,12 @@ from pypto_offline.fusion.program import region_op
 from pypto_offline.fusion.rows import (NotRows, reduced_rows, reduces_lone_elements, row_layout,
                                        trailing_axes)
 from pypto_offline.importer import ImportedGraph, Node
-from pypto_offline.registry.ops import (POOL_OPS, REDUCTION, VIEW_ONLY_OPS, data_inputs,
+from pypto_offline.registry.attributes import attribute, register
+from pypto_offline.registry.ops import (POOL_OPS, REDUCTION, data_inputs,
                                         in_scope, kind_of, op_def)
 from pypto_offline.targets import Target
 
-__all__ = ["VIEW_ONLY_OPS", "node_id", "node_tensors", "why_not_fusable"]
+__all__ = ["node_id", "node_tensors", "why_not_fusable"]
 
 
 # No target's kernels take int64 (targets/): a kernel holds an int64 tensor as int32, narrowed
@@ -60,10 +61,9 @@ def why_not_fusable(node: Node, graph: ImportedGraph, target: Target) -> tuple[s
     if not op_def(node.op_type).lowers:
         return CANNOT_EXPRESS, (op_def(node.op_type).why_not or
                                 f"the kernel generator ({kernels.source}) has no {node.op_type}")
-    if node.op_type == "Pad" and node.params["mode"] not in kernels.pad_modes:
-        return CANNOT_EXPRESS, f"Pad mode {node.params['mode']!r} is not expressible"
-    if node.op_type == "Slice" and any(step < 0 for step in node.params["steps"]):
-        return CANNOT_EXPRESS, "Slice with a negative step is not expressible"
+    refusal = attribute(REFUSES, node.op_type, lambda node, kernels: None)(node, kernels)
+    if refusal is not None:
+        return CANNOT_EXPRESS, refusal
     for name in node_tensors(node):
         info = graph.tensors.get(name)
         if info is None or info.shape is None:
@@ -78,7 +78,8 @@ def why_not_fusable(node: Node, graph: ImportedGraph, target: Target) -> tuple[s
         if len(info.shape) > kernels.max_rank:
             return CANNOT_EXPRESS, f"rank {len(info.shape)} of {name!r} exceeds {kernels.max_rank}"
     first = node.inputs[0]  # the others have its type, but for Pow's exponent (cast to it)
-    if graph.tensors[first].dtype in BYTE_INTEGERS and _fills_tiles(node):
+    if graph.tensors[first].dtype in BYTE_INTEGERS \
+            and attribute(FILLS_TILES, node.op_type, lambda node: False)(node):
         return CANNOT_EXPRESS, (f"this {node.op_type} needs tiles of constants, and PyPTO 0.2.0 "
                                 "fills no 8-bit integer tile (GenDupOp)")
     if op_def(node.op_type).floats_only and graph.tensors[first].dtype not in FLOAT_DTYPES:
@@ -89,9 +90,27 @@ def why_not_fusable(node: Node, graph: ImportedGraph, target: Target) -> tuple[s
     return None
 
 
-def _fills_tiles(node: Node) -> bool:
-    """An integer Clip compares with tiles of its bounds; a padded pooling pads with them."""
-    return node.op_type == "Clip" or (node.op_type in POOL_OPS and any(node.params["pads"]))
+# Why the kernel generator cannot write a node of the op with its parameters, or None
+REFUSES = "refuses_parameters"
+# Whether the op's lowering fills tiles with constants, which PyPTO 0.2.0 cannot for 8 bits
+FILLS_TILES = "fills_tiles"
+
+
+@register(REFUSES, "Pad")
+def _pad_mode(node: Node, kernels) -> str | None:
+    mode = node.params["mode"]
+    return None if mode in kernels.pad_modes else f"Pad mode {mode!r} is not expressible"
+
+
+@register(REFUSES, "Slice")
+def _negative_step(node: Node, kernels) -> str | None:
+    return "Slice with a negative step is not expressible" \
+        if any(step < 0 for step in node.params["steps"]) else None
+
+
+# An integer Clip compares with tiles of its bounds; a padded pooling pads with them.
+register(FILLS_TILES, "Clip")(lambda node: True)
+register(FILLS_TILES, POOL_OPS)(lambda node: any(node.params["pads"]))
 
 
 def _fits_int32(graph: ImportedGraph, name: str) -> bool:

@@ -19,9 +19,9 @@ from pypto_offline.fusion.records import Cost, RegionOp
 from pypto_offline.fusion.rows import broadcasts_to
 from pypto_offline.importer import ImportedGraph, Node
 from pypto_offline.importer.input_shapes import tensor_bytes as bytes_of
-from pypto_offline.registry.ops import (CONV_OPS, MATMUL, POINTWISE_OPS, READS_ALL,
-                                        READS_WINDOW, VIEW_ONLY_OPS, kind_of, matmul_extents,
-                                        is_depthwise_conv, reads_of, stride_one_span)
+from pypto_offline.registry.ops import (MATMUL, READS_ALL, READS_WINDOW, definition,
+                                        is_depthwise_conv, kind_of, matmul_extents, reads_of,
+                                        stride_one_span)
 from pypto_offline.targets import ASCEND910B, Target
 
 # The cube of the 910B that PyPTO 0.2.0 compiles for: product tiles accumulate in fp32 in L0C,
@@ -43,7 +43,7 @@ def tensor_bytes(graph: ImportedGraph, names: Iterable[str]) -> int:
 
 
 def node_cost(node: Node, graph: ImportedGraph, target: Target) -> Cost:
-    if node.op_type in VIEW_ONLY_OPS and node.domain in ("", "ai.onnx"):
+    if definition(node.op_type, node.domain).view_only:
         return Cost(0, 0, 0.0)
     gm_bytes = tensor_bytes(graph, node_tensors(node))
     return Cost(1, gm_bytes, time_us(1, gm_bytes, target))
@@ -98,7 +98,8 @@ def cube_reread_bytes(ops: Sequence[RegionOp], tensor_types) -> int:
         (left, left_dtype), (right, right_dtype) = (tensor_types[t] for t in op.inputs[:2])
         out = list(tensor_types[op.outputs[0]][0])
         left_bytes, right_bytes = bytes_of((), left_dtype), bytes_of((), right_dtype)
-        if op.op_type in CONV_OPS:  # W[Cout, Cin·kh·kw] @ columns[Cin·kh·kw, Ho·Wo] (codegen)
+        # W[Cout, Cin·kh·kw] @ columns[Cin·kh·kw, Ho·Wo] (codegen)
+        if definition(op.op_type).convolution:
             (m, n), k, slices = matmul_extents("Conv", out, 2), left[1] * prod(right[2:]), 1
             left_bytes, right_bytes = right_bytes, left_bytes
         elif len(right) == 2:  # the left operand's leading axes fold into M
@@ -152,7 +153,8 @@ def cube_handoff_bytes(ops: Sequence[RegionOp], tensor_types) -> int:
         if kind_of(op.op_type, op.params) != MATMUL:
             continue
         product = op.outputs[0]
-        vector_bias = op.op_type in CONV_OPS and len(op.inputs) > 2 and bool(op.inputs[2])
+        vector_bias = definition(op.op_type).convolution and len(op.inputs) > 2 \
+            and bool(op.inputs[2])
         if product in readers or vector_bias:
             handoff += 2 * bytes_of(*tensor_types[product])
     return handoff
@@ -186,7 +188,7 @@ def staging_bytes(op: Node, image, out, itemsize: int) -> int:
     depthwise, C=32, 40x40: 2.77 MB estimated, 3.23 measured beyond the bound; 3x3 16->32,
     stride 2, 32x32: 0.89 MB, 0.95 measured), so a bound too. 0 for any other op and for a
     1x1 convolution (the image is the cube's operand as it is)."""
-    if op.op_type not in CONV_OPS or not op.params:
+    if not definition(op.op_type).convolution or not op.params:
         return 0
     channels, height, width = image[1:]
     top, left, bottom, right = op.params["pads"]
@@ -261,13 +263,13 @@ def _input_needs(op: RegionOp, index: int, wanted: list, in_shape: tuple) -> np.
     """The elements of input ``index`` that the wanted output elements depend on, or a subset
     of them where no exact rule applies (never a superset: the bound must stay a bound)."""
     out = wanted[0] if len(wanted) == 1 else None
-    if out is not None and op.op_type in VIEW_ONLY_OPS and index == 0:
+    if out is not None and definition(op.op_type).view_only and index == 0:
         return out.reshape(in_shape)
     if out is not None and op.op_type == "Transpose":
         return out.transpose(np.argsort(op.params["perm"]))
     if out is not None and op.op_type == "Slice" and index == 0:
         return _slice_window(op, out, in_shape)
-    if out is not None and op.op_type in POINTWISE_OPS and broadcasts_to(in_shape, out.shape):
+    if out is not None and definition(op.op_type).pointwise and broadcasts_to(in_shape, out.shape):
         return _reduce_to(out, in_shape)
     reads = reads_of(op.op_type, op.params)
     if out is not None and reads == READS_WINDOW and index == 0:

@@ -24,6 +24,7 @@ from pypto_offline.fusion.classify import node_id
 from pypto_offline.fusion.members import tensor_readers
 from pypto_offline.fusion.partition import holds_together, working_set
 from pypto_offline.importer import ImportedGraph, Node
+from pypto_offline.registry.ops import is_op
 from pypto_offline.targets import Target
 
 DEQUANTIZE = "DequantizeLinear"
@@ -87,7 +88,7 @@ class _Regions:
 def _only_fusable_reader(node: Node, graph: ImportedGraph, readers, fusable: set[str]
                          ) -> str | None:
     """The one node reading this DQ of an activation's output, if it may join a kernel."""
-    if node.op_type != DEQUANTIZE or node.inputs[0] in graph.constants \
+    if not is_op(node, DEQUANTIZE) or node.inputs[0] in graph.constants \
             or node.outputs[0] in graph.outputs:
         return None
     who = readers.get(node.outputs[0], [])

@@ -18,15 +18,21 @@ from pypto_offline.fusion.program import Program
 from pypto_offline.fusion.records import Region, RegionOp
 from pypto_offline.importer import ImportedGraph
 from pypto_offline.importer.encoding import encode
+from pypto_offline.registry.attributes import attribute, register
 
 DOMAIN = "pypto.offline"
 DOMAIN_VERSION = 1
 
 
-def roll_as_slices(op: RegionOp, shapes) -> list[RegionOp]:
+# The ONNX ops a program op is written as, where it is not one itself (registered with the op)
+AS_ONNX = "as_onnx_ops"
+
+
+@register(AS_ONNX, "Roll")
+def roll_as_slices(op: RegionOp, program: Program) -> list[RegionOp]:
     """Roll has no ONNX op: x[k:] then x[:k], concatenated."""
     source = op.inputs[0]
-    dims = shapes[source]
+    dims = program.shapes[source]
     axis, shift = op.params["axis"], op.params["shift"]
     parts = []
     for index, (lo, hi) in enumerate(((shift, dims[axis]), (0, shift))):
@@ -40,8 +46,11 @@ def roll_as_slices(op: RegionOp, shapes) -> list[RegionOp]:
     return parts + [concat]
 
 
+@register(AS_ONNX, "MatMul")
 def matmul_with_bias_as_add(op: RegionOp, program: Program) -> list[RegionOp]:
     """A MatMul with a bias (``rules.bias_into_matmul``) is ONNX's MatMul, then Add."""
+    if len(op.inputs) == 2:
+        return [op]
     product = f"{op.outputs[0]}__product"
     program.shapes[product] = program.shapes[op.outputs[0]]
     program.dtypes[product] = program.dtypes[op.outputs[0]]
@@ -51,11 +60,8 @@ def matmul_with_bias_as_add(op: RegionOp, program: Program) -> list[RegionOp]:
 
 def _as_onnx_ops(op: RegionOp, program: Program) -> list[RegionOp]:
     """The program op as ops ONNX has."""
-    if op.op_type == "Roll":
-        return roll_as_slices(op, program.shapes)
-    if op.op_type == "MatMul" and len(op.inputs) > 2:
-        return matmul_with_bias_as_add(op, program)
-    return [op]
+    as_onnx = attribute(AS_ONNX, op.op_type)
+    return [op] if as_onnx is None else as_onnx(op, program)
 
 
 def function_body(program: Program, opset: int) -> list[onnx.NodeProto]:

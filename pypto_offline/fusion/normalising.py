@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pypto_offline.fusion.members import made_before
 from pypto_offline.importer import ImportedGraph, Node
-from pypto_offline.registry.ops import MATMUL, POINTWISE_OPS, REDUCTION, kind_of
+from pypto_offline.registry.ops import MATMUL, REDUCTION, definition, kind_of
 
 
 def normalising_prologue(graph: ImportedGraph, members: list[Node]) -> list[Node]:
@@ -24,12 +24,12 @@ def normalising_prologue(graph: ImportedGraph, members: list[Node]) -> list[Node
         if rows is None:
             return []
         before = made_before(norm, members)
-        return [*before, norm, *rows] if all(n.op_type in POINTWISE_OPS for n in before) \
+        return [*before, norm, *rows] if all(definition(n.op_type).pointwise for n in before) \
             else []
     # an RMSNorm written as its ops: the mean and the elementwise ops around it make the data
     prologue = made_before(root, members)
     return prologue if norm in prologue and all(
-        n is norm or n.op_type in POINTWISE_OPS for n in prologue) else []
+        n is norm or definition(n.op_type).pointwise for n in prologue) else []
 
 
 def _rows_reshaped(graph: ImportedGraph, tensor: str, norm: Node, members: list[Node]
@@ -65,7 +65,7 @@ def _projection_and_norm(graph: ImportedGraph, members: list[Node]
     over it (``_mean_of_squared_rows``); None if they are not that."""
     matmuls = [n for n in members if kind_of(n.op_type, n.params) == MATMUL]
     reductions = [n for n in members if kind_of(n.op_type) == REDUCTION]
-    if len(matmuls) != 1 or len(reductions) != 1 or matmuls[0].op_type not in ("MatMul", "Gemm"):
+    if len(matmuls) != 1 or len(reductions) != 1 or not definition(matmuls[0].op_type).projection:
         return None
     (root,), (norm,) = matmuls, reductions
     rank = len(graph.tensors[norm.inputs[0]].shape or ())

@@ -26,8 +26,8 @@ from pypto_offline.fusion.normalising import normalising_epilogue, normalising_p
 from pypto_offline.fusion.program import region_op
 from pypto_offline.fusion.rows import NotRows, reduces_lone_elements, row_layout
 from pypto_offline.importer import ImportedGraph, Node
-from pypto_offline.registry.ops import (ELEMENTWISE_OPS, MATMUL, REDUCTION, data_inputs,
-                                        is_cube_conv, kind_of, matmul_extents, op_def)
+from pypto_offline.registry.ops import (MATMUL, REDUCTION, data_inputs, definition, is_cube_conv,
+                                        kind_of, matmul_extents, op_def)
 from pypto_offline.targets import Target
 
 # PyPTO's data-movement tiles need a last dimension of a multiple of 32 bytes.
@@ -238,7 +238,7 @@ def _elementwise_around_a_pointwise_conv(members: list[Node], root: Node) -> boo
     in the convolution's kernel, one launch fewer and about the bytes of the two kernels
     (docs/regions.md, "An elementwise prologue")."""
     return is_cube_conv(root.op_type, root.params) and not root.params and all(
-        n.op_type in ELEMENTWISE_OPS for n in members if n is not root)
+        definition(n.op_type).elementwise for n in members if n is not root)
 
 
 def _pads_with_zeros(node: Node) -> bool:

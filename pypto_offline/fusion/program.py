@@ -11,7 +11,7 @@ from typing import Iterable, Mapping
 
 from pypto_offline.fusion.records import RegionOp
 from pypto_offline.importer import ImportedGraph, Node
-from pypto_offline.registry.ops import VIEW_ONLY_OPS, data_inputs
+from pypto_offline.registry.ops import data_inputs, definition
 
 
 @dataclass
@@ -71,7 +71,7 @@ def _rename_input(op: RegionOp, old: str, new: str) -> RegionOp:
 
 def region_op(node: Node, shapes: Mapping[str, tuple[int, ...]]) -> RegionOp:
     """The program op for an imported node (reshape-likes become one Reshape)."""
-    if node.op_type in VIEW_ONLY_OPS - {"Identity"}:
+    if definition(node.op_type).reshape_like:
         out = node.outputs[0]
         return RegionOp("Reshape", (node.inputs[0],), (out,),
                         MappingProxyType({"shape": tuple(shapes[out])}))

@@ -40,9 +40,8 @@ from typing import Collection, Mapping, Sequence
 import numpy as np
 
 from pypto_offline.fusion.records import RegionOp
-from pypto_offline.registry.ops import (BROADCAST, CONV_OPS, ELEMENTWISE, OPS,
-                                        PER_ROW_PARAMETER_OPS, POINTWISE_OPS, REDUCTION,
-                                        ROW_RESULT_OPS, VIEW, is_cube_conv, kind_of)
+from pypto_offline.registry.ops import (BROADCAST, ELEMENTWISE, REDUCTION, VIEW, definition,
+                                        is_cube_conv, kind_of)
 
 FULL, ROW, COLUMN, SCALAR, EXPANDED, OWN, OWN_ROW = (
     "full", "row", "column", "scalar", "expanded", "own", "own_row")
@@ -76,16 +75,12 @@ class RowLayout:
                 self.columns if kind in (FULL, COLUMN, EXPANDED) else 1]
 
 
-# Reductions that take a lone element as it is (the registry's ``as_is_over_one``; not
-# ReduceSumSquare or ReduceL2: those still compute on it)
-AS_IS_OVER_ONE = frozenset(name for name, d in OPS.items() if d.as_is_over_one)
-
-
 def reduces_lone_elements(op: RegionOp, shape: Sequence[int]) -> bool:
     """A reduction over axes of one element that keeps each element as it is: a reshape of its
     input (``rules.reduction_over_one_element``), so no reduction to lay rows out for."""
     axes = op.params.get("axes")
-    return op.op_type in AS_IS_OVER_ONE and axes is not None and all(shape[a] == 1 for a in axes)
+    return definition(op.op_type).as_is_over_one and axes is not None \
+        and all(shape[a] == 1 for a in axes)
 
 
 def has_reduction(ops: Sequence[RegionOp]) -> bool:
@@ -116,7 +111,7 @@ def row_layout(ops: Sequence[RegionOp], shapes: Mapping[str, Sequence[int]],
     sources: dict[str, list[str]] = {}  # an op on EXPANDED operands: its output → its operands
     own: dict[str, tuple[int, int]] = {}
     for op in ops:  # a computed tensor has its producer's kind first
-        if op.op_type in CONV_OPS:
+        if definition(op.op_type).convolution:
             _conv_planes(op, shapes, rows, columns, kinds, own)
         elif _on_own(op, shapes, kinds, own, sources):
             continue
@@ -151,7 +146,7 @@ def _on_own(op: RegionOp, shapes, kinds: dict, own: dict, sources: dict) -> bool
     if kind_of(op.op_type, op.params) == VIEW:  # the same elements in the same order
         _set_own(op.outputs[0], frame, kinds, own, op)
         return True
-    if op.op_type not in POINTWISE_OPS or op.op_type == "Expand":
+    if not _keeps_shape(op):
         raise NotRows(f"{op.op_type} on a convolution's product in its own rows")
     out_shape = tuple(shapes[op.outputs[0]])
     if prod(out_shape) != prod(frame):
@@ -189,6 +184,13 @@ def _per_channel_of_own(shape, out_shape, frame: tuple[int, int]) -> bool:
         and aligned[:split] == tuple(out_shape[:split]) and all(d == 1 for d in aligned[split:])
 
 
+def _keeps_shape(op: RegionOp) -> bool:
+    """An elementwise op or an Identity: its output has its (broadcast) operands' shape, which
+    an Expand's has not."""
+    definition_ = definition(op.op_type)
+    return definition_.pointwise and definition_.view != "expand"
+
+
 def _set_own(tensor: str, frame: tuple[int, int], kinds: dict, own: dict, op: RegionOp) -> None:
     _set(kinds, tensor, OWN, op)
     own[tensor] = frame
@@ -201,7 +203,7 @@ def _on_expanded(op: RegionOp, shapes, rows: int, columns: int, kinds: dict,
     (``_expand_sources``). Under a precision mode an attention mask ``[1, 1, S, S]`` arrives
     fp32 and its Cast to fp16 joins the region: without this the Softmax stayed a kernel of
     its own (issue 37)."""
-    if op.op_type not in POINTWISE_OPS or op.op_type == "Expand":
+    if not _keeps_shape(op):
         return False
     operands = [name for name in op.inputs if name and prod(shapes[name]) > 1]
     if not operands or any(name in kinds and name not in sources for name in operands):
@@ -335,7 +337,7 @@ def _assign(op: RegionOp, shapes, rows: int, columns: int, kinds: dict,
         if source not in kinds:
             _set(kinds, source, _frame_kind(shapes[source], rows, columns, [], op), op)
         _set(kinds, op.outputs[0], kinds[source], op)
-    elif op.op_type in POINTWISE_OPS:  # elementwise, or a broadcast (Expand)
+    elif definition(op.op_type).pointwise:  # elementwise, or a broadcast (Expand)
         _broadcasting(op, shapes, rows, columns, kinds, expanded)
     else:
         raise NotRows(f"{op.op_type} moves elements across rows")
@@ -346,7 +348,7 @@ def _reduction(op: RegionOp, shapes, rows: int, columns: int, kinds: dict) -> No
     # LayerNormalization's scale and bias apply over the columns; an instance's or a group's
     # per row (one image's channels or groups: a batch of several repeats them, which no row
     # holds, nor does a per-channel scale of groups of several channels)
-    per_row = op.op_type in PER_ROW_PARAMETER_OPS
+    per_row = definition(op.op_type).per_row_parameters
     for parameter in op.inputs[1:]:
         if parameter:
             size = prod(shapes[parameter])
@@ -354,7 +356,7 @@ def _reduction(op: RegionOp, shapes, rows: int, columns: int, kinds: dict) -> No
             if size not in (1, rows if per_row else columns):
                 raise NotRows(f"{op.op_type} parameter {parameter!r} of {size} elements "
                               f"for {rows} rows of {columns}")
-    out_kind = ROW if op.op_type in ROW_RESULT_OPS else FULL
+    out_kind = ROW if definition(op.op_type).row_result else FULL
     _set(kinds, op.outputs[0], out_kind, op)
 
 

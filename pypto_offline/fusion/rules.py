@@ -15,11 +15,28 @@ from pypto_offline.fusion.program import Program
 from pypto_offline.fusion.records import RegionOp
 from pypto_offline.fusion.rows import reduces_lone_elements
 from pypto_offline.fusion.views import ViewStack
-from pypto_offline.registry.ops import BROADCASTING_OPS, OPS
+from pypto_offline.registry.ops import BROADCASTING_OPS, DECOMPOSED_OPS, VIEW_TRANSFORM_OPS
 
 Rule = Callable[[Program, RegionOp], "list[RegionOp] | None"]
-# The ops the view algebra composes (their registry entry names a view transform)
-UNARY_VIEW_OPS = frozenset(name for name, d in OPS.items() if d.view)
+ANY_OP = None  # a rule's roots: every op
+
+
+def rewrites(roots: str | frozenset[str] | None):
+    """Registers a rule with the ops it rewrites (its pattern's root, as onnxscript's rewrite
+    patterns and tinygrad's ``PatternMatcher`` index theirs): ``simplify`` asks it about those
+    ops only, so the rule itself never tests which op it was given."""
+    def register(rule: Rule) -> Rule:
+        rule.roots = frozenset(roots.split()) if isinstance(roots, str) else roots
+        return rule
+    return register
+
+
+def made_by(prog: Program, name: str, op_types: str | frozenset[str]) -> RegionOp | None:
+    """The op of the program that computes ``name`` when it is one of ``op_types`` (a name, or
+    names separated by spaces, or a set): a pattern's producer."""
+    producer = prog.producer(name)
+    wanted = frozenset(op_types.split()) if isinstance(op_types, str) else op_types
+    return producer if producer is not None and producer.op_type in wanted else None
 
 
 def _op(op_type, inputs, outputs, **params) -> RegionOp:
@@ -31,8 +48,7 @@ def _identity(source: str, op: RegionOp) -> list[RegionOp]:
 
 
 def _single_producer(prog: Program, op: RegionOp, op_type: str) -> RegionOp | None:
-    producer = prog.producer(op.inputs[0])
-    return producer if producer is not None and producer.op_type == op_type else None
+    return made_by(prog, op.inputs[0], op_type)
 
 
 def _same_shape(prog: Program, op: RegionOp) -> bool:
@@ -55,12 +71,14 @@ MOVES_NOTHING_WHEN: Mapping[str, Callable[[Program, RegionOp], bool]] = MappingP
 })
 
 
+@rewrites(ANY_OP)
 def no_op(prog: Program, op: RegionOp) -> list[RegionOp] | None:
     """An op that moves nothing (``MOVES_NOTHING_WHEN``) is its input."""
     moves_nothing = MOVES_NOTHING_WHEN.get(op.op_type)
     return _identity(op.inputs[0], op) if moves_nothing and moves_nothing(prog, op) else None
 
 
+@rewrites(ANY_OP)
 def reduction_over_one_element(prog: Program, op: RegionOp) -> list[RegionOp] | None:
     """A ReduceMean, ReduceSum, ReduceMax or ReduceMin (``OpDef.as_is_over_one``) whose axes
     all have one element is a reshape of its input (silero_vad's ReduceMean over such an axis,
@@ -70,14 +88,12 @@ def reduction_over_one_element(prog: Program, op: RegionOp) -> list[RegionOp] | 
     return [_op("Reshape", [op.inputs[0]], op.outputs, shape=tuple(prog.shapes[op.outputs[0]]))]
 
 
+@rewrites(VIEW_TRANSFORM_OPS - {"Identity"})  # the program drops an Identity
 def view_chain(prog: Program, op: RegionOp) -> list[RegionOp] | None:
     """A chain of view ops whose composed index map is the identity, or a plain reshape of the
     chain's start, becomes that (inverse transposes, reshape round trips, reshape chains)."""
-    if op.op_type not in UNARY_VIEW_OPS or op.op_type == "Identity":
-        return None
     chain = [op]
-    while (producer := prog.producer(chain[-1].inputs[0])) is not None \
-            and producer.op_type in UNARY_VIEW_OPS:
+    while (producer := made_by(prog, chain[-1].inputs[0], VIEW_TRANSFORM_OPS)) is not None:
         chain.append(producer)
     if len(chain) < 2:
         return None
@@ -112,8 +128,9 @@ def compose_slices(outer, inner, dims) -> tuple[tuple, tuple, tuple]:
     return tuple(starts), tuple(ends), tuple(steps)
 
 
+@rewrites("Slice")
 def slice_of_slice(prog: Program, op: RegionOp) -> list[RegionOp] | None:
-    inner = _single_producer(prog, op, "Slice") if op.op_type == "Slice" else None
+    inner = _single_producer(prog, op, "Slice")
     if inner is None:
         return None
     source = inner.inputs[0]
@@ -124,13 +141,15 @@ def slice_of_slice(prog: Program, op: RegionOp) -> list[RegionOp] | None:
     return [_op("Slice", [source], op.outputs, starts=starts, ends=ends, steps=steps)]
 
 
-def _constant_pad(op: RegionOp | None) -> bool:
-    return op is not None and op.op_type == "Pad" and op.params["mode"] == "constant"
+def _constant_pad(pad: RegionOp | None) -> bool:
+    return pad is not None and pad.params["mode"] == "constant"
 
 
+@rewrites("Pad")
 def pad_of_pad(prog: Program, op: RegionOp) -> list[RegionOp] | None:
-    inner = _single_producer(prog, op, "Pad") if _constant_pad(op) else None
-    if not _constant_pad(inner) or inner.params["value"] != op.params["value"] \
+    inner = _single_producer(prog, op, "Pad")
+    if not _constant_pad(op) or not _constant_pad(inner) \
+            or inner.params["value"] != op.params["value"] \
             or min(op.params["pads"] + inner.params["pads"]) < 0:
         return None
     pads = tuple(a + b for a, b in zip(op.params["pads"], inner.params["pads"]))
@@ -138,12 +157,13 @@ def pad_of_pad(prog: Program, op: RegionOp) -> list[RegionOp] | None:
                 value=op.params["value"])]
 
 
+@rewrites("Slice")
 def slice_of_pad(prog: Program, op: RegionOp) -> list[RegionOp] | None:
     """Slice(Pad(x)) → Pad(Slice(x)): cut the data first, pad only what the window keeps. Also
     for a Pad several slices read (swin's cyclic shift, a pooling's windows): each pads its own
     piece, which measured faster (swin's pad + roll: 4.0 against 5.3 us at its GM lower bound;
     a 3x3 MaxPool of 1x16x32x32: 36 against 46 us) though the pooling reads more."""
-    pad = _single_producer(prog, op, "Pad") if op.op_type == "Slice" else None
+    pad = _single_producer(prog, op, "Pad")
     if not _constant_pad(pad) or any(s != 1 for s in op.params["steps"]) \
             or min(pad.params["pads"]) < 0:
         return None
@@ -168,18 +188,20 @@ def slice_of_pad(prog: Program, op: RegionOp) -> list[RegionOp] | None:
                 mode="constant", value=pad.params["value"])]
 
 
+@rewrites("Transpose")
 def transpose_of_transpose(prog: Program, op: RegionOp) -> list[RegionOp] | None:
-    inner = _single_producer(prog, op, "Transpose") if op.op_type == "Transpose" else None
+    inner = _single_producer(prog, op, "Transpose")
     if inner is None:
         return None
     perm = tuple(inner.params["perm"][p] for p in op.params["perm"])
     return [_op("Transpose", [inner.inputs[0]], op.outputs, perm=perm)]
 
 
+@rewrites("Slice")
 def slice_before_transpose(prog: Program, op: RegionOp) -> list[RegionOp] | None:
     """Slice(Transpose(x)) → Transpose(Slice(x)): move less data, and PyPTO 0.2.0 cannot take a
     view of a transposed tile."""
-    transpose = _single_producer(prog, op, "Transpose") if op.op_type == "Slice" else None
+    transpose = _single_producer(prog, op, "Transpose")
     if transpose is None:
         return None
     perm = transpose.params["perm"]
@@ -199,16 +221,17 @@ def slice_before_transpose(prog: Program, op: RegionOp) -> list[RegionOp] | None
             _op("Transpose", [sliced], op.outputs, perm=tuple(perm))]
 
 
+@rewrites("Reshape")
 def reshape_of_reshape(prog: Program, op: RegionOp) -> list[RegionOp] | None:
-    inner = _single_producer(prog, op, "Reshape") if op.op_type == "Reshape" else None
+    inner = _single_producer(prog, op, "Reshape")
     if inner is None:
         return None
     return [_op("Reshape", [inner.inputs[0]], op.outputs, shape=op.params["shape"])]
 
 
 def _axis_slice(op: RegionOp | None, axis: int, dims) -> tuple[str, int, int] | None:
-    """(source, start, end) if ``op`` slices only ``axis`` of its source with step 1."""
-    if op is None or op.op_type != "Slice" or any(s != 1 for s in op.params["steps"]):
+    """(source, start, end) if the Slice ``op`` cuts only ``axis`` of its source with step 1."""
+    if op is None or any(s != 1 for s in op.params["steps"]):
         return None
     for other, (s, e, d) in enumerate(zip(op.params["starts"], op.params["ends"], dims)):
         if other != axis and (s, e) != (0, d):
@@ -216,14 +239,15 @@ def _axis_slice(op: RegionOp | None, axis: int, dims) -> tuple[str, int, int] | 
     return op.inputs[0], op.params["starts"][axis], op.params["ends"][axis]
 
 
+@rewrites("Concat")
 def slices_concat_roll(prog: Program, op: RegionOp) -> list[RegionOp] | None:
     """Concat(x[k:], x[:k]) along one axis is a roll of x by k (a cyclic shift)."""
-    if op.op_type != "Concat" or len(op.inputs) != 2:
+    if len(op.inputs) != 2:
         return None
     axis = op.params["axis"]
     parts = []
     for name in op.inputs:
-        producer = prog.producer(name)
+        producer = made_by(prog, name, "Slice")
         source_dims = prog.shapes[producer.inputs[0]] if producer is not None else ()
         parts.append(_axis_slice(producer, axis, source_dims))
     if None in parts or parts[0][0] != parts[1][0]:
@@ -235,25 +259,23 @@ def slices_concat_roll(prog: Program, op: RegionOp) -> list[RegionOp] | None:
     return [_op("Roll", [source], op.outputs, axis=axis, shift=s0)]
 
 
+@rewrites("Concat")
 def split_then_concat(prog: Program, op: RegionOp) -> list[RegionOp] | None:
     """Concat of every part of a Split, in order, on the same axis, is the Split's input."""
-    if op.op_type != "Concat":
-        return None
-    split = prog.producer(op.inputs[0])
-    if split is None or split.op_type != "Split" or tuple(op.inputs) != tuple(split.outputs) \
+    split = made_by(prog, op.inputs[0], "Split")
+    if split is None or tuple(op.inputs) != tuple(split.outputs) \
             or split.params["axis"] != op.params["axis"]:
         return None
     return _identity(split.inputs[0], op)
 
 
+@rewrites(BROADCASTING_OPS)
 def expand_into_broadcast(prog: Program, op: RegionOp) -> list[RegionOp] | None:
     """An Expand feeding a broadcasting op is done by the op's own broadcast."""
-    if op.op_type not in BROADCASTING_OPS:
-        return None
     inputs = list(op.inputs)
     for i, name in enumerate(inputs):
-        producer = prog.producer(name)
-        if producer is None or producer.op_type != "Expand":
+        producer = made_by(prog, name, "Expand")
+        if producer is None:
             continue
         trial = inputs[:i] + [producer.inputs[0]] + inputs[i + 1:]
         try:
@@ -270,17 +292,16 @@ def _row_vector(shape: tuple[int, ...], columns: int) -> bool:
     return len(shape) >= 1 and shape[-1] == columns and all(d == 1 for d in shape[:-1])
 
 
+@rewrites("Add")
 def bias_into_matmul(prog: Program, op: RegionOp) -> list[RegionOp] | None:
     """``Add(MatMul(a, W), bias)`` with a per-column bias becomes one MatMul that adds the bias
     in the cube's write-out (PyPTO's ``bias_tensor``): the product never crosses to a vector
     tile through GM, so a MatMul with its bias alone moves its lower bound (2.8 us against
     6.7 us for 16x64x128 fp32; docs/pypto-ops.md, "MatMul"). Only a 2-D weight (the folded
     form codegen writes), a product read by this Add alone, and a bias of the product's dtype."""
-    if op.op_type != "Add":
-        return None
     for product, bias in (op.inputs, op.inputs[::-1]):
-        matmul = prog.producer(product)
-        if matmul is None or matmul.op_type != "MatMul" or len(matmul.inputs) != 2 \
+        matmul = made_by(prog, product, "MatMul")
+        if matmul is None or len(matmul.inputs) != 2 \
                 or product in prog.outputs or len(prog.consumers(product)) != 1:
             continue
         shape = prog.shapes[product]
@@ -291,6 +312,7 @@ def bias_into_matmul(prog: Program, op: RegionOp) -> list[RegionOp] | None:
     return None
 
 
+@rewrites("Transpose")
 def transpose_back_through_binary(prog: Program, op: RegionOp) -> list[RegionOp] | None:
     """``Transpose(Add(T(x), y), inverse of T)`` is ``Add(x, Transpose(y))``: a round trip
     through another layout for one elementwise op (ConvNeXt's layer scale and residual, NHWC to
@@ -300,16 +322,14 @@ def transpose_back_through_binary(prog: Program, op: RegionOp) -> list[RegionOp]
     32,896 and 12,288 in 13.8 us (docs/pypto-ops.md, "MatMul"). Only for an op whose operands
     both have its output's shape (or one is a scalar) and whose result this Transpose alone
     reads."""
-    if op.op_type != "Transpose":
-        return None
-    inner = prog.producer(op.inputs[0])
-    if inner is None or inner.op_type not in BROADCASTING_OPS or len(inner.inputs) != 2 \
+    inner = made_by(prog, op.inputs[0], BROADCASTING_OPS)
+    if inner is None or len(inner.inputs) != 2 \
             or inner.outputs[0] in prog.outputs or len(prog.consumers(inner.outputs[0])) != 1:
         return None
     perm, shape = tuple(op.params["perm"]), prog.shapes[inner.outputs[0]]
     for side, name in enumerate(inner.inputs):
-        undone, other = prog.producer(name), inner.inputs[1 - side]
-        if undone is None or undone.op_type != "Transpose" or name in prog.outputs \
+        undone, other = made_by(prog, name, "Transpose"), inner.inputs[1 - side]
+        if undone is None or name in prog.outputs \
                 or len(prog.consumers(name)) != 1 \
                 or tuple(undone.params["perm"][p] for p in perm) != tuple(range(len(perm))) \
                 or (prog.shapes[other] != shape and np.prod(prog.shapes[other]) != 1):
@@ -349,6 +369,7 @@ def _only_for(prog: Program, name: str) -> bool:
     return name not in prog.outputs and len(prog.consumers(name)) == 1
 
 
+@rewrites("Cast")
 def narrowing_cast_before_movement(prog: Program, op: RegionOp) -> list[RegionOp] | None:
     """``Cast(M(x), to a narrower float)`` is ``M(Cast(x))`` for an op M that only moves
     elements (``MOVES_ELEMENTS``): the move then carries half the bytes, and the cast runs
@@ -357,9 +378,9 @@ def narrowing_cast_before_movement(prog: Program, op: RegionOp) -> list[RegionOp
     (magika's): after the transpose to [1, 256, 512, 1] the cast's tiles held one element per
     32-byte block, and every tile that fitted kirin9050's UB cost PyPTO 1,718 us or more
     against 128 us for the same region in fp32 (docs/precision.md)."""
-    moved = prog.producer(op.inputs[0]) if op.op_type == "Cast" else None
-    if moved is None or moved.op_type not in MOVES_ELEMENTS \
-            or _float_cast_widens(prog, op) is not False or not _only_for(prog, op.inputs[0]):
+    moved = made_by(prog, op.inputs[0], MOVES_ELEMENTS)
+    if moved is None or _float_cast_widens(prog, op) is not False \
+            or not _only_for(prog, op.inputs[0]):
         return None
     source = moved.inputs[0]
     cast = prog.new_tensor(op.outputs[0], prog.shapes[source], "cast")
@@ -367,11 +388,12 @@ def narrowing_cast_before_movement(prog: Program, op: RegionOp) -> list[RegionOp
             RegionOp(moved.op_type, (cast, *moved.inputs[1:]), op.outputs, moved.params)]
 
 
+@rewrites(MOVES_ELEMENTS)
 def widening_cast_after_movement(prog: Program, op: RegionOp) -> list[RegionOp] | None:
     """``M(Cast(x, to a wider float))`` is ``Cast(M(x))``: the same rule the other way, so a
     move carries the narrower type whichever side of it the cast was."""
-    cast = prog.producer(op.inputs[0]) if op.op_type in MOVES_ELEMENTS else None
-    if cast is None or cast.op_type != "Cast" or not _float_cast_widens(prog, cast) \
+    cast = made_by(prog, op.inputs[0], "Cast")
+    if cast is None or not _float_cast_widens(prog, cast) \
             or not _only_for(prog, op.inputs[0]):
         return None
     moved = prog.new_tensor(cast.inputs[0], prog.shapes[op.outputs[0]], "moved")
@@ -385,24 +407,24 @@ def _lowest(dtype: int) -> float:
     return float(np.iinfo(np_dtype).min) if np_dtype.kind in "iu" else float("-inf")
 
 
-# Ops a rule always writes as others (the kernel generator never sees them): the registry's
-# ``decomposed``
-DECOMPOSED = frozenset(name for name, d in OPS.items() if d.decomposed)
 
 
+# How each decomposed pooling combines its window's views
+POOL_COMBINES = MappingProxyType({"MaxPool": "Max", "AveragePool": "Mean"})
+
+
+@rewrites(DECOMPOSED_OPS)  # the kernel generator never sees them
 def pool_as_window_views(prog: Program, op: RegionOp) -> list[RegionOp] | None:
     """A MaxPool or AveragePool as the views its windows read: padded (with -inf for a max,
     zeros for a mean), then for each column of the window a view with the strides, combined
     by Max or Mean, then the same over the window's rows (pooling is separable: kh + kw views
     instead of kh * kw). Each view is a strided Slice; the generator keeps them all in UB."""
-    if op.op_type not in DECOMPOSED:
-        return None
     source, out = op.inputs[0], op.outputs[0]
     p = op.params
     (kh, kw), (sh, sw), (top, left, bottom, right) = p["kernel_shape"], p["strides"], p["pads"]
     n, c, height, width = prog.shapes[source]
     out_h, out_w = prog.shapes[out][2:]
-    combine = "Max" if op.op_type == "MaxPool" else "Mean"
+    combine = POOL_COMBINES[op.op_type]
     ops, current = [], source
     if any(p["pads"]):
         height, width = height + top + bottom, width + left + right

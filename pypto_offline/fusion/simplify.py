@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from pypto_offline.fusion.program import Program
-from pypto_offline.fusion.rules import RULES, Rule
+from pypto_offline.fusion.rules import ANY_OP, RULES, Rule
 
 # Every rule shortens a chain or removes an op, so a fixed point comes quickly; the cap only
 # guards against a rule pair that would undo each other.
@@ -25,8 +25,16 @@ def simplify(program: Program, rules: tuple[Rule, ...] = RULES) -> list[str]:
 def _first_rewrite(program: Program, rules: tuple[Rule, ...]) -> str | None:
     for op in list(program.ops):
         for rule in rules:
+            if not _roots_include(rule, op.op_type):
+                continue
             replacement = rule(program, op)
             if replacement is not None:
                 program.replace(op, replacement)
                 return rule.__name__
     return None
+
+
+def _roots_include(rule: Rule, op_type: str) -> bool:
+    """Whether the rule rewrites this op (``rules.rewrites``: its roots, or every op)."""
+    roots = getattr(rule, "roots", ANY_OP)
+    return roots is ANY_OP or op_type in roots

@@ -24,6 +24,7 @@ from pypto_offline.importer.input_shapes import (check_dims, check_given_inputs,
 from pypto_offline.importer.loading import load_model
 from pypto_offline.importer.normalise import normalise_graph
 from pypto_offline.importer.validation import check_structure, default_opset, run_checker
+from pypto_offline.registry.ops import is_op
 from pypto_offline.runtime import CannotRun, in_input_types
 
 __all__ = ["ImportedGraph", "ImportStats", "Node", "TensorInfo", "import_model"]
@@ -103,7 +104,7 @@ def _fold_to_fixed_point(model: onnx.ModelProto, given: Mapping[str, np.ndarray]
     # The source's weights are in memory already, as initializers or as Constant nodes (which
     # folding lifts to initializers of the same name): only what is computed counts.
     weights = {t.name for t in model.graph.initializer}
-    weights |= {n.output[0] for n in model.graph.node if n.op_type == "Constant" and n.output}
+    weights |= {n.output[0] for n in model.graph.node if is_op(n, "Constant") and n.output}
     shape_probe.check_memory(model, label, weights)
     model = batchnorm.fold_batch_norms(folding.fold(model))
     model, integer = quantised.fold_quantised(model)
@@ -130,7 +131,7 @@ def _has_foldable_shape_ops(model: onnx.ModelProto, probed) -> bool:
     """A Shape or Size node whose input the probe saw with a static shape can still be folded."""
     static = {name for name, (_, shape) in probed.items() if shape is not None}
     static |= {v.name for v in graph_inputs(model)}
-    return any(node.op_type in ("Shape", "Size") and node.input[0] in static
+    return any(is_op(node, "Shape Size") and node.input[0] in static
                for node in model.graph.node)
 
 

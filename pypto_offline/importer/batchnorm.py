@@ -24,6 +24,7 @@ from onnxscript.rewriter import pattern
 from onnxscript.rewriter.rules.common import _fuse_batchnorm
 
 from pypto_offline.importer.shape_probe import static_input_shapes
+from pypto_offline.registry.ops import is_op
 from pypto_offline.runtime import (TOLERANCE, CannotRun, generate_inputs, magnitude, max_abs_diff,
                                    run_model, within_tolerance)
 
@@ -89,7 +90,7 @@ AS_AFFINE = pattern.RewriteRuleSet([BatchNormAsAffine().rule()])
 
 
 def count(model: onnx.ModelProto) -> int:
-    return sum(node.op_type == "BatchNormalization" for node in model.graph.node)
+    return sum(is_op(node, "BatchNormalization") for node in model.graph.node)
 
 
 def fold_batch_norms(model: onnx.ModelProto) -> onnx.ModelProto:

@@ -19,7 +19,7 @@ from pypto_offline.importer import contractions, normalisations, quantised  # no
 from pypto_offline.importer.node_context import (NORMALISERS, NodeContext, NotCanonical,
                                                  as_ints, normaliser, schema_attributes,
                                                  window_extents, window_pads)
-from pypto_offline.registry.ops import ELEMENTWISE_OPS, GLOBAL_POOL_OPS, POOL_OPS, REDUCE_OPS
+from pypto_offline.registry.ops import ELEMENTWISE_OPS, GLOBAL_POOL_OPS, REDUCE_OPS
 
 FLT_MAX = float(np.finfo(np.float32).max)
 
@@ -315,11 +315,10 @@ def _global_pool(ctx: NodeContext) -> dict[str, Any]:
 MAX_POOL_WINDOW, MAX_POOL_STRIDE = 5, 3
 
 
-@normaliser(*sorted(POOL_OPS))
+@normaliser("MaxPool")
 def _pool(ctx: NodeContext) -> dict[str, Any]:
     """2-D pooling of an NCHW tensor: its window, strides and padding explicit (``auto_pad``
-    resolved), no dilation, no indices output; MaxPool pads with -inf, AveragePool with zeros
-    counted in the mean (a mean that leaves padding out of its count is not canonical)."""
+    resolved), no dilation, no indices output; MaxPool pads with -inf."""
     shape = ctx.in_shape()
     if len(shape) != 4 or any(ctx.node.output[1:]):
         raise NotCanonical("not a 2-D pooling of an NCHW tensor with one output")
@@ -331,14 +330,20 @@ def _pool(ctx: NodeContext) -> dict[str, Any]:
         raise NotCanonical(f"a {list(kernel)} window with strides {list(strides)}: at most "
                            f"{MAX_POOL_WINDOW} and {MAX_POOL_STRIDE}")
     pads = window_pads(ctx, shape[2:], kernel, strides)
-    params = {"kernel_shape": kernel, "strides": strides, "pads": pads}
-    if ctx.node.op_type == "AveragePool":
-        params["count_include_pad"] = int(ctx.attr("count_include_pad", 0))
-        if any(pads) and not params["count_include_pad"]:
-            raise NotCanonical("an AveragePool that leaves its padding out of the count")
     if tuple(ctx.shape(ctx.node.output[0])[2:]) != window_extents(shape[2:], pads, kernel,
                                                                   strides):
         raise NotCanonical("a ceil_mode pooling with a window past the input")
+    return {"kernel_shape": kernel, "strides": strides, "pads": pads}
+
+
+@normaliser("AveragePool")
+def _average_pool(ctx: NodeContext) -> dict[str, Any]:
+    """A pooling (``_pool``) whose padding is zeros counted in the mean: a mean that leaves
+    padding out of its count is not canonical."""
+    params = _pool(ctx)
+    params["count_include_pad"] = int(ctx.attr("count_include_pad", 0))
+    if any(params["pads"]) and not params["count_include_pad"]:
+        raise NotCanonical("an AveragePool that leaves its padding out of the count")
     return params
 
 

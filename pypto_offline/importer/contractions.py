@@ -10,6 +10,7 @@ import onnx
 
 from pypto_offline.importer.node_context import (NodeContext, NotCanonical, as_ints,
                                                  normaliser, window_extents, window_pads)
+from pypto_offline.registry.ops import INTEGER_CONTRACTIONS, definition, is_op
 
 MATMUL_FORM = "the kernel generator takes a MatMul of matrices with equal batch axes"
 
@@ -43,7 +44,7 @@ def _int8_without_offsets(ctx: NodeContext) -> None:
     that is not a constant 0 (QOperator models, onnxruntime's dynamic quantisation), a grouped
     convolution or a depth the int8 fractal does not divide stays a boundary that onnxruntime
     computes."""
-    if ctx.node.op_type not in ("MatMulInteger", "ConvInteger"):
+    if not is_op(ctx.node, INTEGER_CONTRACTIONS):
         return
     for index in (0, 1):
         if ctx.dtypes.get(ctx.node.input[index]) != onnx.TensorProto.INT8:
@@ -53,10 +54,10 @@ def _int8_without_offsets(ctx: NodeContext) -> None:
         if name and (name not in ctx.constants or ctx.constants[name].any()):
             raise NotCanonical(f"{INTEGER_FORM} (zero point {name!r} is not a constant 0)")
     weights = ctx.in_shape(1)
-    if ctx.node.op_type == "ConvInteger" and int(ctx.attr("group", 1)) != 1:
+    convolution = definition(ctx.node.op_type).convolution
+    if convolution and int(ctx.attr("group", 1)) != 1:
         raise NotCanonical(f"{INTEGER_FORM} ({ctx.attr('group', 1)} groups)")
-    depth = ctx.in_shape(0)[-1] if ctx.node.op_type == "MatMulInteger" \
-        else int(np.prod(weights[1:]))
+    depth = int(np.prod(weights[1:])) if convolution else ctx.in_shape(0)[-1]
     if too_shallow_for_int8(depth):
         raise NotCanonical(f"{INTEGER_FORM} ({too_shallow_for_int8(depth)})")
 

@@ -14,6 +14,7 @@ import onnx_ir as ir
 import onnxscript.optimizer
 
 from pypto_offline.importer.quantised import keeps_quantised
+from pypto_offline.registry.ops import is_op
 
 # Element counts: large enough to fold weight transposes and shape tables, small enough that folding
 # never materialises a broadcast activation as a constant.
@@ -30,9 +31,9 @@ def _should_fold(node: ir.Node) -> bool | None:
     # onnxscript leaves ConstantOfShape alone by default; exporters build pads and masks with it.
     # A DequantizeLinear of int8 weights is kept for importer/quantised.py, which multiplies
     # the int8 values on the cube (and folds the DQs it does not take itself).
-    if keeps_quantised(node.op_type, node.domain):
+    if keeps_quantised(node):
         return False
-    return True if node.op_type == "ConstantOfShape" and node.domain == "" else None
+    return True if is_op(node, "ConstantOfShape") else None
 
 
 def fold(model: onnx.ModelProto, known_shapes: Mapping[str, tuple[int, ...]] | None = None

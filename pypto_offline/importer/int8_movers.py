@@ -23,6 +23,7 @@ from onnx import helper
 from pypto_offline.importer.graph_index import (Constants, forget_type, names_in_subgraphs,
                                                readers_of)
 from pypto_offline.importer.names import names_in, unused_name
+from pypto_offline.registry.ops import is_op
 
 QUANTIZE, DEQUANTIZE = "QuantizeLinear", "DequantizeLinear"
 # The ops that move elements and compute none: each output element is one input element.
@@ -40,7 +41,7 @@ def move_quantised(model: onnx.ModelProto, constants: Constants) -> int:
     kept_names = {o.name for o in graph.output} | names_in_subgraphs(graph)
     moved, dropped, rewritten = 0, set(), {}
     for node in graph.node:
-        if node.op_type not in MOVERS or node.domain not in ("", "ai.onnx"):
+        if not is_op(node, MOVERS):
             continue
         dequantisations = [producer.get(node.input[0])]
         quantisations = [_only_reader(readers, out, kept_names) for out in node.output]
@@ -82,8 +83,8 @@ def quantise_concat_parts(model: onnx.ModelProto, constants: Constants) -> int:
     taken = names_in(graph)
     nodes, dropped, count = [], set(), 0
     for node in graph.node:
-        q = _only_reader(readers, node.output[0], kept_names) if node.op_type == "Concat" \
-            and node.domain in ("", "ai.onnx") else None
+        q = _only_reader(readers, node.output[0], kept_names) if is_op(node, "Concat") \
+            else None
         if q is None or not _per_tensor(q, QUANTIZE, constants):
             nodes.append(node)
             continue
@@ -135,7 +136,7 @@ def _only_reader(readers, tensor: str, kept_names: set[str]) -> onnx.NodeProto |
 
 def _per_tensor(node: onnx.NodeProto | None, op_type: str, constants: Constants) -> bool:
     """A (de)quantisation by one constant scale and zero point, of ONNX's own domain."""
-    if node is None or node.op_type != op_type or node.domain not in ("", "ai.onnx") \
+    if node is None or not is_op(node, op_type) \
             or len(node.input) < 3 or any(a.name in ("block_size", "output_dtype")
                                           and a.i for a in node.attribute):
         return False

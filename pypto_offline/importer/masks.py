@@ -18,6 +18,7 @@ import onnx
 
 from pypto_offline.importer.graph_index import names_in_subgraphs, readers_of
 from pypto_offline.importer.names import names_in, unused_name
+from pypto_offline.registry.ops import is_op
 
 # The ops that make an attention's mask from tensors from outside its core and join each core
 # (fusion.attention.attention_core)
@@ -36,7 +37,7 @@ def mask_makers(ops: Sequence[Op], from_outside: Callable[[str], bool]) -> list[
     fusion.attention.attention_core, codegen.matmul.batched_matmul_loop)."""
     mask, made = [], set()
     for op in ops:
-        if op.op_type in MASK_OPS | MASK_VIEWS \
+        if is_op(op, MASK_OPS | MASK_VIEWS) \
                 and all(from_outside(t) or t in made for t in op.inputs):
             mask.append(op)
             made.update(op.outputs)
@@ -82,10 +83,10 @@ def _size(tensor: onnx.TensorProto) -> int:
 def _shared_additive_mask(node: onnx.NodeProto, readers, scalars: set[str], kept: set[str]
                           ) -> bool:
     who = readers.get(node.output[0] if node.output else "", [])
-    return node.op_type == "Where" and node.domain in ("", "ai.onnx") \
+    return is_op(node, "Where") \
         and len(node.input) == 3 and all(name in scalars for name in node.input[1:]) \
         and node.output[0] not in kept and len(who) > 1 \
-        and all(r.op_type == "Add" for r in who)
+        and all(is_op(r, "Add") for r in who)
 
 
 def _own_chain(where: onnx.NodeProto, producer, readers, kept: set[str],
@@ -97,7 +98,7 @@ def _own_chain(where: onnx.NodeProto, producer, readers, kept: set[str],
         node = todo.pop()
         for name in node.input:
             made = producer.get(name)
-            if made is not None and made.op_type in MASK_OPS | MASK_VIEWS and name not in kept \
+            if made is not None and is_op(made, MASK_OPS | MASK_VIEWS) and name not in kept \
                     and [r.output[0] for r in readers[name]] == [node.output[0]] \
                     and made not in chain:
                 chain.append(made)

@@ -27,7 +27,8 @@ import onnx
 from onnx import numpy_helper
 
 from pypto_offline.errors import UsageError
-from pypto_offline.registry.ops import MATMUL, data_inputs, kind_of, op_def
+from pypto_offline.registry.ops import (INTEGER_CONTRACTIONS, MATMUL, QUANTISATION_OPS,
+                                        data_inputs, is_op, kind_of, op_def)
 from pypto_offline.runtime import FP16_MAX
 from pypto_offline.user_files import read_regular
 
@@ -46,8 +47,6 @@ MIN_COSINE = {FORCE_FP16: 0.99, ALLOW_FP32_TO_FP16: 0.999, ALLOW_MIX: 0.999}
 MAX_REL_DISTANCE = {FORCE_FP16: 0.1, ALLOW_FP32_TO_FP16: 0.1, ALLOW_MIX: 0.1}
 
 _FLOAT = onnx.TensorProto.FLOAT
-QUANTISATION_OPS = frozenset({"QuantizeLinear", "DequantizeLinear"})
-INTEGER_PRODUCTS = frozenset({"MatMulInteger", "ConvInteger"})
 # what importer/quantised.py writes after an integer product: Cast, Mul by S, Add of C
 DEQUANTISING_STEPS = ("Cast", "Mul", "Add")
 # A --keep_dtype file names nodes of one model: a million names fit in 16 MiB
@@ -237,7 +236,7 @@ def _casts_fp32(node_name: str) -> bool:
 
 
 def _is_cast(node: onnx.NodeProto, to: int) -> bool:
-    return node.op_type == "Cast" and any(a.name == "to" and a.i == to for a in node.attribute)
+    return is_op(node, "Cast") and any(a.name == "to" and a.i == to for a in node.attribute)
 
 
 def _sorted(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -326,14 +325,14 @@ def _by_quantisation(node, made_by: Mapping[str, onnx.NodeProto]) -> str:
     fp16's range (a 1x1 convolution of 32 channels: 112,357), and rounding the sum to fp16
     moved the requantised int8 a step from onnxruntime's. The float ops between them follow
     the mode (docs/int8.md)."""
-    if node.op_type in QUANTISATION_OPS:
+    if is_op(node, QUANTISATION_OPS):
         return "a (de)quantisation: its int8 integers are the quantised model's, made in fp32"
     chain = [node]  # back from the node through the dequantisation's Add, Mul and Cast
-    while chain[-1].op_type in DEQUANTISING_STEPS and chain[-1].input \
+    while is_op(chain[-1], DEQUANTISING_STEPS) and chain[-1].input \
             and chain[-1].input[0] in made_by and len(chain) <= len(DEQUANTISING_STEPS):
         chain.append(made_by[chain[-1].input[0]])
     steps = [n.op_type for n in reversed(chain)]
-    if steps[0] in INTEGER_PRODUCTS and steps[1:] == list(DEQUANTISING_STEPS[:len(steps) - 1]):
+    if steps[0] in INTEGER_CONTRACTIONS and steps[1:] == list(DEQUANTISING_STEPS[:len(steps) - 1]):
         return ("an integer product's dequantisation: its int32 accumulator passes fp16's "
                 "range, and its sum is what the QDQ model quantises in fp32")
     return ""

@@ -26,13 +26,14 @@ from onnx import helper
 
 from pypto_offline.importer.graph_index import Constants
 from pypto_offline.importer.names import names_in, unused_name
+from pypto_offline.registry.ops import is_op
 
 QOPERATORS = ("QLinearConv", "QLinearMatMul")
 AXIS_OPSET = 13  # DequantizeLinear's axis
 
 
 def has_qoperators(model: onnx.ModelProto) -> bool:
-    return any(n.op_type in QOPERATORS and n.domain in ("", "ai.onnx") for n in model.graph.node)
+    return any(is_op(n, QOPERATORS) for n in model.graph.node)
 
 
 def expand_qoperators(model: onnx.ModelProto, constants: Constants) -> int:
@@ -52,7 +53,7 @@ def expand_qoperators(model: onnx.ModelProto, constants: Constants) -> int:
 
 def _pattern(node: onnx.NodeProto, constants: Constants, opset: int, graph: onnx.GraphProto,
              taken: set[str]) -> list[onnx.NodeProto] | None:
-    if node.op_type not in QOPERATORS or node.domain not in ("", "ai.onnx"):
+    if not is_op(node, QOPERATORS):
         return None
     x, sx, zx, w, sw, zw, sy, zy = (list(node.input) + [""] * 8)[:8]
     per_tensor = [constants.get(name) for name in (sx, zx, sy, zy)]
@@ -60,7 +61,7 @@ def _pattern(node: onnx.NodeProto, constants: Constants, opset: int, graph: onnx
     if any(v is None or v.size != 1 for v in per_tensor) or w not in constants \
             or weight_scale is None or zw not in constants:
         return None
-    conv = node.op_type == "QLinearConv"
+    conv = is_op(node, "QLinearConv")
     filters = constants[w].shape[0 if conv else -1]
     if weight_scale.size not in (1, filters):
         return None

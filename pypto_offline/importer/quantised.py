@@ -39,15 +39,16 @@ from pypto_offline.importer.int8_movers import move_quantised, quantise_concat_p
 from pypto_offline.importer.names import names_in, unused_name
 from pypto_offline.importer.qoperator import expand_qoperators, has_qoperators
 from pypto_offline.importer.uint8_activations import as_int8_activations
+from pypto_offline.registry.ops import is_op
 
 QUANTISED_TYPES = frozenset({onnx.TensorProto.INT8, onnx.TensorProto.UINT8})
 DEQUANTIZE = "DequantizeLinear"
 
 
-def keeps_quantised(op_type: str, domain: str) -> bool:
+def keeps_quantised(node) -> bool:
     """The folder must not evaluate a DequantizeLinear: its int8 input is what this pass
     multiplies on the cube (``folding.fold``'s ``should_fold``)."""
-    return op_type == DEQUANTIZE and domain in ("", "ai.onnx")
+    return is_op(node, DEQUANTIZE)
 
 
 @dataclass(frozen=True)
@@ -103,7 +104,7 @@ class _Graph:
     def dequantised(self, name: str) -> Dequantised | None:
         """The DQ producing ``name``, when its scale and zero point are constants."""
         node = self.producer.get(name)
-        if node is None or node.op_type != DEQUANTIZE or node.domain not in ("", "ai.onnx"):
+        if node is None or not is_op(node, DEQUANTIZE):
             return None
         scale = self.value(node.input[1])
         zero = self.value(node.input[2]) if len(node.input) > 2 and node.input[2] else None
@@ -137,7 +138,7 @@ class _Graph:
 def fold_quantised(model: onnx.ModelProto) -> tuple[onnx.ModelProto, Quantised]:
     """A copy of ``model`` with its quantised contractions integer and every other DQ of a
     constant folded to float; a model without DequantizeLinear comes back unchanged."""
-    if not has_qoperators(model) and not any(n.op_type == DEQUANTIZE for n in model.graph.node):
+    if not has_qoperators(model) and not any(is_op(n, DEQUANTIZE) for n in model.graph.node):
         return model, Quantised()
     model = onnx.ModelProto.FromString(model.SerializeToString())
     constants = Constants(model.graph)
@@ -147,7 +148,7 @@ def fold_quantised(model: onnx.ModelProto) -> tuple[onnx.ModelProto, Quantised]:
                      concats_int8=quantise_concat_parts(model, constants))
     g = _Graph(model, constants)
     for index, node in enumerate(list(g.graph.node)):
-        if node.op_type in _CONTRACTIONS and node.domain in ("", "ai.onnx"):
+        if is_op(node, frozenset(_CONTRACTIONS)):
             why = _CONTRACTIONS[node.op_type](g, index, node)
             if why is None:
                 done.integer.append(node.output[0])
@@ -291,7 +292,7 @@ def _quantised_with_padding(g: _Graph, x: Dequantised, attrs: dict
     (fusion/partition.py), returned with it; None when no Q with the DQ's scale and zero
     point makes the image, or the padding is an ``auto_pad`` one."""
     quantise = g.producer.get(x.quantised)
-    if quantise is None or quantise.op_type != "QuantizeLinear" or _auto_pad(attrs) != "NOTSET":
+    if quantise is None or not is_op(quantise, "QuantizeLinear") or _auto_pad(attrs) != "NOTSET":
         return None, []
     scale = g.value(quantise.input[1])
     zero = g.value(quantise.input[2]) if len(quantise.input) > 2 and quantise.input[2] else None
@@ -380,7 +381,7 @@ def _fold_constant_dequantisations(g: _Graph) -> None:
     what the folder would have done, had it been let."""
     kept = []
     for node in g.graph.node:
-        dq = g.dequantised(node.output[0]) if node.op_type == DEQUANTIZE else None
+        dq = g.dequantised(node.output[0]) if is_op(node, DEQUANTIZE) else None
         if dq is not None and dq.quantised in g.constants:
             value = _dequantise(g.value(dq.quantised), dq)
             dtype = helper.tensor_dtype_to_np_dtype(g.constants.data_type(node.input[1]))
@@ -406,7 +407,7 @@ def _one_dequantisation_per_reader(graph: onnx.GraphProto) -> None:
     for node in graph.node:
         nodes.append(node)
         out = node.output[0] if node.output else ""
-        if node.op_type != DEQUANTIZE or node.input[0] in constants or out in in_subgraphs:
+        if not is_op(node, DEQUANTIZE) or node.input[0] in constants or out in in_subgraphs:
             continue
         for reader in readers.get(out, [])[1:]:
             copy = onnx.NodeProto.FromString(node.SerializeToString())

@@ -16,6 +16,7 @@ import numpy as np
 import onnx
 from pypto_offline.importer.graph_index import Constants, forget_type, readers_of
 from pypto_offline.importer.names import names_in, unused_name
+from pypto_offline.registry.ops import is_op
 
 QUANTIZE, DEQUANTIZE = "QuantizeLinear", "DequantizeLinear"
 SHIFT = 128  # uint8 - 128 is int8
@@ -30,7 +31,7 @@ def as_int8_activations(model: onnx.ModelProto, constants: Constants) -> int:
     taken = names_in(graph)
     shifted = 0
     for node in graph.node:
-        if node.op_type != QUANTIZE or node.domain not in ("", "ai.onnx") \
+        if not is_op(node, QUANTIZE) \
                 or node.output[0] in returned:
             continue
         zero = _uint8_zero_point(node, constants)
@@ -63,7 +64,7 @@ def _uint8_zero_point(node: onnx.NodeProto, constants: Constants) -> np.ndarray 
 def _dequantises(reader: onnx.NodeProto, quantise: onnx.NodeProto, constants: Constants) -> bool:
     """Whether ``reader`` dequantises the tensor with the quantisation's own scale and zero
     point (the same values: names may differ)."""
-    if reader.op_type != DEQUANTIZE or reader.domain not in ("", "ai.onnx") \
+    if not is_op(reader, DEQUANTIZE) \
             or reader.input[0] != quantise.output[0]:
         return False
     return all(_same_constant(constants, _input(reader, i), _input(quantise, i))

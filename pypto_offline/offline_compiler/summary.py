@@ -19,6 +19,7 @@ from pypto_offline.offline_compiler import ptom_pb2
 from pypto_offline.offline_compiler.source_check import SourceCheck
 from pypto_offline.pypto_kernels.baseline import ESTIMATED
 from pypto_offline.pypto_kernels.records import legacy_fallback_kind
+from pypto_offline.registry.ops import INTEGER_CONTRACTIONS, is_op
 
 NOT_MEASURED = "not measured"
 # The version of every JSON output's keys (``summary.schema.json``, in this folder): a change of
@@ -358,8 +359,6 @@ def kernel_summary(kernel: ptom_pb2.Kernel, dtypes: Mapping[str, str] | None = N
             "dtypes": kernel_dtypes(kernel, dtypes or {})}
 
 
-# A contraction on integer operands whose output is its accumulator (docs/int8.md)
-INTEGER_CONTRACTIONS = frozenset({"MatMulInteger", "ConvInteger"})
 
 
 def kernel_dtypes(kernel: ptom_pb2.Kernel, dtypes: Mapping[str, str]) -> dict:
@@ -367,7 +366,7 @@ def kernel_dtypes(kernel: ptom_pb2.Kernel, dtypes: Mapping[str, str]) -> dict:
     declares them: "unknown" where it does not), and the accumulator of its integer matmul or
     convolution ("int32"; None for a kernel without one)."""
     accumulators = {dtypes.get(op.outputs[0], "unknown") for op in kernel.original
-                    if op.op_type in INTEGER_CONTRACTIONS and op.outputs}
+                    if is_op(op, INTEGER_CONTRACTIONS) and op.outputs}
     return {"in": [dtypes.get(name, "unknown") for name in kernel.inputs],
             "out": [dtypes.get(name, "unknown") for name in kernel.outputs],
             "accumulate": ", ".join(sorted(accumulators)) or None}

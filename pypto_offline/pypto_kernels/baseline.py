@@ -33,7 +33,7 @@ from pypto_offline.fusion.records import Region, RegionOp
 from pypto_offline.fusion.simplify import simplify
 from pypto_offline.importer import ImportedGraph
 from pypto_offline.importer.input_shapes import tensor_bytes as bytes_of
-from pypto_offline.registry.ops import MATMUL, OPS, POINTWISE_OPS
+from pypto_offline.registry.ops import MATMUL, definition
 from pypto_offline.pypto_kernels.jobs.protocol import HEADLINES, FailureKind
 from pypto_offline.pypto_kernels.platform import Platform, platform_of
 from pypto_offline.targets import Target
@@ -47,11 +47,12 @@ OP_CLASSES = ("elementwise", "data", "transpose", CUBE)
 def op_class(op_type: str) -> str:
     """An op that reorders axes is moved through TRANSPOSE_MOVEOUT, slower per byte than a
     straight copy; a matmul or convolution runs on the cube."""
-    if op_type in OPS and OPS[op_type].kind == MATMUL:
+    definition_ = definition(op_type)
+    if definition_.kind == MATMUL:
         return CUBE
-    if op_type in OPS and OPS[op_type].reorders:
+    if definition_.reorders:
         return "transpose"
-    return "elementwise" if op_type in POINTWISE_OPS else "data"
+    return "elementwise" if definition_.pointwise else "data"
 
 
 def slower_fused(fused_us: float, unfused_us: float, unfused_kernels: int,
@@ -184,7 +185,7 @@ def single_op_regions(region: Region, graph: ImportedGraph) -> list[Region]:
     generator lowers no pooling op as it is)."""
     singles = []
     for index, op in enumerate(region.original):
-        if op.op_type in ("Reshape", "Identity"):
+        if definition(op.op_type).view_only:  # a Reshape or an Identity in a program
             continue  # metadata on contiguous data: no kernel before fusion either
         names = list(op.inputs) + list(op.outputs)
         program = Program([op], tuple(op.inputs), tuple(op.outputs),

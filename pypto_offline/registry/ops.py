@@ -32,6 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from math import prod
 from types import MappingProxyType
+from typing import Collection
 
 # Kinds, in TVM's order of how freely they fuse.
 VIEW = "view"                # metadata only on contiguous data: no kernel, no bytes
@@ -93,6 +94,46 @@ class OpDef:
         and broadcasting ops, and the views that broadcast or keep their input (Expand,
         Identity)."""
         return self.kind in (ELEMENTWISE, BROADCAST) or self.view in ("expand", "identity")
+
+    @property
+    def view_only(self) -> bool:
+        """Metadata only on contiguous data (a Reshape, Squeeze, Identity...): no bytes move."""
+        return self.kind == VIEW
+
+    @property
+    def reshape_like(self) -> bool:
+        """A view other than Identity (Reshape, Squeeze, Unsqueeze, Flatten): a region's
+        program holds each as one Reshape (fusion/program.py)."""
+        return self.kind == VIEW and self.view != "identity"
+
+    @property
+    def elementwise(self) -> bool:
+        """Elementwise or broadcasting math (not a view that keeps or broadcasts its input)."""
+        return self.kind in (ELEMENTWISE, BROADCAST)
+
+    @property
+    def convolution(self) -> bool:
+        """A Conv or a quantised one (ConvInteger), alike in their attributes."""
+        return self.name in CONV_OPS
+
+    @property
+    def projection(self) -> bool:
+        """A MatMul or a Gemm: a float product of matrices (not a convolution's, not an
+        integer one), a projection where its right operand is weights."""
+        return self.kind == MATMUL and not self.convolution \
+            and self.name not in INTEGER_CONTRACTIONS
+
+    @property
+    def row_result(self) -> bool:
+        """A reduction whose result keeps one element per row (a Reduce* op, a global pooling);
+        the other reductions normalise the rows (Softmax, LayerNormalization...)."""
+        return self.name in ROW_RESULT_OPS
+
+    @property
+    def per_row_parameters(self) -> bool:
+        """A normalisation whose scale and bias apply per row (a channel's, or a group's, of one
+        image) rather than per column (LayerNormalization's)."""
+        return self.name in PER_ROW_PARAMETER_OPS
 
     @property
     def flat(self) -> bool:
@@ -193,6 +234,9 @@ OPS: MappingProxyType = MappingProxyType({
     **_defs(ELEMENTWISE, "DequantizeLinear", "DequantizeLinear", data_inputs=1),
     **_defs(ELEMENTWISE, "QuantizeLinear", "QuantizeLinear", data_inputs=1, floats_only=True),
 })
+# Ops only rewrite rules create inside a region's program (fusion/rules.py), never imported:
+# no ONNX op (a Roll is x[k:] then x[:k], concatenated: fusion/lower.py)
+PROGRAM_ONLY_OPS = frozenset({"Roll"})
 # The convolutions: a Conv, and a quantised one (ConvInteger), alike in their attributes
 CONV_OPS = frozenset({"Conv", "ConvInteger"})
 
@@ -214,8 +258,31 @@ def stride_one_span(shape, strides) -> list[int]:
     return [*shape[:2], *((extent - 1) * stride + 1 for extent, stride in zip(shape[2:], strides))]
 
 
+# The domains of ONNX's own ops; the registry defines those only
+ONNX_DOMAINS = ("", "ai.onnx")
+
+
+def is_op(node, op_types: str | Collection[str]) -> bool:
+    """Whether ``node`` (an ONNX NodeProto, an imported node, a region's program op) is one of
+    ``op_types`` (a name, names separated by spaces, or a set) of ONNX's own domain: what a
+    pattern asks of an op it names. A program op has no domain: it is ONNX's or the program's
+    (``PROGRAM_ONLY_OPS``)."""
+    names = op_types.split() if isinstance(op_types, str) else op_types
+    return node.op_type in names and getattr(node, "domain", "") in ONNX_DOMAINS
+
+
+# What ``definition`` gives for an op the registry lacks: of no kind, every property false
+UNKNOWN = OpDef("", "")
+
+
+def definition(op_type: str, domain: str = "") -> OpDef:
+    """The op's entry, or ``UNKNOWN``: what a stage asks of an op it may not know (a program's
+    Roll, a node of another domain)."""
+    return op_def(op_type, domain) or UNKNOWN
+
+
 def op_def(op_type: str, domain: str = "") -> OpDef | None:
-    return OPS.get(op_type) if domain in ("", "ai.onnx") else None
+    return OPS.get(op_type) if domain in ONNX_DOMAINS else None
 
 
 def in_scope(op_type: str, domain: str = "") -> bool:
@@ -266,8 +333,13 @@ def data_inputs(op_type: str, inputs) -> list[str]:
     return list(inputs) if count is None else list(inputs[:count])
 
 
+def marked(field: str) -> frozenset[str]:
+    """The ops whose entry's ``field`` (or property) is true."""
+    return frozenset(name for name, d in OPS.items() if getattr(d, field))
+
+
 def lowered_ops() -> frozenset[str]:
-    return frozenset(name for name, d in OPS.items() if d.lowers)
+    return marked("lowers")
 
 
 VIEW_ONLY_OPS = names(VIEW)
@@ -277,10 +349,13 @@ MATMUL_OPS = names(MATMUL)
 REDUCE_OPS = frozenset(_REDUCE.split())  # the Reduce* ops: axes and keepdims
 POOL_OPS = frozenset(_POOLS.split())
 GLOBAL_POOL_OPS = frozenset(_GLOBAL_POOLS.split())  # over every axis after N and C, kept
-# Reductions whose result keeps one element per row (the others normalise the rows)
-ROW_RESULT_OPS = REDUCE_OPS | GLOBAL_POOL_OPS
-# Normalisations whose scale and bias apply per row (a channel's, or a group's, of one image)
-# rather than per column (LayerNormalization's)
+ROW_RESULT_OPS = REDUCE_OPS | GLOBAL_POOL_OPS  # OpDef.row_result
+# A QDQ model's (de)quantisations, and its contractions on integer operands whose output is
+# their int32 accumulator (docs/int8.md)
+QUANTISATION_OPS = frozenset({"QuantizeLinear", "DequantizeLinear"})
+INTEGER_CONTRACTIONS = frozenset({"MatMulInteger", "ConvInteger"})
 PER_ROW_PARAMETER_OPS = frozenset({"InstanceNormalization", "GroupNormalization"})
 BROADCASTING_OPS = names(BROADCAST)
-POINTWISE_OPS = frozenset(name for name, d in OPS.items() if d.pointwise)
+POINTWISE_OPS = marked("pointwise")
+VIEW_TRANSFORM_OPS = frozenset(name for name, d in OPS.items() if d.view)  # fusion/views.py
+DECOMPOSED_OPS = marked("decomposed")  # a rewrite rule writes them as others (fusion/rules.py)

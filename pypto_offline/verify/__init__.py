@@ -29,6 +29,7 @@ from pypto_offline.importer.input_shapes import (check_dims, check_tensor_bytes,
                                                  human_bytes)
 from pypto_offline.importer.precision import MAX_REL_DISTANCE, MIN_COSINE
 from pypto_offline.importer.shape_probe import MAX_PROBE_BYTES, check_memory
+from pypto_offline.registry.ops import is_op
 from pypto_offline.runtime import (TOLERANCE, CannotRun, abs_diff, generate_inputs,
                                    in_input_types, precision_metrics, run_model)
 from pypto_offline.user_files import open_regular
@@ -240,7 +241,7 @@ def quantised_outputs(model: onnx.ModelProto) -> dict[str, float]:
     tensor, with its scale: the outputs held to ``int8_steps``."""
     constants = {t.name: t for t in model.graph.initializer}
     constants.update((node.output[0], attribute.t) for node in model.graph.node
-                     if node.op_type == "Constant" for attribute in node.attribute
+                     if is_op(node, "Constant") for attribute in node.attribute
                      if attribute.name == "value")
     types = {v.name: v.type.tensor_type.elem_type
              for v in (*model.graph.input, *model.graph.value_info, *model.graph.output)}
@@ -249,7 +250,7 @@ def quantised_outputs(model: onnx.ModelProto) -> dict[str, float]:
     found = {}
     for output in model.graph.output:
         node = made_by.get(output.name)
-        if node is None or node.op_type != "DequantizeLinear" or node.input[1] not in constants:
+        if node is None or not is_op(node, "DequantizeLinear") or node.input[1] not in constants:
             continue
         scale = onnx.numpy_helper.to_array(constants[node.input[1]])
         zero_point = node.input[2] if len(node.input) > 2 and node.input[2] else None

@@ -21,12 +21,12 @@ runs in), one per op kind with its own ``LOWERINGS`` table (``movement``, ``elem
 module text, ``kernel_source``).
 """
 from pypto_offline.pypto_kernels.activations import literal as float_literal
-from pypto_offline.pypto_kernels.codegen.elementwise import (BINARY, COMMUTATIVE, COMPARISONS,
+from pypto_offline.pypto_kernels.codegen.elementwise import (BINARY, COMPARISONS,
                                                              FINITE_MAX, FLT_MAX, UNARY)
 from pypto_offline.pypto_kernels.codegen.kernel import (ARGUMENT_SHAPES, KERNEL_FUNCTION,
                                                         VERIFIED_PASSES, kernel_source,
                                                         region_tolerance)
-from pypto_offline.pypto_kernels.codegen.layout import (FLAT_OPS, FLAT_ROW_BYTES,
+from pypto_offline.pypto_kernels.codegen.layout import (FLAT_ROW_BYTES,
                                                         assembled_outputs, flat_row,
                                                         flat_rows_change_the_tiling)
 from pypto_offline.pypto_kernels.codegen.lowering import LOWERINGS, lowers
@@ -40,8 +40,8 @@ from pypto_offline.pypto_kernels.codegen.writer import (MAX_RANK, PYPTO_DTYPES, 
                                                         pypto_dtype)
 
 __all__ = [
-    "ARGUMENT_SHAPES", "BINARY", "BatchedLoop", "COMMUTATIVE", "COMPARISONS", "CannotExpress",
-    "FINITE_MAX", "FLAT_OPS", "FLAT_ROW_BYTES", "FLT_MAX", "HEADS_OUTWARD", "KERNEL_FUNCTION",
+    "ARGUMENT_SHAPES", "BINARY", "BatchedLoop", "COMPARISONS", "CannotExpress",
+    "FINITE_MAX", "FLAT_ROW_BYTES", "FLT_MAX", "HEADS_OUTWARD", "KERNEL_FUNCTION",
     "LOWERINGS", "MAX_CONCAT_INPUTS", "MAX_RANK", "MAX_UNROLLED_MATMULS", "MEANS", "PYPTO_DTYPES",
     "REDUCTIONS", "UNARY", "VERIFIED_PASSES", "Writer", "assembled_outputs",
     "batched_matmul_loop", "flat_row", "flat_rows_change_the_tiling", "float_literal",

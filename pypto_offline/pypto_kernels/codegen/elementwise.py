@@ -12,7 +12,7 @@ import onnx
 
 from pypto_offline.fusion.classify import FLOAT_DTYPES, HALF_DTYPES
 from pypto_offline.fusion.records import RegionOp
-from pypto_offline.registry.ops import OPS
+from pypto_offline.registry.ops import OPS, definition
 from pypto_offline.pypto_kernels import activations
 from pypto_offline.pypto_kernels.activations import literal as float_literal
 from pypto_offline.pypto_kernels.codegen.layout import (broadcast_to, compute_shape,
@@ -25,7 +25,6 @@ UNARY = {"Relu": "relu", "Sigmoid": "sigmoid", "Exp": "exp", "Neg": "neg", "Abs"
 # Xor of bools is their inequality; PyPTO's bitwise ops do not compile (docs/pypto-ops.md)
 BINARY = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "Max": "maximum",
           "Min": "minimum", "Sum": "add", "And": "logical_and", "Xor": "ne"}
-COMMUTATIVE = frozenset(op for op in BINARY if OPS[op].commutative)  # the registry's
 # The largest finite value of each float type: IsInf's bound
 FINITE_MAX = {onnx.TensorProto.FLOAT: 3.4028234663852886e38, onnx.TensorProto.FLOAT16: 65504.0,
               onnx.TensorProto.BFLOAT16: 3.3895313892515355e38}
@@ -125,7 +124,9 @@ def _cast(w: Writer, op: RegionOp) -> None:
     _per_element(w, op, lambda value, _: f"pypto.cast({value}, {to}{mode})")
 
 
-def _binary(w: Writer, op: RegionOp) -> None:
+def _binary(w: Writer, op: RegionOp, scalar_first: ScalarFirst | None = None) -> None:
+    """A binary op of BINARY, variadic for some; PyPTO takes a scalar only on the right, so a
+    scalar first swaps sides for a commutative op, else ``scalar_first`` rewrites it."""
     out = op.outputs[0]
     if len(op.inputs) == 1:  # a variadic Max, Min or Sum of one tensor: that tensor
         w.alias(out, op.inputs[0])
@@ -136,14 +137,10 @@ def _binary(w: Writer, op: RegionOp) -> None:
     operands = _binary_operands(w, op, shape, owns)
     function = BINARY[op.op_type]
     if is_scalar_constant(op.inputs[0], w.constants):  # PyPTO takes scalars on the right
-        if op.op_type == "Sub":
-            operands = [f"pypto.neg({operands[1]})", operands[0]]
-            function = "add"
-        elif op.op_type in COMMUTATIVE:
+        if definition(op.op_type).commutative:
             operands.reverse()
-        elif op.op_type == "Div":  # RMSNorm's 1 / sqrt(...): the scalar as a full tile
-            numerator = np.asarray(w.constants[op.inputs[0]]).reshape(-1)[0]
-            operands[0] = full(w, shape, numerator, w.dtype(out))
+        elif scalar_first is not None:
+            operands, function = scalar_first(w, op, operands, shape)
         else:
             raise CannotExpress(f"{op.op_type} with a scalar on the left")
     expression = operands[0]
@@ -151,6 +148,24 @@ def _binary(w: Writer, op: RegionOp) -> None:
         expression = f"pypto.{function}({expression}, {operand})"
     w.follow(shape, w.dtype(out), op.inputs)
     w.assign(out, expression, shape)
+
+
+# How a binary op that does not commute takes a scalar first: its operands and PyPTO call
+ScalarFirst = Callable[[Writer, RegionOp, "list[str]", "list[int]"], "tuple[list[str], str]"]
+
+
+def _difference(w: Writer, op: RegionOp) -> None:
+    """Sub; a scalar minus a tensor as the tensor negated plus the scalar."""
+    _binary(w, op, lambda w, op, operands, shape: ([f"pypto.neg({operands[1]})", operands[0]],
+                                                   "add"))
+
+
+def _quotient(w: Writer, op: RegionOp) -> None:
+    """Div; a scalar over a tensor (RMSNorm's 1 / sqrt(...)) with the scalar as a full tile."""
+    def numerator_tile(w: Writer, op: RegionOp, operands: list[str], shape) -> tuple:
+        numerator = np.asarray(w.constants[op.inputs[0]]).reshape(-1)[0]
+        return [full(w, shape, numerator, w.dtype(op.outputs[0])), operands[1]], BINARY["Div"]
+    _binary(w, op, numerator_tile)
 
 
 def _binary_operands(w: Writer, op: RegionOp, shape, owns) -> list[str]:
@@ -161,7 +176,7 @@ def _binary_operands(w: Writer, op: RegionOp, shape, owns) -> list[str]:
     if w.rows is None:
         return [broadcast_to(w, name, shape, own) for name, own in zip(names, owns)]
     if len(names) == 2 and owns[0] != shape and owns[1] == shape \
-            and op.op_type in COMMUTATIVE and not is_scalar_constant(names[0], w.constants):
+            and definition(op.op_type).commutative and not is_scalar_constant(names[0], w.constants):
         names, owns = names[::-1], owns[::-1]
     operands = [broadcast_to(w, names[0], shape, owns[0])]
     for name, own in zip(names[1:], owns[1:]):
@@ -174,9 +189,6 @@ def _combined(w: Writer, op: RegionOp, combine: Callable[[list[str]], str]) -> N
     """An n-ary op of its operands broadcast to its shape, as ``combine`` writes it; a scalar
     constant only after a tensor (PyPTO takes scalars on the right)."""
     out = op.outputs[0]
-    if len(op.inputs) == 1 and op.op_type == "Mean":  # of one tensor: that tensor
-        w.alias(out, op.inputs[0])
-        return
     if is_scalar_constant(op.inputs[0], w.constants):
         raise CannotExpress(f"{op.op_type} with a scalar first")
     shape, owns = compute_shape(w, out, op.inputs)
@@ -195,6 +207,10 @@ def _logical_or(w: Writer, op: RegionOp) -> None:
 
 
 def _mean(w: Writer, op: RegionOp) -> None:
+    if len(op.inputs) == 1:  # of one tensor: that tensor
+        w.alias(op.outputs[0], op.inputs[0])
+        return
+
     def combine(operands: list[str]) -> str:
         total = operands[0]
         for operand in operands[1:]:
@@ -224,26 +240,35 @@ def _where(w: Writer, op: RegionOp) -> None:
     w.assign(out, chosen, shape)
 
 
-def _float_test(w: Writer, op: RegionOp) -> None:
-    """IsNaN as x != x; IsInf as |x| (or x, or -x) beyond the largest finite value. A bool
-    tensor, tiled by its operand's dtype."""
+def _float_test(w: Writer, op: RegionOp, test: Callable[[str, str], str]) -> None:
+    """A bool tensor of ``test(x, the largest finite value)``, tiled by its operand's dtype."""
     source, out = op.inputs[0], op.outputs[0]
     dtype = w.dtype(source)
     shape = elementwise_shape(w, out, source)
     x = w.value(source, shape)
     w.follow(shape, dtype, op.inputs)
-    bound = float_literal(FINITE_MAX[dtype])
-    if op.op_type == "IsNaN":
-        expression = f"pypto.ne({x}, {x})"
-    elif op.params.get("detect_positive", 1) and op.params.get("detect_negative", 1):
-        expression = f"pypto.gt(pypto.abs({x}), {bound})"
-    elif op.params.get("detect_positive", 1):
-        expression = f"pypto.gt({x}, {bound})"
-    elif op.params.get("detect_negative", 1):
-        expression = f"pypto.gt(pypto.neg({x}), {bound})"
-    else:  # neither sign detected: false everywhere
-        expression = f"pypto.lt(pypto.abs({x}), -1.0)"
-    w.assign(out, expression, shape)
+    w.assign(out, test(x, float_literal(FINITE_MAX[dtype])), shape)
+
+
+def _is_nan(w: Writer, op: RegionOp) -> None:
+    """x != x."""
+    _float_test(w, op, lambda x, bound: f"pypto.ne({x}, {x})")
+
+
+def _is_inf(w: Writer, op: RegionOp) -> None:
+    """|x| (or x, or -x, as the op detects either sign) beyond the largest finite value."""
+    _float_test(w, op, lambda x, bound: _beyond(op, x, bound))
+
+
+def _beyond(op: RegionOp, x: str, bound: str) -> str:
+    positive, negative = op.params.get("detect_positive", 1), op.params.get("detect_negative", 1)
+    if positive and negative:
+        return f"pypto.gt(pypto.abs({x}), {bound})"
+    if positive:
+        return f"pypto.gt({x}, {bound})"
+    if negative:
+        return f"pypto.gt(pypto.neg({x}), {bound})"
+    return f"pypto.lt(pypto.abs({x}), -1.0)"  # neither sign detected: false everywhere
 
 
 def _compare(w: Writer, op: RegionOp) -> None:
@@ -294,6 +319,6 @@ LOWERINGS: dict[str, Callable[[Writer, RegionOp], None]] = {
     **{op: _unary for op in UNARY}, **{op: _binary for op in BINARY},
     **{op: _compare for op in COMPARISONS}, **{op: _activation for op in activations.BUILDERS},
     "Cast": _cast, "Where": _where, "Reciprocal": _reciprocal, "Clip": _clip, "Pow": _pow,
-    "Or": _logical_or, "Mean": _mean, "PRelu": _prelu, "IsNaN": _float_test,
-    "IsInf": _float_test,
+    "Or": _logical_or, "Mean": _mean, "PRelu": _prelu, "IsNaN": _is_nan, "IsInf": _is_inf,
+    "Sub": _difference, "Div": _quotient,
 }

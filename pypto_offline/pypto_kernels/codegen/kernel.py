@@ -11,7 +11,7 @@ import onnx
 
 from pypto_offline.fusion.records import Region
 from pypto_offline.fusion.rows import channel_rows, has_reduction
-from pypto_offline.registry.ops import REDUCTION, kind_of
+from pypto_offline.registry.ops import REDUCTION, definition, kind_of
 from pypto_offline.pypto_kernels.activations import literal as float_literal
 from pypto_offline.pypto_kernels.jobs.protocol import ARGUMENT_SHAPES
 from pypto_offline.pypto_kernels.tiling import TilePolicy
@@ -160,7 +160,7 @@ def _header(w: Writer, inputs: Mapping[str, str], outputs: Mapping[str, str]) ->
 def _normalised_projection(region: Region) -> bool:
     """A projection (MatMul, Gemm) with a LayerNorm before or after it, the region's one
     reduction (``fusion.normalising.normalising_prologue``, ``normalising_epilogue``)."""
-    return any(op.op_type in ("MatMul", "Gemm") for op in region.simplified)
+    return any(definition(op.op_type).projection for op in region.simplified)
 
 
 def _lower_program(w: Writer, outputs: Mapping[str, str]) -> None:

@@ -14,16 +14,13 @@ import numpy as np
 from pypto_offline.fusion.classify import FLOAT_DTYPES, kernel_dtype
 from pypto_offline.fusion.records import Region, RegionOp
 from pypto_offline.fusion.rows import NotRows, RowLayout, conv_rows, row_layout
-from pypto_offline.registry.ops import OPS, POINTWISE_OPS, is_cube_conv
+from pypto_offline.registry.ops import definition, is_cube_conv
 from pypto_offline.pypto_kernels.folding import fold_broadcast, right_aligned
 from pypto_offline.pypto_kernels.tiling import BLOCK_BYTES, TilePolicy
 from pypto_offline.pypto_kernels.codegen.writer import (MAX_RANK, CannotExpress, Writer,
                                                         has_convolution, is_scalar_constant,
                                                         itemsize_of, pypto_dtype)
 
-# Ops that map element i of their inputs to element i of their output, whatever the layout
-# (the registry's ``OpDef.flat``).
-FLAT_OPS = frozenset(op for op, d in OPS.items() if d.flat)
 # The row length hardly matters (256 B to 2 KiB rows gave the same tasks and times on nudenet's
 # 1x128x10x10 SiLU); what pays is that no row pads.
 FLAT_ROW_BYTES = 512
@@ -64,7 +61,7 @@ def flat_row(region: Region, constants: Mapping[str, np.ndarray]) -> int | None:
     same element count and nothing broadcasts. (A Split would qualify on paper, but viewing rows
     of a computed tensor made PyPTO spill it to GM: nudenet's SiLU->Split read and wrote 2-4x
     its lower bound.)"""
-    if any(op.op_type not in FLAT_OPS for op in region.simplified):
+    if any(not definition(op.op_type).flat for op in region.simplified):
         return None
     tensors = [t for t in region.tensor_types if not is_scalar_constant(t, constants)]
     counts = {prod(region.tensor_types[t][0]) for t in tensors}
@@ -157,7 +154,7 @@ def _read_again_elementwise(w: Writer, tensor: str) -> bool:
     readers = [op for op in w.region.simplified if tensor in op.inputs]
     return sum(op.inputs.count(tensor) for op in readers) >= 2 and all(
         op.outputs[0] in w.assembled
-        or (op.op_type in POINTWISE_OPS and w.shape(op.outputs[0]) == w.shape(tensor))
+        or (definition(op.op_type).pointwise and w.shape(op.outputs[0]) == w.shape(tensor))
         for op in readers)
 
 

@@ -6,8 +6,7 @@ from __future__ import annotations
 from typing import Callable, Mapping
 
 from pypto_offline.fusion.records import RegionOp
-from pypto_offline.fusion.rules import DECOMPOSED
-from pypto_offline.registry.ops import VIEW_ONLY_OPS
+from pypto_offline.registry.ops import definition
 from pypto_offline.pypto_kernels.codegen import (convolution, elementwise, matmul, movement,
                                                  quantisation, reduction)
 from pypto_offline.pypto_kernels.codegen.writer import CannotExpress, Writer
@@ -38,7 +37,7 @@ def lowers(op_type: str) -> bool:
     """Whether the generator has a lowering for the op (``registry/ops.py`` marks the same).
     A region's program holds its reshape-likes as one Reshape (``fusion/program.py``), and
     a rewrite rule writes the ``DECOMPOSED`` ops as others (``fusion/rules.py``)."""
-    return op_type in VIEW_ONLY_OPS or op_type in LOWERINGS or op_type in DECOMPOSED
+    return definition(op_type).view_only or definition(op_type).decomposed or op_type in LOWERINGS
 
 
 def lower(w: Writer, op: RegionOp) -> None:

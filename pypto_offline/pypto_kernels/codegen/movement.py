@@ -267,14 +267,20 @@ def _roll(w: Writer, op: RegionOp) -> None:
                   f"pypto.view({held}, {head}, {[0] * len(shape)})], {axis})")
 
 
-def _depth_to_space(w: Writer, op: RegionOp) -> None:
-    """DepthToSpace and SpaceToDepth as the reshape-transpose-reshape ONNX defines them; the
-    6-D transpose folds to rank 4 (``fold_transpose``) for DCR DepthToSpace and SpaceToDepth."""
+# DepthToSpace and SpaceToDepth as the reshape-transpose-reshape ONNX defines them; the 6-D
+# transpose folds to rank 4 (``fold_transpose``) for DCR DepthToSpace and SpaceToDepth.
+
+
+def _space_to_depth(w: Writer, op: RegionOp) -> None:
     n, c, h, width = w.shape(op.inputs[0])
     b = op.params["blocksize"]
-    if op.op_type == "SpaceToDepth":
-        shape, perm = [n, c, h // b, b, width // b, b], [0, 3, 5, 1, 2, 4]
-    elif op.params.get("mode", "DCR") == "DCR":
+    _permute(w, op.inputs[0], op.outputs[0], [n, c, h // b, b, width // b, b], [0, 3, 5, 1, 2, 4])
+
+
+def _depth_to_space(w: Writer, op: RegionOp) -> None:
+    n, c, h, width = w.shape(op.inputs[0])
+    b = op.params["blocksize"]
+    if op.params.get("mode", "DCR") == "DCR":
         shape, perm = [n, b, b, c // (b * b), h, width], [0, 3, 4, 1, 5, 2]
     else:
         shape, perm = [n, c // (b * b), b, b, h, width], [0, 1, 4, 2, 5, 3]
@@ -285,5 +291,5 @@ LOWERINGS: dict[str, Callable[[Writer, RegionOp], None]] = {
     "Slice": _slice, "Pad": _pad, "Tile": _tile, "Expand": _expand, "Concat": _concat,
     "Split": _split, "Transpose": _transpose, "Reshape": _reshape, "Identity": _identity,
     "Gather": _gather, "Roll": _roll, "DepthToSpace": _depth_to_space,
-    "SpaceToDepth": _depth_to_space,
+    "SpaceToDepth": _space_to_depth,
 }
