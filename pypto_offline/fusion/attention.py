@@ -25,13 +25,13 @@ def attention_core(graph: ImportedGraph, members: list[Node],
     head's scores kept in UB between the two products (``codegen.matmul.batched_matmul_loop``);
     without it a MatMul took no reduction beside it and an attention was three kernels."""
     matmuls = [n for n in members if kind_of(n.op_type, n.params) == MATMUL]
-    softmaxes = [n for n in members if n.op_type == "Softmax"]
+    softmaxes = [n for n in members if is_op(n, "Softmax")]
     # a quantised attention's Q/DQ around each op are not what the loop lowers: it keeps the
     # regions it had (docs/int8.md); the counts first, the readers beyond only then (every
     # merge of a region holding a matmul asks)
     if any(is_op(n, QUANTISATION_OPS) for n in members) \
             or not 1 <= len(matmuls) <= 2 or len(softmaxes) > 1 \
-            or any(m.op_type != "MatMul" or not is_batched(graph, m) for m in matmuls):
+            or any(not is_op(m, "MatMul") or not is_batched(graph, m) for m in matmuls):
         return False
     beyond = read_beyond(members, graph, readers)
     if len(beyond) != 1:
@@ -58,7 +58,7 @@ def attention_core(graph: ImportedGraph, members: list[Node],
 def _masks_scores(mask: list[Node], chain: list[Node]) -> bool:
     """Whether what the mask makers write is read by them or the scores' elementwise ops."""
     made = outputs_of(mask)
-    readers = [*mask, *(n for n in chain[1:] if n.op_type != "Softmax")]
+    readers = [*mask, *(n for n in chain[1:] if definition(n.op_type).pointwise)]
     return all(t in {name for n in readers for name in n.inputs} for t in made)
 
 
@@ -72,14 +72,14 @@ def _probabilities_and_values(graph: ImportedGraph, members: list[Node], scores:
     rank = len(graph.tensors[softmax.inputs[0]].shape or ())
     if tuple(softmax.params.get("axes", ())) != (rank - 1,):
         return False
-    casts = [n for n in members if n.op_type == "Cast" and n.inputs[0] in softmax.outputs]
+    casts = [n for n in members if is_op(n, "Cast") and n.inputs[0] in softmax.outputs]
     probabilities = outputs_of([softmax, *casts])
     if any(v.inputs[1] in produced - outputs_of(heads) or v.inputs[0] not in probabilities
            for v in values):
         return False
     rest = [n for n in members if n not in chain and n not in values and n not in casts
             and n not in heads]
-    return all(values and (kind_of(n.op_type, n.params) == VIEW or n.op_type == "Transpose")
+    return all(values and (kind_of(n.op_type, n.params) == VIEW or is_op(n, "Transpose"))
                for n in rest)
 
 
@@ -92,7 +92,7 @@ def _scores_chain(last: Node, scores: Node, members: list[Node], produced: set[s
         return None
     chain = chain + [last]
     return chain if all(definition(n.op_type).pointwise for n in chain[1:-1]) and (
-        last is scores or definition(last.op_type).pointwise or last.op_type == "Softmax") \
+        last is scores or definition(last.op_type).pointwise or is_op(last, "Softmax")) \
         else None
 
 
@@ -108,7 +108,7 @@ def _heads_split(members: list[Node], scores: Node, values: list[Node],
     (``KernelSupport.matmul_reorder_align``), were kernels of their own."""
     operands = {scores.inputs[0]: HEADS_SPLIT["q"], scores.inputs[1]: HEADS_SPLIT["kt"],
                 **{v.inputs[1]: HEADS_SPLIT["v"] for v in values}}
-    return [n for n in members if n.op_type == "Transpose" and n.inputs[0] not in produced
+    return [n for n in members if is_op(n, "Transpose") and n.inputs[0] not in produced
             and operands.get(n.outputs[0]) == tuple(n.params.get("perm", ()))]
 
 

@@ -19,6 +19,7 @@ from pypto_offline.fusion.records import Cost, RegionOp
 from pypto_offline.fusion.rows import broadcasts_to
 from pypto_offline.importer import ImportedGraph, Node
 from pypto_offline.importer.input_shapes import tensor_bytes as bytes_of
+from pypto_offline.registry.attributes import attribute, register
 from pypto_offline.registry.ops import (MATMUL, READS_ALL, READS_WINDOW, definition,
                                         is_depthwise_conv, kind_of, matmul_extents, reads_of,
                                         stride_one_span)
@@ -259,16 +260,25 @@ def needed_elements(ops: Sequence[RegionOp], inputs: Sequence[str], outputs: Seq
     return {name: int(masks[name].sum()) if name in masks else 0 for name in inputs}
 
 
+# The elements of an op's (first) input its wanted output elements need, where an exact rule
+# says (registered with the op): ``(op, wanted output mask, input shape) -> input mask``
+INPUT_NEEDS = "input_needs"
+# When an op that may leave part of its input unread (``OpDef.reads``) reads it all
+READS_ALL_WHEN = "reads_all_when"
+register(INPUT_NEEDS, "Transpose")(
+    lambda op, out, in_shape: out.transpose(np.argsort(op.params["perm"])))
+register(READS_ALL_WHEN, "Pad")(lambda op: min(op.params.get("pads", (-1,))) >= 0)  # no crop
+
+
 def _input_needs(op: RegionOp, index: int, wanted: list, in_shape: tuple) -> np.ndarray:
     """The elements of input ``index`` that the wanted output elements depend on, or a subset
     of them where no exact rule applies (never a superset: the bound must stay a bound)."""
     out = wanted[0] if len(wanted) == 1 else None
     if out is not None and definition(op.op_type).view_only and index == 0:
         return out.reshape(in_shape)
-    if out is not None and op.op_type == "Transpose":
-        return out.transpose(np.argsort(op.params["perm"]))
-    if out is not None and op.op_type == "Slice" and index == 0:
-        return _slice_window(op, out, in_shape)
+    exact = attribute(INPUT_NEEDS, op.op_type)
+    if out is not None and exact is not None and index == 0:
+        return exact(op, out, in_shape)
     if out is not None and definition(op.op_type).pointwise and broadcasts_to(in_shape, out.shape):
         return _reduce_to(out, in_shape)
     reads = reads_of(op.op_type, op.params)
@@ -278,7 +288,7 @@ def _input_needs(op: RegionOp, index: int, wanted: list, in_shape: tuple) -> np.
     # loose bound is still a bound; a count too high is not); a Pad that crops nothing reads all,
     # and so does a window op its parameters (a depthwise convolution's weights and bias)
     reads_all = reads == READS_ALL or (reads == READS_WINDOW and index > 0) or (
-        op.op_type == "Pad" and index == 0 and min(op.params.get("pads", (-1,))) >= 0)
+        index == 0 and attribute(READS_ALL_WHEN, op.op_type, lambda op: False)(op))
     every_output = all(m is not None and m.all() for m in wanted)
     return np.full(in_shape, reads_all and every_output)
 
@@ -309,6 +319,9 @@ def _slice_window(op: RegionOp, out: np.ndarray, in_shape: tuple) -> np.ndarray:
                    zip(op.params["starts"], op.params["ends"], op.params["steps"]))
     need[window] = out
     return need
+
+
+register(INPUT_NEEDS, "Slice")(_slice_window)
 
 
 def _reduce_to(out: np.ndarray, in_shape: tuple) -> np.ndarray:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pypto_offline.fusion.members import made_before
 from pypto_offline.importer import ImportedGraph, Node
-from pypto_offline.registry.ops import MATMUL, REDUCTION, definition, kind_of
+from pypto_offline.registry.ops import MATMUL, REDUCTION, definition, is_op, kind_of
 
 
 def normalising_prologue(graph: ImportedGraph, members: list[Node]) -> list[Node]:
@@ -19,7 +19,7 @@ def normalising_prologue(graph: ImportedGraph, members: list[Node]) -> list[Node
     if found is None:
         return []
     root, norm = found
-    if norm.op_type == "LayerNormalization":
+    if is_op(norm, "LayerNormalization"):
         rows = _rows_reshaped(graph, root.inputs[0], norm, members)
         if rows is None:
             return []
@@ -41,7 +41,7 @@ def _rows_reshaped(graph: ImportedGraph, tensor: str, norm: Node, members: list[
     reshapes = []
     while tensor not in norm.outputs:
         maker = by_output.get(tensor)
-        if maker is None or maker.op_type != "Reshape" or (
+        if maker is None or not is_op(maker, "Reshape") or (
                 graph.tensors[maker.outputs[0]].shape or (0,))[-1] != (
                 graph.tensors[maker.inputs[0]].shape or (-1,))[-1]:
             return None
@@ -72,7 +72,7 @@ def _projection_and_norm(graph: ImportedGraph, members: list[Node]
     if tuple(norm.params.get("axes", ())) != (rank - 1,) \
             or len(graph.tensors[root.inputs[1]].shape or ()) != 2:
         return None
-    if norm.op_type == "LayerNormalization" or _mean_of_squared_rows(graph, norm, members):
+    if is_op(norm, "LayerNormalization") or _mean_of_squared_rows(graph, norm, members):
         return root, norm
     return None
 
@@ -80,12 +80,12 @@ def _projection_and_norm(graph: ImportedGraph, members: list[Node]
 def _mean_of_squared_rows(graph: ImportedGraph, mean: Node, members: list[Node]) -> bool:
     """A ReduceMean over the last axis, kept, of a member squaring a tensor (``Pow(x, 2)``,
     ``Mul(x, x)``): an RMSNorm written as its ops (LLaMA's)."""
-    if mean.op_type != "ReduceMean" or not mean.params.get("keepdims", 1):
+    if not is_op(mean, "ReduceMean") or not mean.params.get("keepdims", 1):
         return False
     (square,) = [n for n in members if mean.inputs[0] in n.outputs] or [None]
     if square is None:
         return False
-    if square.op_type == "Mul":
+    if is_op(square, "Mul"):
         return square.inputs[0] == square.inputs[1]
-    exponent = graph.constant(square.inputs[1]) if square.op_type == "Pow" else None
+    exponent = graph.constant(square.inputs[1]) if is_op(square, "Pow") else None
     return exponent is not None and exponent.size == 1 and float(exponent.reshape(-1)[0]) == 2.0

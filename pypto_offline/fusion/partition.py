@@ -27,7 +27,7 @@ from pypto_offline.fusion.program import region_op
 from pypto_offline.fusion.rows import NotRows, reduces_lone_elements, row_layout
 from pypto_offline.importer import ImportedGraph, Node
 from pypto_offline.registry.ops import (MATMUL, REDUCTION, data_inputs, definition, is_cube_conv,
-                                        kind_of, matmul_extents, op_def)
+                                        is_op, kind_of, matmul_extents, op_def)
 from pypto_offline.targets import Target
 
 # PyPTO's data-movement tiles need a last dimension of a multiple of 32 bytes.
@@ -65,7 +65,7 @@ class Partition:
         self.constrained = {nid: int(nid in fusable and _constrains(graph, self.nodes[nid]))
                             for nid in self.order}  # how many members constrain a merge
         # how many members are batched MatMuls (an attention's scores), kept as regions merge
-        self.batched = {nid: int(self.nodes[nid].op_type == "MatMul"
+        self.batched = {nid: int(is_op(self.nodes[nid], "MatMul")
                                  and is_batched(graph, self.nodes[nid])) for nid in self.order}
         self.quotient = _node_graph(graph, self.position)
         self.readers = tensor_readers(graph)
@@ -202,8 +202,13 @@ def _matmul_is_root(graph: ImportedGraph, members: list[Node], target: Target) -
                                                                               target):
         return False
     return all(any(name in produced for name in data_inputs(n.op_type, n.inputs))
-               or _float_cast(graph, n) or n.op_type == "DequantizeLinear"
+               or _float_cast(graph, n) or is_op(n, "DequantizeLinear")
                for n in members if n is not root and n not in prologue)
+
+
+# The ops making a matmul's data operand in a quantising prologue, from the matmul back
+_QUANTISING_CHAIN = (("DequantizeLinear", lambda node: True), ("QuantizeLinear", lambda node: True),
+                     ("Pad", lambda node: _pads_with_zeros(node)))
 
 
 def _quantising_prologue(members: list[Node], root: Node, produced: set[str]) -> list[Node]:
@@ -218,15 +223,14 @@ def _quantising_prologue(members: list[Node], root: Node, produced: set[str]) ->
     otherwise (its weights come from outside: ``_matmul_is_root``)."""
     by_output = {name: node for node in members for name in node.outputs}
     chain, operand = [], root.inputs[0]
-    for op_type in ("DequantizeLinear", "QuantizeLinear", "Pad"):
+    for op_type, wanted in _QUANTISING_CHAIN:
         node = by_output.get(operand)
-        if node is not None and node.op_type == op_type and (
-                op_type != "Pad" or _pads_with_zeros(node)):
+        if node is not None and is_op(node, op_type) and wanted(node):
             chain.append(node)
             operand = node.inputs[0]
     if operand not in produced and (
             [n.op_type for n in chain] == ["DequantizeLinear"]
-            or any(n.op_type == "QuantizeLinear" for n in chain)):
+            or any(is_op(n, "QuantizeLinear") for n in chain)):
         return chain
     return None if root.inputs[0] in produced else []
 
@@ -259,7 +263,7 @@ def _convolutions_with_a_reduction(members: list[Node], matmuls: list[Node]) -> 
 
 def _float_cast(graph: ImportedGraph, node: Node) -> bool:
     """A Cast from one float type to another: a precision mode's conversion of an operand."""
-    return node.op_type == "Cast" and all(
+    return is_op(node, "Cast") and all(
         np.dtype(graph.tensors[name].np_dtype).kind == "f" for name in (*node.inputs, *node.outputs))
 
 

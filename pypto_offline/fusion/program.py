@@ -11,7 +11,7 @@ from typing import Iterable, Mapping
 
 from pypto_offline.fusion.records import RegionOp
 from pypto_offline.importer import ImportedGraph, Node
-from pypto_offline.registry.ops import data_inputs, definition
+from pypto_offline.registry.ops import data_inputs, definition, is_op
 
 
 @dataclass
@@ -57,7 +57,7 @@ class Program:
 
     def _bypass_identities(self) -> None:
         for op in list(self.ops):
-            if op.op_type == "Identity" and op.outputs[0] not in self.outputs:
+            if is_op(op, "Identity") and op.outputs[0] not in self.outputs:
                 source, alias = op.inputs[0], op.outputs[0]
                 self.ops = [_rename_input(o, alias, source) for o in self.ops if o is not op]
 

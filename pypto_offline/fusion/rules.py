@@ -15,7 +15,8 @@ from pypto_offline.fusion.program import Program
 from pypto_offline.fusion.records import RegionOp
 from pypto_offline.fusion.rows import reduces_lone_elements
 from pypto_offline.fusion.views import ViewStack
-from pypto_offline.registry.ops import BROADCASTING_OPS, DECOMPOSED_OPS, VIEW_TRANSFORM_OPS
+from pypto_offline.registry.attributes import register_table
+from pypto_offline.registry.ops import BROADCASTING_OPS, DECOMPOSED_OPS, VIEW_TRANSFORM_OPS, is_op
 
 Rule = Callable[[Program, RegionOp], "list[RegionOp] | None"]
 ANY_OP = None  # a rule's roots: every op
@@ -35,8 +36,7 @@ def made_by(prog: Program, name: str, op_types: str | frozenset[str]) -> RegionO
     """The op of the program that computes ``name`` when it is one of ``op_types`` (a name, or
     names separated by spaces, or a set): a pattern's producer."""
     producer = prog.producer(name)
-    wanted = frozenset(op_types.split()) if isinstance(op_types, str) else op_types
-    return producer if producer is not None and producer.op_type in wanted else None
+    return producer if producer is not None and is_op(producer, op_types) else None
 
 
 def _op(op_type, inputs, outputs, **params) -> RegionOp:
@@ -58,7 +58,9 @@ def _same_shape(prog: Program, op: RegionOp) -> bool:
 # When an op moves nothing: full Slice, zero Pad, identity Transpose, same-shape Reshape or
 # Expand, Tile by ones, Cast to the same type, one-input Concat, one-output Split. Keyed by
 # registry ops (tests/test_op_registry.py: every view op but Identity has an entry).
-MOVES_NOTHING_WHEN: Mapping[str, Callable[[Program, RegionOp], bool]] = MappingProxyType({
+MOVES_NOTHING = "moves_nothing_when"
+MOVES_NOTHING_WHEN: Mapping[str, Callable[[Program, RegionOp], bool]] = register_table(
+    MOVES_NOTHING, {
     "Slice": lambda prog, op: _same_shape(prog, op) and all(s == 1 for s in op.params["steps"]),
     "Pad": lambda prog, op: all(v == 0 for v in op.params["pads"]),
     "Transpose": lambda prog, op: list(op.params["perm"]) == sorted(op.params["perm"]),

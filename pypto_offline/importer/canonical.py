@@ -354,9 +354,8 @@ def _schema_attributes_of_static_tensors(ctx: NodeContext) -> dict[str, Any]:
     return schema_attributes(ctx)
 
 
-for _op in ELEMENTWISE_OPS - set(NORMALISERS):  # those without a normaliser of their own
-    NORMALISERS[_op] = _schema_attributes_of_static_tensors
-# Their attributes are their whole parameter set (SpaceToDepth gained `mode` at opset 28, so a
-# hand-written list would silently drop it).
-for _op in ("Cast", "Identity", "DepthToSpace", "SpaceToDepth"):
-    NORMALISERS[_op] = _schema_attributes_of_static_tensors
+# The elementwise ops without a normaliser of their own, and those whose attributes are their
+# whole parameter set (SpaceToDepth gained `mode` at opset 28, so a hand-written list would
+# silently drop it)
+normaliser(*(ELEMENTWISE_OPS | {"Cast", "Identity", "DepthToSpace", "SpaceToDepth"})
+           - set(NORMALISERS))(_schema_attributes_of_static_tensors)

@@ -7,7 +7,6 @@ function has no initializers and must use the model's opset).
 """
 from __future__ import annotations
 
-from types import MappingProxyType
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
@@ -15,6 +14,7 @@ import onnx
 from onnx import helper
 
 from pypto_offline.importer.canonical import axes_as_input
+from pypto_offline.registry.attributes import register_table
 from pypto_offline.registry.ops import GLOBAL_POOL_OPS, POOL_OPS, REDUCE_OPS
 
 # Turns a parameter (its name and value) into the name of a tensor holding it.
@@ -192,9 +192,10 @@ _ATTRIBUTE_OPS = (
     "Add Mul Max Min Sum Mean Equal And Or Xor Sub Where Less Greater LessOrEqual "
     "GreaterOrEqual Div PRelu Pow Mod BitShift")
 
-# Every op of the registry (registry/ops.py): its encoder. tests/test_op_registry.py checks
-# that none is missing.
-ENCODERS: Mapping[str, Callable] = MappingProxyType({
+# Every op of the registry (registry/ops.py): its encoder, registered with the op.
+# tests/test_op_registry.py checks that none is missing.
+ENCODER = "encoder"
+ENCODERS: Mapping[str, Callable] = register_table(ENCODER, {
     "Slice": _slice, "Pad": _pad, "Tile": _tile, "Expand": _expand, "Split": _split,
     "Squeeze": _axes, "Unsqueeze": _axes, "Reshape": _reshape, "Gather": _gather, "Clip": _clip,
     "Softmax": _softmax, "LogSoftmax": _softmax, "LayerNormalization": _layer_normalization,

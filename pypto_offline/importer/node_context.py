@@ -11,6 +11,7 @@ import onnx
 from onnx import helper
 
 from pypto_offline.errors import ModelError
+from pypto_offline.registry.attributes import register, registered
 
 
 class NotCanonical(Exception):
@@ -67,15 +68,15 @@ class NodeContext:
 Normaliser = Callable[[NodeContext], dict[str, Any]]
 
 
-NORMALISERS: dict[str, Normaliser] = {}
+# Each op's normaliser, registered with the op (registry/attributes.py)
+NORMALISER = "normaliser"
+NORMALISERS: Mapping[str, Normaliser] = registered(NORMALISER)
 
 
-def normaliser(*op_types: str):
-    def register(fn: Normaliser) -> Normaliser:
-        for op_type in op_types:
-            NORMALISERS[op_type] = fn
-        return fn
-    return register
+def normaliser(*op_types: str) -> Callable[[Normaliser], Normaliser]:
+    """``@normaliser("Slice")``: the function that writes a node of these ops in canonical
+    form (its parameters explicit), or raises ``NotCanonical``."""
+    return register(NORMALISER, op_types)
 
 
 def as_ints(values) -> list[int]:

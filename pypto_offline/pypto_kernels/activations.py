@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
+from pypto_offline.registry.attributes import register_table
 from pypto_offline.registry.ops import OPS
 
 # Abramowitz and Stegun 7.1.26: erf(x) = 1 - t*(a1 + t*(a2 + ... + t*a5)) * exp(-x*x) for
@@ -231,7 +231,9 @@ def _call(function: str) -> Builder:
 # ``fp32_for_half`` (registry/ops.py)
 FP32 = frozenset(name for name, d in OPS.items() if d.fp32_for_half)
 
-BUILDERS: Mapping[str, Builder] = MappingProxyType({
+# Each activation's builder, registered with the op (registry/attributes.py)
+BUILDER = "activation_builder"
+BUILDERS: Mapping[str, Builder] = register_table(BUILDER, {
     **{op: _call(function) for op, function in (
         ("Sin", "sin"), ("Cos", "cos"), ("Floor", "floor"), ("Ceil", "ceil"),
         ("Round", "round"))},

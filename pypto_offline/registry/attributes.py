@@ -39,6 +39,14 @@ def register(attribute: str, op_names: str | Iterable[str]) -> Callable[[Any], A
     return put
 
 
+def register_table(attribute_name: str, table: Mapping[str, Any]) -> Mapping[str, Any]:
+    """Registers each op's value of the attribute from a stage's table (op name -> value);
+    returns every op's value so far (``registered``)."""
+    for name, value in table.items():
+        register(attribute_name, name)(value)
+    return registered(attribute_name)
+
+
 def attribute(attribute_name: str, op_type: str, default: Any = None) -> Any:
     return _TABLES.get(attribute_name, {}).get(op_type, default)
 

@@ -14,7 +14,7 @@ import numpy as np
 from pypto_offline.fusion.classify import FLOAT_DTYPES, kernel_dtype
 from pypto_offline.fusion.records import Region, RegionOp
 from pypto_offline.fusion.rows import NotRows, RowLayout, conv_rows, row_layout
-from pypto_offline.registry.ops import definition, is_cube_conv
+from pypto_offline.registry.ops import definition, is_cube_conv, is_op
 from pypto_offline.pypto_kernels.folding import fold_broadcast, right_aligned
 from pypto_offline.pypto_kernels.tiling import BLOCK_BYTES, TilePolicy
 from pypto_offline.pypto_kernels.codegen.writer import (MAX_RANK, CannotExpress, Writer,
@@ -117,7 +117,7 @@ def assembled_outputs(region: Region) -> dict[str, str]:
     read = {tensor for op in region.simplified for tensor in op.inputs}
     arguments = {tensor: f"out{index}" for index, tensor in enumerate(region.outputs)}
     return {op.outputs[0]: arguments[op.outputs[0]] for op in region.simplified
-            if op.op_type == "Concat" and op.outputs[0] in arguments
+            if is_op(op, "Concat") and op.outputs[0] in arguments
             and op.outputs[0] not in read and region.outputs.count(op.outputs[0]) == 1
             and _aligned_parts(region, op) and not set(op.inputs) <= set(region.inputs)}
 

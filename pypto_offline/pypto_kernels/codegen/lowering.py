@@ -1,6 +1,7 @@
-"""The one table of lowerings, merged from each op kind's (``movement``, ``elementwise``,
-``reduction``, ``matmul``, ``convolution``), and the dispatch through it. An op in two kinds' tables is refused at
-import: which lowering runs must not depend on the order of the merge."""
+"""The lowerings, each registered with its op from its kind's module (``movement``,
+``elementwise``, ``reduction``, ``matmul``, ``convolution``, ``quantisation``), and the
+dispatch through them. An op two modules lower is refused at import (the registry takes one
+value of an attribute per op): which lowering runs must not depend on the order of imports."""
 from __future__ import annotations
 
 from typing import Callable, Mapping
@@ -10,27 +11,15 @@ from pypto_offline.registry.ops import definition
 from pypto_offline.pypto_kernels.codegen import (convolution, elementwise, matmul, movement,
                                                  quantisation, reduction)
 from pypto_offline.pypto_kernels.codegen.writer import CannotExpress, Writer
+from pypto_offline.registry.attributes import register_table, registered
 
 Lowering = Callable[[Writer, RegionOp], None]
 
 
-def merged(tables: Mapping[str, Mapping[str, Lowering]]) -> dict[str, Lowering]:
-    """The union of the kinds' tables (kind name -> table); ValueError if an op is in two."""
-    union: dict[str, Lowering] = {}
-    kind_of: dict[str, str] = {}
-    for kind, table in tables.items():
-        for op_type, lower_op in table.items():
-            if op_type in union:
-                raise ValueError(f"{op_type} is lowered by both {kind_of[op_type]} and {kind}")
-            union[op_type], kind_of[op_type] = lower_op, kind
-    return union
-
-
-LOWERINGS: dict[str, Lowering] = merged({
-    "movement": movement.LOWERINGS, "elementwise": elementwise.LOWERINGS,
-    "reduction": reduction.LOWERINGS, "matmul": matmul.LOWERINGS,
-    "convolution": convolution.LOWERINGS, "quantisation": quantisation.LOWERINGS,
-})
+LOWERING = "lowering"
+for _kind in (movement, elementwise, reduction, matmul, convolution, quantisation):
+    register_table(LOWERING, _kind.LOWERINGS)
+LOWERINGS: Mapping[str, Lowering] = registered(LOWERING)
 
 
 def lowers(op_type: str) -> bool:

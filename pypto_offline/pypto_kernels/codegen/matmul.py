@@ -15,7 +15,7 @@ from pypto_offline.fusion.records import Region, RegionOp
 from pypto_offline.importer.bands import bands_among
 from pypto_offline.importer.contractions import INT8_CUBE_DEPTH
 from pypto_offline.importer.masks import MASK_OPS, mask_makers
-from pypto_offline.registry.ops import matmul_extents
+from pypto_offline.registry.ops import is_op, matmul_extents
 from pypto_offline.pypto_kernels.folding import right_aligned
 from pypto_offline.pypto_kernels.tiling import cube_tiles
 from pypto_offline.pypto_kernels.codegen import elementwise, movement, reduction
@@ -158,14 +158,14 @@ def batched_matmul_loop(region: Region, constants: Mapping[str, np.ndarray]
     ops = list(region.simplified)
     shapes = shapes_of(region)
     split = {}
-    while ops and ops[0].op_type == "Transpose" and ops[0].inputs[0] in region.inputs \
+    while ops and is_op(ops[0], "Transpose") and ops[0].inputs[0] in region.inputs \
             and tuple(ops[0].params["perm"]) in HEADS_SPLIT.values():
         transpose = ops.pop(0)
         split[transpose.outputs[0]] = transpose
     mask = mask_makers(ops, region.inputs.__contains__)
     ops = [op for op in ops if op not in mask]
     whole = {t for op in mask for t in op.outputs} | set(bands_among(region.inputs, constants))
-    if not ops or ops[0].op_type != "MatMul" or len(ops[0].inputs) != 2 \
+    if not ops or not is_op(ops[0], "MatMul") or len(ops[0].inputs) != 2 \
             or not all(t in region.inputs or t in split for t in ops[0].inputs) \
             or not _split_as(split, ops[0].inputs, ("q", "kt")):
         return None
@@ -176,7 +176,7 @@ def batched_matmul_loop(region: Region, constants: Mapping[str, np.ndarray]
         return None
     current, product_shape, epilogue = ops[0].outputs[0], shapes[ops[0].outputs[0]], []
     rest = ops[1:]
-    while rest and rest[0].op_type in LOOP_EPILOGUE_OPS:
+    while rest and is_op(rest[0], LOOP_EPILOGUE_OPS):
         op = rest.pop(0)
         others = [t for t in op.inputs if t != current]
         if op.inputs.count(current) != 1 or shapes[op.outputs[0]] != product_shape or not all(
@@ -188,21 +188,21 @@ def batched_matmul_loop(region: Region, constants: Mapping[str, np.ndarray]
         epilogue.append(op)
         current = op.outputs[0]
     softmax = cast = values = None
-    if rest and rest[0].op_type == "Softmax" and rest[0].inputs[0] == current \
+    if _reads_next(rest, "Softmax", current) \
             and tuple(rest[0].params["axes"]) == (len(product_shape) - 1,):
         softmax = rest.pop(0)
         current = softmax.outputs[0]
-        if rest and rest[0].op_type == "Cast" and rest[0].inputs[0] == current:
+        if _reads_next(rest, "Cast", current):
             cast = rest.pop(0)  # to the values' type, in a mixed precision mode
             current = cast.outputs[0]
         if rest and _values_of(rest[0], current, region, shapes, split):
             values = rest.pop(0)
             current = values.outputs[0]
-    heads_outward = bool(rest) and rest[0].op_type == "Transpose" \
-        and rest[0].inputs[0] == current and tuple(rest[0].params["perm"]) == HEADS_OUTWARD
+    heads_outward = _reads_next(rest, "Transpose", current) \
+        and tuple(rest[0].params["perm"]) == HEADS_OUTWARD
     if heads_outward:
         current = rest.pop(0).outputs[0]
-    if rest and rest[0].op_type == "Reshape" and rest[0].inputs[0] == current:
+    if _reads_next(rest, "Reshape", current):
         current = rest.pop(0).outputs[0]
     if rest or list(region.outputs) != [current]:
         return None
@@ -212,6 +212,11 @@ def batched_matmul_loop(region: Region, constants: Mapping[str, np.ndarray]
     return BatchedLoop(ops[0], tuple(epilogue), heads_outward, current, softmax, cast, values,
                        MappingProxyType({t: op.inputs[0] for t, op in split.items()}),
                        tuple(mask))
+
+
+def _reads_next(rest: Sequence[RegionOp], op_type: str, current: str) -> bool:
+    """Whether the next op of the loop's program is ``op_type`` reading ``current`` first."""
+    return bool(rest) and is_op(rest[0], op_type) and rest[0].inputs[0] == current
 
 
 def _one_matrix(shape: Sequence[int], product: Sequence[int]) -> bool:
@@ -230,7 +235,7 @@ def _values_of(op: RegionOp, probabilities: str, region: Region, shapes,
                split: Mapping[str, RegionOp]) -> bool:
     """Whether ``op`` multiplies the probabilities by a region input of the same batch axes
     (an attention's V, or its heads split in the region), 2-D slice by slice."""
-    if op.op_type != "MatMul" or op.inputs[0] != probabilities or not (
+    if not is_op(op, "MatMul") or op.inputs[0] != probabilities or not (
             op.inputs[1] in region.inputs or _split_as(split, op.inputs[1:], ("v",))
             and op.inputs[1] in split):
         return False
@@ -320,9 +325,10 @@ def _make_mask(w: Writer, loop: BatchedLoop) -> None:
         hold_band(w, tensor, band)
     made = set(w.bands)
     for op in loop.mask:
-        if op.op_type not in MASK_LOWERINGS:
+        lowering = MASK_LOWERINGS.get(op.op_type)
+        if lowering is None:
             raise CannotExpress(f"{op.op_type} making an attention's mask")
-        MASK_LOWERINGS[op.op_type](w, op)
+        lowering(w, op)
         made.update(op.outputs)
     for tensor in sorted(made & {t for op in loop.epilogue for t in op.inputs}):
         matrix = tuple(w.shape(tensor)[-2:])

@@ -16,7 +16,7 @@ from pypto_offline.fusion.classify import BYTE_INTEGERS, kernel_dtype
 from pypto_offline.fusion.records import Region
 from pypto_offline.fusion.rows import RowLayout
 from pypto_offline.importer.bands import Band, bands_among
-from pypto_offline.registry.ops import is_cube_conv
+from pypto_offline.registry.ops import is_cube_conv, is_op
 from pypto_offline.pypto_kernels.activations import literal as float_literal
 from pypto_offline.pypto_kernels.tiling import BLOCK_BYTES, TilePolicy
 
@@ -116,7 +116,7 @@ class Writer:
         32 times, and ppocr_cls_v2 then moved 14.78 MB against 13.59 MB unaligned (13.75 MB
         aligned only where a narrow 8-bit tensor is written)."""
         fp32_row = BLOCK_BYTES // 4
-        narrow = any(op.op_type == "QuantizeLinear" and self.holds_8_bits(op.outputs[0])
+        narrow = any(is_op(op, "QuantizeLinear") and self.holds_8_bits(op.outputs[0])
                      and -(-self.shape(op.outputs[0])[-1] // fp32_row) * fp32_row % BLOCK_BYTES
                      for op in self.region.simplified)
         return 1 if narrow else None
@@ -131,7 +131,7 @@ class Writer:
     def _read_undequantised(self) -> frozenset[str]:
         """The tensors an op of the kernel other than a ``DequantizeLinear`` reads."""
         return frozenset(name for op in self.region.simplified
-                         if op.op_type != "DequantizeLinear" for name in op.inputs)
+                         if not is_op(op, "DequantizeLinear") for name in op.inputs)
 
     def flat(self, tensor: str) -> list[int]:
         """The tensor as rows of ``row`` elements."""
@@ -261,7 +261,7 @@ class Writer:
         divisor of its parts' sizes."""
         parts = {}
         for op in self.region.simplified:
-            if op.op_type == "Split":
+            if is_op(op, "Split"):
                 shape = list(self.shape(op.inputs[0]))
                 axis = op.params["axis"] % len(shape)
                 shape[axis] = 0
