@@ -10,22 +10,26 @@ elsewhere that is keyed by op names is derived from here, or checked against it 
 TVM's op patterns (kElemWise, kBroadcast, kInjective, kCommReduce, kOutEWiseFusable, kOpaque)
 are the model for the kinds; what each kind may share a region with is in docs/regions.md.
 
-Adding an op:
+Adding an op (docs/architecture.md, "Adding an op", walks through each step on ReduceL1):
 
 1. Its ``OpDef`` in ``OPS`` below: its kind, how many inputs are data, and the fields that are
    not their default (``OpDef`` says what each means).
 2. Its normaliser in ``importer/canonical.py`` if it has parameters (an elementwise op without
-   parameters gets the generic one), and its encoding per opset in ``importer/encoding.py``
-   (``ENCODERS``: its encoder, or ``same_in_every_opset`` where its attributes are its
-   parameters at every opset; an op with neither is an error, not a default).
-3. Its lowering in ``pypto_kernels/codegen`` (a PyPTO call in ``UNARY`` or ``BINARY``, a
-   builder in ``pypto_kernels/activations.py``, or a function of its own), and ``lowers=True``;
-   else ``why_not`` says why it has none.
-4. Where a field asks for behaviour: ``view`` names a transform of ``fusion/views.TRANSFORMS``
+   parameters gets the generic one; the Reduce* ops of ``REDUCE_OPS`` share one).
+3. Its encoding per opset in ``importer/encoding.py`` (``ENCODERS``: its encoder, or
+   ``_ATTRIBUTE_OPS`` where its attributes are its parameters at every opset; an op with
+   neither is an error, not a default).
+4. Its lowering in ``pypto_kernels/codegen`` (a PyPTO call in ``UNARY`` or ``BINARY``, a
+   builder in ``pypto_kernels/activations.py``, a row reduction in ``reduction.REDUCTIONS``, or
+   a function of its own), and ``lowers=True``; else ``why_not`` says why it has none.
+5. Where a field asks for behaviour: ``view`` names a transform of ``fusion/views.TRANSFORMS``
    (and ``fusion/rules.MOVES_NOTHING_WHEN`` says when it moves nothing); ``decomposed`` needs
    the rewrite rule that writes it as others (``fusion/rules.py``); ``fp32_for_half`` needs a
-   builder (only builders compute in another precision).
-5. ``tests/test_op_registry.py`` then fails on anything left out.
+   builder (only builders compute in another precision); a ``commutative`` comparison is its
+   own mirror in ``codegen.COMPARISONS``.
+6. Its tests: ``tests/test_op_registry.py`` fails on anything left out, and
+   ``tests/test_backend_conformance.py`` takes ONNX's backend cases of it; a test of its own
+   compiles it with PyPTO and checks it against onnxruntime.
 """
 from __future__ import annotations
 
@@ -85,7 +89,7 @@ class OpDef:
     # fp16); None, as its data inputs are (fp32 when any of them is).
     precision_reduce: bool | None = None
     # A reduction that gives a lone element back as it is (a sum, mean, max or min of one
-    # element; not a sum of squares or an L2 norm): over axes of one element, a reshape.
+    # element; not a sum of squares, an L1 or an L2 norm): over axes of one element, a reshape.
     as_is_over_one: bool = False
 
     @property
@@ -158,8 +162,10 @@ def _views(kind: str, names_and_transforms: str, **fields) -> dict[str, OpDef]:
 
 
 _REDUCE_AS_IS = "ReduceSum ReduceMean ReduceMax ReduceMin"
-_REDUCE_SQUARES = "ReduceSumSquare ReduceL2"
-_REDUCE = f"{_REDUCE_AS_IS} {_REDUCE_SQUARES}"
+# ... and those that reduce a function of each element (its square, its absolute value): over
+# one element, that function of it, not the element
+_REDUCE_OF_EACH = "ReduceSumSquare ReduceL2 ReduceL1"
+_REDUCE = f"{_REDUCE_AS_IS} {_REDUCE_OF_EACH}"
 _GLOBAL_POOLS = "GlobalAveragePool GlobalMaxPool"
 _POOLS = "MaxPool AveragePool"
 # Float math PyPTO has a call for, or that its builder composes in the input's precision
@@ -212,7 +218,7 @@ OPS: MappingProxyType = MappingProxyType({
     # Reductions over trailing axes (their canonical form makes the axes explicit); Softmax,
     # LogSoftmax and the normalisations are reductions with elementwise work around them.
     # Every reduction sums (or compares) many elements: fp32 when mixed
-    **_defs(REDUCTION, _REDUCE_SQUARES, _REDUCE_SQUARES, data_inputs=1, precision_reduce=False),
+    **_defs(REDUCTION, _REDUCE_OF_EACH, _REDUCE_OF_EACH, data_inputs=1, precision_reduce=False),
     **_defs(REDUCTION, _REDUCE_AS_IS, _REDUCE_AS_IS, data_inputs=1, as_is_over_one=True,
             precision_reduce=False),
     **_defs(REDUCTION, _NORMALISATIONS, _NORMALISATIONS, precision_reduce=False),

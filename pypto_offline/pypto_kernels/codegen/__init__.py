@@ -33,7 +33,7 @@ from pypto_offline.pypto_kernels.codegen.lowering import LOWERINGS, lowers
 from pypto_offline.pypto_kernels.codegen.matmul import (HEADS_OUTWARD, MAX_UNROLLED_MATMULS,
                                                         BatchedLoop, batched_matmul_loop)
 from pypto_offline.pypto_kernels.codegen.movement import MAX_CONCAT_INPUTS, swaps_for
-from pypto_offline.pypto_kernels.codegen.reduction import MEANS, REDUCTIONS
+from pypto_offline.pypto_kernels.codegen.reduction import REDUCTIONS, SOFTMAX_RESULTS
 from pypto_offline.pypto_kernels.codegen.writer import (MAX_RANK, PYPTO_DTYPES, CannotExpress,
                                                         Writer, has_convolution,
                                                         is_scalar_constant, itemsize_of,
@@ -42,8 +42,8 @@ from pypto_offline.pypto_kernels.codegen.writer import (MAX_RANK, PYPTO_DTYPES, 
 __all__ = [
     "ARGUMENT_SHAPES", "BINARY", "BatchedLoop", "COMPARISONS", "CannotExpress",
     "FINITE_MAX", "FLAT_ROW_BYTES", "FLT_MAX", "HEADS_OUTWARD", "KERNEL_FUNCTION",
-    "LOWERINGS", "MAX_CONCAT_INPUTS", "MAX_RANK", "MAX_UNROLLED_MATMULS", "MEANS", "PYPTO_DTYPES",
-    "REDUCTIONS", "UNARY", "VERIFIED_PASSES", "Writer", "assembled_outputs",
+    "LOWERINGS", "MAX_CONCAT_INPUTS", "MAX_RANK", "MAX_UNROLLED_MATMULS", "PYPTO_DTYPES",
+    "REDUCTIONS", "SOFTMAX_RESULTS", "UNARY", "VERIFIED_PASSES", "Writer", "assembled_outputs",
     "batched_matmul_loop", "flat_row", "flat_rows_change_the_tiling", "float_literal",
     "has_convolution", "is_scalar_constant", "itemsize_of", "kernel_source", "lowers",
     "pypto_dtype", "region_tolerance", "swaps_for",

@@ -3,6 +3,7 @@ Softmax and LogSoftmax, Layer-, Instance- and GroupNormalization. Each runs over
 the region's rows (``fusion/rows.py``), the reduced axis whole in a tile."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Callable
 
@@ -13,11 +14,43 @@ from pypto_offline.fusion.records import RegionOp
 from pypto_offline.fusion.rows import COLUMN, FULL, ROW, RowLayout
 from pypto_offline.pypto_kernels.activations import literal as float_literal
 from pypto_offline.pypto_kernels.codegen.writer import Writer, let, pypto_dtype
+from pypto_offline.registry.ops import definition
 
-REDUCTIONS = {"ReduceSum": "sum", "ReduceMean": "sum", "ReduceMax": "amax", "ReduceMin": "amin",
-              "ReduceSumSquare": "sum", "ReduceL2": "sum", "GlobalAveragePool": "sum",
-              "GlobalMaxPool": "amax"}
-MEANS = frozenset({"ReduceMean", "GlobalAveragePool"})
+
+def _square(x: str) -> str:
+    return f"pypto.mul({x}, {x})"
+
+
+def _absolute(x: str) -> str:
+    return f"pypto.abs({x})"
+
+
+def _mean(total: str, count: int) -> str:
+    """There is no ``pypto.mean``: the sum times 1/N (docs/pypto-ops.md, "Reductions")."""
+    return f"pypto.mul({total}, {float_literal(1 / count)})"
+
+
+def _root(total: str, count: int) -> str:
+    return f"pypto.sqrt({total})"
+
+
+@dataclass(frozen=True)
+class Reduction:
+    """How a row reduction is written: ``after(call(each(x)), row length)``."""
+    call: str                                    # PyPTO's reduction along a row: sum, amax, amin
+    each: Callable[[str], str] | None = None     # what each element becomes first (its square)
+    after: Callable[[str, int], str] | None = None  # what the row's result becomes (a mean)
+
+
+# Every op reducing the columns of a region's rows to one per row: its Reduction
+REDUCTIONS: MappingProxyType = MappingProxyType({
+    "ReduceSum": Reduction("sum"), "ReduceMean": Reduction("sum", after=_mean),
+    "ReduceMax": Reduction("amax"), "ReduceMin": Reduction("amin"),
+    "ReduceSumSquare": Reduction("sum", each=_square),
+    "ReduceL2": Reduction("sum", each=_square, after=_root),
+    "ReduceL1": Reduction("sum", each=_absolute),
+    "GlobalAveragePool": Reduction("sum", after=_mean), "GlobalMaxPool": Reduction("amax"),
+})
 
 
 def _row_input(w: Writer, tensor: str, dtype: int) -> str:
@@ -53,14 +86,20 @@ def _reduce(w: Writer, op: RegionOp) -> None:
     dtype = w.dtype(op.inputs[0])
     x = _row_input(w, op.inputs[0], dtype)
     w.tile((w.rows.rows, w.rows.columns), dtype)
-    if op.op_type in ("ReduceSumSquare", "ReduceL2"):
-        x = let(w, f"pypto.mul({x}, {x})")
-    value = f"pypto.{REDUCTIONS[op.op_type]}({x}, -1, True)"
-    if op.op_type in MEANS:
-        value = f"pypto.mul({value}, {float_literal(1 / w.rows.columns)})"
-    elif op.op_type == "ReduceL2":
-        value = f"pypto.sqrt({value})"
+    reduction = REDUCTIONS[op.op_type]
+    if reduction.each:  # named: a square reads its operand twice
+        x = let(w, reduction.each(x))
+    value = f"pypto.{reduction.call}({x}, -1, True)"
+    if reduction.after:
+        value = reduction.after(value, w.rows.columns)
     _row_result(w, op, value, dtype)
+
+
+# A Softmax's result from the row less its maximum, its exponentials and their sum
+SOFTMAX_RESULTS: MappingProxyType = MappingProxyType({
+    "Softmax": lambda shifted, exp, total: f"pypto.div({exp}, {total})",
+    "LogSoftmax": lambda shifted, exp, total: f"pypto.sub({shifted}, pypto.log({total}))",
+})
 
 
 def _softmax(w: Writer, op: RegionOp) -> None:
@@ -72,9 +111,7 @@ def _softmax(w: Writer, op: RegionOp) -> None:
     shifted = let(w, f"pypto.sub({x}, pypto.amax({x}, -1, True))")
     exp = let(w, f"pypto.exp({shifted})")
     total = let(w, f"pypto.sum({exp}, -1, True)")
-    value = f"pypto.sub({shifted}, pypto.log({total}))" if op.op_type == "LogSoftmax" \
-        else f"pypto.div({exp}, {total})"
-    _row_result(w, op, value, dtype)
+    _row_result(w, op, SOFTMAX_RESULTS[op.op_type](shifted, exp, total), dtype)
 
 
 def _layer_normalization(w: Writer, op: RegionOp) -> None:
@@ -101,7 +138,7 @@ def lower_as_rows(w: Writer, op: RegionOp, rows: int, columns: int) -> None:
     out as rows (an attention's head, ``codegen.matmul``; a LayerNorm prologue of a
     projection, or an RMSNorm's mean: ``fusion.normalising.normalising_prologue``): lowered as a
     row region's, on its ``[rows, columns]``, its parameters per column."""
-    reduced = op.op_type in REDUCTIONS  # an RMSNorm's mean: one value per row
+    reduced = definition(op.op_type).row_result  # an RMSNorm's mean: one value per row
     kinds = {op.inputs[0]: FULL, op.outputs[0]: ROW if reduced else FULL,
              **{name: COLUMN for name in op.inputs[1:] if name and not reduced}}
     w.rows = RowLayout(rows, columns, MappingProxyType(kinds))
@@ -112,7 +149,7 @@ def lower_as_rows(w: Writer, op: RegionOp, rows: int, columns: int) -> None:
 
 
 LOWERINGS: dict[str, Callable[[Writer, RegionOp], None]] = {
-    **{op: _reduce for op in REDUCTIONS}, "Softmax": _softmax, "LogSoftmax": _softmax,
+    **{op: _reduce for op in REDUCTIONS}, **{op: _softmax for op in SOFTMAX_RESULTS},
     "LayerNormalization": _layer_normalization, "InstanceNormalization": _layer_normalization,
     "GroupNormalization": _layer_normalization,
 }
