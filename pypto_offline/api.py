@@ -12,6 +12,7 @@ This module and the ``cli`` package are the only places that call every stage.
 """
 from __future__ import annotations
 
+import inspect
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -21,9 +22,9 @@ import numpy as np
 import onnx
 
 from pypto_offline.errors import UsageError
-from pypto_offline.importer.input_format import parse_input_format
 from pypto_offline.importer.input_shapes import check_given_inputs
 from pypto_offline.offline_compiler import BuildOptions, blob, build, build_together, ptom_pb2
+from pypto_offline.offline_compiler.options import KEYWORDS
 from pypto_offline.offline_compiler import gears as gear_table
 from pypto_offline.offline_compiler.execute import BY_ONNXRUNTIME, BY_PYPTO, Execution, execute
 from pypto_offline.offline_compiler.source_check import SourceCheck, recheck_sources
@@ -34,8 +35,7 @@ from pypto_offline.resources import (check_cache, check_limits, executor,  # noq
                                      shared_workers)
 from pypto_offline.runtime import finite
 from pypto_offline.targets import Target, known_names, resolve_target
-from pypto_offline.importer.precision import (FORCE_FP16, MUST_KEEP, check_mode, half_io,
-                                            read_keep_dtype)
+from pypto_offline.importer.precision import FORCE_FP16
 from pypto_offline.verify import (OutputCheck, Thresholds, Verification, check_memory_limits,
                                   compare, float_original_of, generate_inputs)
 
@@ -316,56 +316,37 @@ class Checked:
             self.onnxruntime.status == "failed" else "passed"
 
 
+def _with_option_keywords(function):
+    """``compile`` as ``help()`` and editors show it: the build options' keywords, with their
+    defaults and the command line's help, in place of ``**options``."""
+    shown = [keyword for name, keyword in KEYWORDS.items() if name != "input_shapes"]
+    parameters = [p for p in inspect.signature(function).parameters.values()
+                  if p.kind is not p.VAR_KEYWORD]
+    parameters += [inspect.Parameter(k.name, inspect.Parameter.KEYWORD_ONLY, default=k.default)
+                   for k in shown]
+    function.__signature__ = inspect.signature(function).replace(parameters=parameters)
+    function.__doc__ = (function.__doc__ or "") + "\n\n    Options:\n\n" + "\n".join(
+        f"    ``{k.name}={k.default!r}``: {'/'.join(k.flags) + ': ' if k.flags else ''}{k.help}"
+        for k in shown)
+    return function
+
+
+@_with_option_keywords
 def compile(model, target: str = "kirin9050",  # noqa: A001 - the API's verb
             input_shapes: Mapping[str, Sequence[int]] | None = None, *,
-            cache_dir=None, cache_trust_group: str | None = None, jobs: int = 2,
-            tile_search: bool = True,
-            kernel_timeout: float | None = None, progress: Progress = SILENT,
-            inputs: Mapping[str, np.ndarray] | None = None, verify: bool = False,
-            measure_baseline: bool = False,
-            dims: Mapping[str, int] | None = None, executor=None,
-            compare_platform: bool = False, precision_mode: str = MUST_KEEP,
-            keep_dtype=None, input_fp16_nodes: str | None = None,
-            output_type: str | None = None, input_format: str | None = None,
-            gears: Sequence[Mapping[str, Sequence[int]]] | None = None) -> CompiledModel:
-    """Compile ``model`` for ``target``. ``inputs``: real values of some inputs, checked against
-    the model and used to find the shapes that depend on them. ``verify``: also run the
-    onnxruntime check (with ``inputs``), and refuse up front a model it could not run.
-    ``progress``: told of each stage and finished kernel (``pypto_offline.progress``; by
-    default nothing is printed). ``measure_baseline``: compile each fused op alone for the
-    unfused cost figure instead of estimating it (docs/baseline.md). ``dims``: symbolic
-    dimensions fixed by name in every input that has them (``{"batch": 1}``); ``input_shapes``
-    wins for the inputs it names. ``executor``: where the PyPTO jobs run (``executor()`` gives
-    one; by default the fork servers of this machine). ``cache_dir``: the kernel cache
-    (default: ``$PYPTO_OFFLINE_CACHE``, else the user's); ``cache_trust_group``: the team's
-    group whose entries a shared cache trusts (default: ``$PYPTO_OFFLINE_CACHE_GROUP``, else
-    none: docs/kernel-cache.md, "The trust rule"). ``compare_platform``: also search each
-    kernel's tiles under PyPTO's 910B platform, recorded beside the shipped ones
-    (docs/platform.md). ``precision_mode``: ATC's ``--precision_mode`` (``must_keep_origin_dtype``
-    compiles the graph in the types it came with); ``keep_dtype``: ATC's ``--keep_dtype`` file of
-    ops kept in their precision; ``input_fp16_nodes`` (``"a;b"``) and ``output_type``
-    (``"FP16"``): ATC's spellings for fp16 model inputs and outputs (docs/precision.md).
-    ``input_format``: ATC's ``--input_format`` (``"NCHW"``, ``"NCDHW"`` or ``"ND"``), checked
-    against the model's inputs and recorded in the blob (``importer/input_format.py``).
-    ``gears``: each gear's input shapes (``importer.gears.plan`` gives them from ATC's
-    options or ``--dim`` lists), two or more: one blob of every gear, built in one pool on one
-    kernel cache, each verified with ``verify`` (docs/gears.md)."""
-    check_limits(jobs, kernel_timeout)
-    check_mode(precision_mode)
-    keep = read_keep_dtype(keep_dtype) if keep_dtype else None
+            progress: Progress = SILENT,
+            gears: Sequence[Mapping[str, Sequence[int]]] | None = None,
+            **options) -> CompiledModel:
+    """Compile ``model`` for ``target``. ``options``: the build's options, the keywords below
+    (``offline_compiler/options.py`` spells each once, and the command line's flag for it).
+    ``verify``: also run the onnxruntime check (with ``inputs``), and refuse up front a model
+    it could not run. ``progress``: told of each stage and finished kernel
+    (``pypto_offline.progress``; by default nothing is printed). ``gears``: each gear's input
+    shapes (``importer.gears.plan`` gives them from ATC's options or ``--dim`` lists), two or
+    more: one blob of every gear, built in one pool on one kernel cache, each verified with
+    ``verify`` (docs/gears.md)."""
+    options = BuildOptions.from_keywords(input_shapes=input_shapes, **options)
     get_target(target)
-    trust = check_cache(cache_dir, cache_trust_group)
-    options = BuildOptions(input_shapes=dict(input_shapes or {}), dims=dict(dims or {}),
-                           cache_dir=Path(cache_dir) if cache_dir else None,
-                           cache_trust=trust, jobs=jobs,
-                           tile_search=tile_search, inputs=dict(inputs or {}), verify=verify,
-                           measure_baseline=measure_baseline, executor=executor,
-                           compare_platform=compare_platform, precision_mode=precision_mode,
-                           **({"keep_dtype": keep} if keep else {}),
-                           half_io=half_io(input_fp16_nodes, output_type),
-                           input_format=parse_input_format(input_format) if input_format
-                           else None,
-                           **({"kernel_timeout_s": kernel_timeout} if kernel_timeout else {}))
     if gears is not None:
         if len(gears) < 2:
             raise UsageError(f"{len(gears)} gear(s): a blob of gears has two or more",
@@ -374,9 +355,9 @@ def compile(model, target: str = "kirin9050",  # noqa: A001 - the API's verb
     timings = Timings()
     result = build(model, get_target(target), options, progress, timings)
     compiled_model = _built(result, timings)
-    if verify:
+    if options.verify:
         progress.stage("verifying against onnxruntime")
-        compiled_model.verify(inputs)
+        compiled_model.verify(options.inputs)
     return compiled_model
 
 

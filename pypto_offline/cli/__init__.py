@@ -32,6 +32,7 @@ from pypto_offline import __version__
 from pypto_offline.cli.atc import add_atc_options, check_atc_options
 from pypto_offline.cli.builds import (Build, builds_of, gear_request, output_dir,
                                       report_path)
+from pypto_offline.cli.flags import add_option_flags, option_keywords
 from pypto_offline.cli.text import (human_cache_clean, human_cache_info, human_summary,
                                     inspect_gear_text, kernel_lines, print_fallbacks,
                                     print_summary, printable, progress_on_stderr)
@@ -41,13 +42,7 @@ from pypto_offline.targets import TARGETS, chip_names
 
 # 1 is also a build's exit code under --fail-on-fallback when a region fell back.
 EXIT_OK, EXIT_VERIFY_FAILED, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
-DEFAULT_JOBS = 2
 SUBCOMMANDS = ("targets", "inspect", "verify", "run", "report", "cache")
-CACHE_DIR_HELP = ("kernel cache folder (default: $PYPTO_OFFLINE_CACHE, else "
-                  "~/.cache/pypto-offline/kernels)")
-CACHE_GROUP_HELP = ("a team's shared kernel cache: also trust what this group wrote in it "
-                    "(default: $PYPTO_OFFLINE_CACHE_GROUP, else only your own and root's; "
-                    "docs/kernel-cache.md)")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -126,49 +121,21 @@ def compile_parser() -> argparse.ArgumentParser:
                             help=f"ATC's gears for the -1 dimensions of --input_shape, e.g. "
                                  f"--{option} {example}; at most {MAX_GEARS} gears")
     parser.add_argument("--inputs", help=".npz of real inputs for the check, by input name")
-    parser.add_argument("--cache-dir", help=CACHE_DIR_HELP)
-    parser.add_argument("--cache-trust-group", metavar="GROUP", help=CACHE_GROUP_HELP)
-    parser.add_argument("--jobs", type=int, help="parallel PyPTO compiles (default 2; with "
-                                                 "--executor ray, the cluster's CPUs)")
+    # the build options' flags (offline_compiler/options.py), placed among the command's own
+    add_option_flags(parser, "cache_dir", "cache_trust_group", "jobs")
     parser.add_argument("--executor", choices=("local", "ray"), default="local",
                         help="where PyPTO compiles run: fork servers on this machine, or a Ray "
                              "cluster (pip install 'pypto-offline[ray]'); the blobs are the same")
     parser.add_argument("--ray-address", metavar="ADDRESS",
                         help="the Ray cluster for --executor ray (default: $RAY_ADDRESS, else "
                              "a Ray instance started for this invocation)")
-    parser.add_argument("--kernel-timeout", type=float, metavar="SECONDS",
-                        help="time limit per PyPTO compile; past it the region stays unfused "
-                             "(default 300)")
-    parser.add_argument("--no-tile-search", action="store_true",
-                        help="compile the default tile only")
-    parser.add_argument("--no-verify", action="store_true", help="skip the onnxruntime check")
+    add_option_flags(parser, "kernel_timeout", "tile_search", "verify")
     parser.add_argument("--fail-on-fallback", action="store_true",
                         help="exit 1 when a planned region fell back to unfused ops; the blob "
                              "and report are still written, each such region's reason is "
                              "printed on stderr; in --json, kernels with status fell_back")
-    parser.add_argument("--measure-baseline", action="store_true",
-                        help="compile every fused op alone with PyPTO for the unfused cost "
-                             "figure (cached per op), instead of estimating it")
-    parser.add_argument("--compare-platform", action="store_true",
-                        help="also run each kernel's tile search under PyPTO's 910B platform, "
-                             "which every target compiled under before it had its own: the "
-                             "report and --json say how the tiles and PyPTO times changed "
-                             "(docs/platform.md)")
-    parser.add_argument("--precision_mode", "--precision-mode", default="must_keep_origin_dtype",
-                        metavar="MODE",
-                        help="ATC's precision modes: force_fp16, allow_fp32_to_fp16, "
-                             "must_keep_origin_dtype (the graph's own types; the default) or "
-                             "allow_mix_precision (fp16, with reductions, norms, softmax, exp "
-                             "and log in fp32 inside their kernels); docs/precision.md")
-    parser.add_argument("--input_fp16_nodes", "--input-fp16-nodes", metavar="NAMES",
-                        help="ATC's: model inputs given in fp16, separated by ';' (a converting "
-                             "--precision_mode; the others keep their declared types)")
-    parser.add_argument("--output_type", "--output-type", metavar="FP16|FP32",
-                        help="ATC's: FP16 gives every float output in fp16 (a converting "
-                             "--precision_mode); FP32, the default, keeps their types")
-    parser.add_argument("--keep_dtype", "--keep-dtype", metavar="FILE",
-                        help="ATC's file of ops kept in their original precision: a node name "
-                             "per line, or OpType::NAME for every op of that type")
+    add_option_flags(parser, "measure_baseline", "compare_platform", "precision_mode",
+                     "input_fp16_nodes", "output_type", "keep_dtype")
     _common(parser)
     return parser
 
@@ -192,6 +159,7 @@ def run_compile(argv: list[str]) -> int:
     args = compile_parser().parse_args(argv)
     check_atc_options(args)
     from pypto_offline import api
+    from pypto_offline.offline_compiler.options import DEFAULT_JOBS
 
     api.check_limits(1 if args.jobs is None else args.jobs, args.kernel_timeout)
     api.check_cache(args.cache_dir, args.cache_trust_group)  # once, before any build's work
@@ -236,18 +204,10 @@ def _run_build(build: Build, args, inputs: dict, progress, executor) -> tuple[in
     started = time.perf_counter()
     try:
         shapes = plan(build.model, gear_request(build, args), build.model)
-        compiled = api.compile(build.model, build.target, shapes.input_shapes, dims=shapes.dims,
-                               gears=shapes.gears or None,
-                               cache_dir=args.cache_dir,
-                               cache_trust_group=args.cache_trust_group, jobs=args.jobs,
-                               tile_search=not args.no_tile_search,
-                               kernel_timeout=args.kernel_timeout, progress=progress,
-                               inputs=inputs, verify=not args.no_verify,
-                               measure_baseline=args.measure_baseline, executor=executor,
-                               compare_platform=args.compare_platform,
-                               precision_mode=args.precision_mode, keep_dtype=args.keep_dtype,
-                               input_fp16_nodes=args.input_fp16_nodes,
-                               output_type=args.output_type, input_format=args.input_format)
+        compiled = api.compile(build.model, build.target, shapes.input_shapes,
+                               gears=shapes.gears or None, progress=progress,
+                               **option_keywords(args), dims=shapes.dims, inputs=inputs,
+                               executor=executor)
         pool.raise_if_interrupted()  # an interrupt whose raise was lost: nothing is written
         progress.stage("writing the blob" + (" and the report" if build.report else ""))
         compiled.save(build.output, report=build.report)
@@ -417,9 +377,9 @@ def cache_parser() -> argparse.ArgumentParser:
                        help="then remove the least recently used entries until the cache "
                             "holds at most GB gigabytes (10^9 bytes)")
     for action in (info, clean):
-        action.add_argument("--cache-dir", help=CACHE_DIR_HELP)
+        add_option_flags(action, "cache_dir")
         _common(action)
-    clean.add_argument("--cache-trust-group", metavar="GROUP", help=CACHE_GROUP_HELP)
+    add_option_flags(clean, "cache_trust_group")
     return parser
 
 

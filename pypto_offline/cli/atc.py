@@ -1,10 +1,12 @@
 """ATC's spellings of the compile command, where they mean what ours do (README "Using it",
 docs/outputs.md "ATC's spellings"): ``--model=FILE`` is a MODEL argument, ``--framework 5`` says
 the model is ONNX (the only framework read), ``--input_format`` is checked against the model
-(``importer/input_format.py``). ``--output``, ``--soc_version``, ``--input_shape`` and the
-precision options are declared beside ours, in ``compile_parser``."""
+(``importer/input_format.py``). ``--output``, ``--soc_version`` and ``--input_shape`` are declared
+beside ours, in ``compile_parser``; ``--input_format`` and the precision options are build options,
+spelled in ``offline_compiler/options.py``."""
 from __future__ import annotations
 
+from pypto_offline.cli.flags import add_option_flags
 from pypto_offline.errors import UsageError
 
 # ATC's --framework values; pypto-offline reads the last one only
@@ -20,10 +22,7 @@ def add_atc_options(parser) -> None:
     parser.add_argument("--framework", metavar="5",
                         help="ATC's: 5, ONNX, the only framework read (any other value is "
                              "refused)")
-    parser.add_argument("--input_format", "--input-format", metavar="NCHW|NCDHW|ND",
-                        help="ATC's layout of the model's inputs: NCHW (a 4-D input), NCDHW "
-                             "(a 5-D one) or ND (any); checked against the model and recorded "
-                             "in the blob, compiles the same")
+    add_option_flags(parser, "input_format")  # a build option: offline_compiler/options.py
 
 
 def check_atc_options(args) -> None:

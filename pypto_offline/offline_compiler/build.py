@@ -6,7 +6,6 @@ measured in its compiled program; the lower bound stays inputs once + outputs on
 """
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Generator, Mapping, Sequence
@@ -23,6 +22,7 @@ from pypto_offline.importer.input_shapes import graph_inputs, symbolic_input_err
 from pypto_offline.importer.shape_probe import check_memory, every_value
 from pypto_offline.registry.ops import MATMUL, kind_of
 from pypto_offline.offline_compiler import ptom_pb2
+from pypto_offline.offline_compiler.options import BuildOptions
 from pypto_offline.offline_compiler.messages import (kernel_message, platform_message,
                                                      precision_message, provenance_message,
                                                      target_descriptor, totals_message)
@@ -33,74 +33,13 @@ from pypto_offline.pypto_kernels import Kernel, setup_for
 from pypto_offline.pypto_kernels.baseline import (CUBE, ESTIMATED, MEASURED,
                                                   estimated_unfused_costs, heavier_and_untimed,
                                                   op_class, slower_fused)
-from pypto_offline.pypto_kernels.cache_trust import Trust
-from pypto_offline.pypto_kernels.jobs.executor import Executor
 from pypto_offline.pypto_kernels.jobs.protocol import FailureKind
 from pypto_offline.pypto_kernels.measured_baseline import unfused_costs
 from pypto_offline.pypto_kernels.precision_check import KernelPrecision, check_kernels
 from pypto_offline.pypto_kernels.platform import STOCK_PLATFORM, platform_figures, platform_of
 from pypto_offline.pypto_kernels.search import Setup
-from pypto_offline.pypto_kernels.versions import DEFAULT_TIMEOUT_S
 from pypto_offline.targets import Target
 from pypto_offline.user_files import read_regular
-
-
-@dataclass(frozen=True)
-class BuildOptions:
-    input_shapes: Mapping[str, Sequence[int]] = field(default_factory=dict)
-    # Symbolic dimensions fixed by name (--dim batch=1); input_shapes wins for its inputs.
-    dims: Mapping[str, int] = field(default_factory=dict)
-    cache_dir: Path | None = None
-    # Whose entries the cache trusts (None: $PYPTO_OFFLINE_CACHE_GROUP's, else the user's own;
-    # docs/kernel-cache.md, "The trust rule").
-    cache_trust: Trust | None = None
-    jobs: int = 2
-    tile_search: bool = True
-    kernel_timeout_s: float = DEFAULT_TIMEOUT_S  # per PyPTO worker; past it the region falls back
-    # Real input values for the import's shape probe (see ``import_model``), and whether the
-    # model will be verified, so that one onnxruntime cannot run is refused before compiling.
-    inputs: Mapping[str, np.ndarray] = field(default_factory=dict)
-    verify: bool = False
-    # Compile every op of the shipped regions alone for the unfused baseline (cached per op),
-    # instead of the shipped estimate: docs/baseline.md.
-    measure_baseline: bool = False
-    # Where the PyPTO jobs run (``pypto_kernels/jobs``): None, this machine's fork servers.
-    executor: Executor | None = None
-    # Search each kernel's tiles again under PyPTO's 910B platform, which every target compiled
-    # under before it had its own, and record that tile beside the shipped one (docs/platform.md).
-    compare_platform: bool = False
-    # ATC's --precision_mode and --keep_dtype (importer/precision.py, docs/precision.md)
-    precision_mode: str = precision.MUST_KEEP
-    keep_dtype: precision.KeepDtype = precision.KeepDtype()
-    half_io: precision.HalfIO = precision.HalfIO()  # --input_fp16_nodes, --output_type FP16
-    # ATC's --input_format (NCHW, NCDHW, ND): checked against the model's inputs, compiles the
-    # same (importer/input_format.py)
-    input_format: str | None = None
-
-    def provenance(self) -> dict[str, str]:
-        """The options that change the output (not jobs, cache folder or time limit)."""
-        shapes = ";".join(f"{k}={','.join(map(str, v))}" for k, v in sorted(self.input_shapes.items()))
-        options = {"input_shapes": shapes, "tile_search": str(self.tile_search).lower(),
-                   "baseline": MEASURED if self.measure_baseline else ESTIMATED}
-        if precision.converts(self.precision_mode):  # a graph kept as it came says nothing
-            options["precision_mode"] = self.precision_mode
-            if self.keep_dtype.lines:
-                options["keep_dtype"] = ";".join(self.keep_dtype.lines)
-            if self.half_io.inputs:
-                options["input_fp16_nodes"] = ";".join(self.half_io.inputs)
-            if self.half_io.outputs:
-                options["output_type"] = "FP16"
-        if self.compare_platform:  # only when given, as dims
-            options["compare_platform"] = "910b"
-        if self.input_format:  # only when given, as dims
-            options["input_format"] = self.input_format
-        if self.dims:  # only when given: a blob built without them stays byte-identical
-            options["dims"] = ";".join(f"{k}={v}" for k, v in sorted(self.dims.items()))
-        if self.inputs:  # their values may fix shapes the model leaves to them
-            options["inputs"] = ";".join(
-                f"{name}={hashlib.sha256(np.ascontiguousarray(value).tobytes()).hexdigest()[:16]}"
-                for name, value in sorted(self.inputs.items()))
-        return options
 
 
 @dataclass(frozen=True)

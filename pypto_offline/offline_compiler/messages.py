@@ -25,7 +25,8 @@ from pypto_offline.runtime import finite
 from pypto_offline.targets import Target
 
 if TYPE_CHECKING:  # build imports this module
-    from pypto_offline.offline_compiler.build import Baseline, BuildOptions
+    from pypto_offline.offline_compiler.build import Baseline
+    from pypto_offline.offline_compiler.options import BuildOptions
 
 
 def precision_message(conversion: precision.Conversion,
