@@ -2,6 +2,8 @@
 with it, and every op fusion admits, the kernel generator writes."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from bench.backend_cases import in_scope_cases
@@ -237,3 +239,28 @@ def test_an_op_the_registry_lacks_is_of_no_kind():
     assert not definition("Reshape", "com.microsoft").view_only
     assert definition("Reshape").view_only and definition("Squeeze").reshape_like
     assert not definition("Identity").reshape_like
+
+
+def test_the_op_command_shows_what_each_stage_registered_with_an_op(capfd):
+    """``pypto-offline op Pad``: its entry, the behaviour each stage registered with it and the
+    rewrite rules rooted at it, in one place."""
+    from pypto_offline import cli
+    assert cli.main(["op", "Pad", "--json"]) == 0
+    shown = json.loads(capfd.readouterr().out)
+    assert shown["entry"]["kind"] == "injective" and shown["entry"]["view"] == "pad"
+    from pypto_offline.fusion import classify
+    for attribute, value in ((codegen.lowering.LOWERING, codegen.LOWERINGS["Pad"]),
+                             (classify.REFUSES, attributes.attribute(classify.REFUSES, "Pad"))):
+        assert shown["registered"][attribute] == f"{value.__module__}.{value.__qualname__}"
+    assert {"normaliser", "encoder", "moves_nothing_when", "reads_all_when"} \
+        <= set(shown["registered"])
+    assert shown["rewrite_rules"] == ["view_chain", "pad_of_pad"]
+    assert cli.main(["op", "Celu"]) == 0
+    assert f"{activations.BUILDER:20s} {activations.__name__}.celu" in capfd.readouterr().out
+
+
+def test_the_op_command_refuses_an_op_the_registry_lacks(capfd):
+    from pypto_offline import cli
+    assert cli.main(["op", "relu"]) == 2
+    err = capfd.readouterr().err
+    assert "'relu' is not an op the registry defines" in err and "Traceback" not in err

@@ -3,6 +3,7 @@
     pypto-offline MODEL.onnx --target T [options]     compile; writes MODEL.T.ptom and
                                                       MODEL.T.report.html
     pypto-offline targets [--json]                    the chips and their figures
+    pypto-offline op NAME [--json]                    what the compiler does with an op
     pypto-offline inspect BLOB [--json]               what a blob holds
     pypto-offline verify BLOB [--onnx MODEL] [--json] check a blob again: its kernel sources derived
                                                       again, the onnxruntime check re-run
@@ -42,7 +43,7 @@ from pypto_offline.targets import TARGETS, chip_names
 
 # 1 is also a build's exit code under --fail-on-fallback when a region fell back.
 EXIT_OK, EXIT_VERIFY_FAILED, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
-SUBCOMMANDS = ("targets", "inspect", "verify", "run", "report", "cache")
+SUBCOMMANDS = ("targets", "op", "inspect", "verify", "run", "report", "cache")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -254,6 +255,19 @@ def _batch_table(summaries: list[dict]) -> str:
                      .rstrip() for row in rows)
 
 
+def run_op(argv: list[str]) -> int:
+    from pypto_offline.cli.op_command import describe_op, human_op
+
+    parser = _Parser(prog="pypto-offline op", description="What the compiler does with an op: "
+                     "its registry entry and what each stage registered with it.")
+    parser.add_argument("name", help="an ONNX op, as the registry names it (Relu, ReduceL1...)")
+    _common(parser)
+    args = parser.parse_args(argv)
+    description = describe_op(args.name)
+    print(json.dumps(description, indent=2, sort_keys=True) if args.json else human_op(description))
+    return EXIT_OK
+
+
 def run_targets(argv: list[str]) -> int:
     parser = _Parser(prog="pypto-offline targets", description="The chips and their figures.")
     _common(parser)
@@ -404,7 +418,7 @@ def run_cache(argv: list[str]) -> int:
 
 def run(argv: list[str]) -> int:
     if argv and argv[0] in SUBCOMMANDS:
-        return {"targets": run_targets, "inspect": run_inspect, "verify": run_verify,
+        return {"targets": run_targets, "op": run_op, "inspect": run_inspect, "verify": run_verify,
                 "run": run_run, "report": run_report,
                 "cache": run_cache}[argv[0]](argv[1:])
     return run_compile(argv)

@@ -4,9 +4,10 @@ Every stage reads what it needs of an op from here and nowhere else: the importe
 is in scope and which inputs are data (the rest are parameters folded into canonical form),
 fusion its kind (what a region may hold, which ops broadcast, which map element i to element i),
 its view algebra and which of its input the outputs read, the cost model whether it is metadata
-only, and the targets whether the kernel generator lowers it and in which precision. A table
-elsewhere that is keyed by op names is derived from here, or checked against it by
-``tests/test_op_registry.py`` (which lists every such table), so two places cannot disagree.
+only, and the targets whether the kernel generator lowers it and in which precision (ask
+``definition(op)``, not a set of names of your own). What a stage does with an op that no field
+says (its normaliser, encoder, lowering...) the stage registers with the op
+(``registry/attributes.py``); ``pypto-offline op NAME`` shows both.
 TVM's op patterns (kElemWise, kBroadcast, kInjective, kCommReduce, kOutEWiseFusable, kOpaque)
 are the model for the kinds; what each kind may share a region with is in docs/regions.md.
 
