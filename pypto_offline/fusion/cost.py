@@ -20,8 +20,8 @@ from pypto_offline.fusion.rows import broadcasts_to
 from pypto_offline.importer import ImportedGraph, Node
 from pypto_offline.importer.input_shapes import tensor_bytes as bytes_of
 from pypto_offline.registry.attributes import attribute, register
-from pypto_offline.registry.ops import (MATMUL, READS_ALL, READS_WINDOW, definition,
-                                        is_depthwise_conv, kind_of, matmul_extents, reads_of,
+from pypto_offline.registry.ops import (MATMUL, READS_ALL, READS_WINDOW, contraction_shape,
+                                        definition, is_depthwise_conv, kind_of, reads_of,
                                         stride_one_span)
 from pypto_offline.targets import ASCEND910B, Target
 
@@ -99,14 +99,9 @@ def cube_reread_bytes(ops: Sequence[RegionOp], tensor_types) -> int:
         (left, left_dtype), (right, right_dtype) = (tensor_types[t] for t in op.inputs[:2])
         out = list(tensor_types[op.outputs[0]][0])
         left_bytes, right_bytes = bytes_of((), left_dtype), bytes_of((), right_dtype)
-        # W[Cout, Cin·kh·kw] @ columns[Cin·kh·kw, Ho·Wo] (codegen)
-        if definition(op.op_type).convolution:
-            (m, n), k, slices = matmul_extents("Conv", out, 2), left[1] * prod(right[2:]), 1
+        m, n, k, slices = contraction_shape(op.op_type, left, right, out)
+        if definition(op.op_type).convolution:  # its weights are the left factor
             left_bytes, right_bytes = right_bytes, left_bytes
-        elif len(right) == 2:  # the left operand's leading axes fold into M
-            (m, n), k, slices = matmul_extents(op.op_type, out, 2), left[-1], 1
-        else:  # a batched matmul: one 2-D matmul per slice
-            m, n, k, slices = out[-2], out[-1], left[-1], int(np.prod(out[:-2]))
         total += slices * min(
             operand_rereads(m, k, n, m_side, n_side, left_bytes, right_bytes)
             for m_side, n_side in product_tiles(L0C_BYTES, max(left_bytes, right_bytes)))

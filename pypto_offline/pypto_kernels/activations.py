@@ -8,7 +8,7 @@ SIM). Every other ONNX activation is a composition of what it has (docs/pypto-op
 "Activations"). A builder takes the op's input as a variable name and returns the expression of
 its output; temporaries it needs are emitted through ``Math.let``.
 
-The builders of the ops the registry marks ``fp32_for_half`` (``FP32``) compute in fp32
+The builders of the ops the registry marks ``fp32_for_half`` compute in fp32
 whatever the input's precision (a polynomial, or a difference of nearby values, loses digits in
 fp16); the others run in the input's precision.
 """
@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from pypto_offline.registry.attributes import register_table
-from pypto_offline.registry.ops import OPS
 
 # Abramowitz and Stegun 7.1.26: erf(x) = 1 - t*(a1 + t*(a2 + ... + t*a5)) * exp(-x*x) for
 # x >= 0, t = 1 / (1 + p*x); absolute error below 1.5e-7.
@@ -226,10 +225,6 @@ def swish(m: Math, x: str) -> str:
 def _call(function: str) -> Builder:
     return lambda m, x: f"pypto.{function}({x})"
 
-
-# The builders that compute in fp32 whatever the input's precision: the registry's
-# ``fp32_for_half`` (registry/ops.py)
-FP32 = frozenset(name for name, d in OPS.items() if d.fp32_for_half)
 
 # Each activation's builder, registered with the op (registry/attributes.py)
 BUILDER = "activation_builder"

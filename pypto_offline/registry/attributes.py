@@ -41,10 +41,10 @@ def register(attribute: str, op_names: str | Iterable[str]) -> Callable[[Any], A
 
 def register_table(attribute_name: str, table: Mapping[str, Any]) -> Mapping[str, Any]:
     """Registers each op's value of the attribute from a stage's table (op name -> value);
-    returns every op's value so far (``registered``)."""
+    returns the table, read-only."""
     for name, value in table.items():
         register(attribute_name, name)(value)
-    return registered(attribute_name)
+    return MappingProxyType(dict(table))
 
 
 def attribute(attribute_name: str, op_type: str, default: Any = None) -> Any:

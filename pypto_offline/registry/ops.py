@@ -259,6 +259,18 @@ def matmul_extents(op_type: str, out_shape, right_rank: int) -> tuple[int, int]:
     return out_shape[-2], out_shape[-1]
 
 
+def contraction_shape(op_type: str, left, right, out) -> tuple[int, int, int, int]:
+    """(M, N, K, slices) of the products a matmul-kind op computes, as the kernel generator
+    writes them (its operands' and output's shapes): a Conv as ``W[Cout, Cin·kh·kw] @
+    columns[Cin·kh·kw, Ho·Wo]``, its weights the left factor; a 2-D right operand with the left
+    operand's leading axes folded into M; else one 2-D product per slice of the batch axes."""
+    if op_type in CONV_OPS:
+        return (*matmul_extents(op_type, out, 2), left[1] * prod(right[2:]), 1)
+    if len(right) == 2:
+        return (*matmul_extents(op_type, out, 2), left[-1], 1)
+    return out[-2], out[-1], left[-1], prod(out[:-2])
+
+
 def stride_one_span(shape, strides) -> list[int]:
     """The rows and columns an NCHW output ``shape`` strided by ``strides`` spans in its input
     at stride 1: what a window's tap reads before every stride-th row and column is taken."""

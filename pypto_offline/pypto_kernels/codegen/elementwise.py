@@ -12,6 +12,7 @@ import onnx
 
 from pypto_offline.fusion.classify import FLOAT_DTYPES, HALF_DTYPES
 from pypto_offline.fusion.records import RegionOp
+from pypto_offline.registry.attributes import register_table
 from pypto_offline.registry.ops import OPS, definition
 from pypto_offline.pypto_kernels import activations
 from pypto_offline.pypto_kernels.activations import literal as float_literal
@@ -20,19 +21,24 @@ from pypto_offline.pypto_kernels.codegen.layout import (broadcast_to, compute_sh
 from pypto_offline.pypto_kernels.codegen.writer import (CannotExpress, Writer, full,
                                                         is_scalar_constant, let, pypto_dtype)
 
-UNARY = {"Relu": "relu", "Sigmoid": "sigmoid", "Exp": "exp", "Neg": "neg", "Abs": "abs",
-         "Sqrt": "sqrt", "Log": "log", "Not": "logical_not"}
+# The PyPTO function an op is, registered with the op: a one-input call, or a binary one.
 # Xor of bools is their inequality; PyPTO's bitwise ops do not compile (docs/pypto-ops.md)
-BINARY = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "Max": "maximum",
-          "Min": "minimum", "Sum": "add", "And": "logical_and", "Xor": "ne"}
+PYPTO_CALL = "pypto_call"
+UNARY = register_table(PYPTO_CALL, {
+    "Relu": "relu", "Sigmoid": "sigmoid", "Exp": "exp", "Neg": "neg", "Abs": "abs",
+    "Sqrt": "sqrt", "Log": "log", "Not": "logical_not"})
+BINARY = register_table(PYPTO_CALL, {
+    "Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "Max": "maximum", "Min": "minimum",
+    "Sum": "add", "And": "logical_and", "Xor": "ne"})
 # The largest finite value of each float type: IsInf's bound
 FINITE_MAX = {onnx.TensorProto.FLOAT: 3.4028234663852886e38, onnx.TensorProto.FLOAT16: 65504.0,
               onnx.TensorProto.BFLOAT16: 3.3895313892515355e38}
 # A comparison as (PyPTO compare, negated?) and the op that reads its operands swapped; PyPTO has
 # eq, lt and gt, and logical_not (each checked in fp32 and int32, docs/pypto-ops.md).
-COMPARISONS = {"Equal": ("eq", False, "Equal"), "Less": ("lt", False, "Greater"),
-               "Greater": ("gt", False, "Less"), "LessOrEqual": ("gt", True, "GreaterOrEqual"),
-               "GreaterOrEqual": ("lt", True, "LessOrEqual")}
+COMPARISONS = register_table("comparison", {
+    "Equal": ("eq", False, "Equal"), "Less": ("lt", False, "Greater"),
+    "Greater": ("gt", False, "Less"), "LessOrEqual": ("gt", True, "GreaterOrEqual"),
+    "GreaterOrEqual": ("lt", True, "LessOrEqual")})
 FLT_MAX = 3.4028234663852886e38
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Callable
+from typing import Callable, Mapping
 
 import onnx
 
@@ -14,6 +14,7 @@ from pypto_offline.fusion.records import RegionOp
 from pypto_offline.fusion.rows import COLUMN, FULL, ROW, RowLayout
 from pypto_offline.pypto_kernels.activations import literal as float_literal
 from pypto_offline.pypto_kernels.codegen.writer import Writer, let, pypto_dtype
+from pypto_offline.registry.attributes import register_table
 from pypto_offline.registry.ops import definition
 
 
@@ -43,7 +44,7 @@ class Reduction:
 
 
 # Every op reducing the columns of a region's rows to one per row: its Reduction
-REDUCTIONS: MappingProxyType = MappingProxyType({
+REDUCTIONS: Mapping[str, Reduction] = register_table("row_reduction", {
     "ReduceSum": Reduction("sum"), "ReduceMean": Reduction("sum", after=_mean),
     "ReduceMax": Reduction("amax"), "ReduceMin": Reduction("amin"),
     "ReduceSumSquare": Reduction("sum", each=_square),
@@ -96,7 +97,7 @@ def _reduce(w: Writer, op: RegionOp) -> None:
 
 
 # A Softmax's result from the row less its maximum, its exponentials and their sum
-SOFTMAX_RESULTS: MappingProxyType = MappingProxyType({
+SOFTMAX_RESULTS: Mapping[str, Callable[[str, str, str], str]] = register_table("softmax_result", {
     "Softmax": lambda shifted, exp, total: f"pypto.div({exp}, {total})",
     "LogSoftmax": lambda shifted, exp, total: f"pypto.sub({shifted}, pypto.log({total}))",
 })
