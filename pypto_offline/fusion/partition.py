@@ -206,11 +206,6 @@ def _matmul_is_root(graph: ImportedGraph, members: list[Node], target: Target) -
                for n in members if n is not root and n not in prologue)
 
 
-# The ops making a matmul's data operand in a quantising prologue, from the matmul back
-_QUANTISING_CHAIN = (("DequantizeLinear", lambda node: True), ("QuantizeLinear", lambda node: True),
-                     ("Pad", lambda node: _pads_with_zeros(node)))
-
-
 def _quantising_prologue(members: list[Node], root: Node, produced: set[str]) -> list[Node]:
     """The QuantizeLinear (and the DequantizeLinear after it, for a float matmul; the Pad with
     zeros before it, for a convolution of an image padded with its zero point,
@@ -247,6 +242,16 @@ def _elementwise_around_a_pointwise_conv(members: list[Node], root: Node) -> boo
 
 def _pads_with_zeros(node: Node) -> bool:
     return node.params.get("mode") == "constant" and not node.params.get("value")
+
+
+def _any(node: Node) -> bool:
+    return True
+
+
+# The ops that may make a matmul's data operand in a quantising prologue, from the matmul back,
+# each with what it must be to take part
+_QUANTISING_CHAIN = (("DequantizeLinear", _any), ("QuantizeLinear", _any),
+                     ("Pad", _pads_with_zeros))
 
 
 def _convolutions_with_a_reduction(members: list[Node], matmuls: list[Node]) -> bool:

@@ -187,8 +187,8 @@ def _per_channel_of_own(shape, out_shape, frame: tuple[int, int]) -> bool:
 def _keeps_shape(op: RegionOp) -> bool:
     """An elementwise op or an Identity: its output has its (broadcast) operands' shape, which
     an Expand's has not."""
-    definition_ = definition(op.op_type)
-    return definition_.pointwise and definition_.view != "expand"
+    entry = definition(op.op_type)
+    return entry.pointwise and entry.view != "expand"
 
 
 def _set_own(tensor: str, frame: tuple[int, int], kinds: dict, own: dict, op: RegionOp) -> None:

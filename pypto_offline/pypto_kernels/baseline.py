@@ -47,12 +47,12 @@ OP_CLASSES = ("elementwise", "data", "transpose", CUBE)
 def op_class(op_type: str) -> str:
     """An op that reorders axes is moved through TRANSPOSE_MOVEOUT, slower per byte than a
     straight copy; a matmul or convolution runs on the cube."""
-    definition_ = definition(op_type)
-    if definition_.kind == MATMUL:
+    entry = definition(op_type)
+    if entry.kind == MATMUL:
         return CUBE
-    if definition_.reorders:
+    if entry.reorders:
         return "transpose"
-    return "elementwise" if definition_.pointwise else "data"
+    return "elementwise" if entry.pointwise else "data"
 
 
 def slower_fused(fused_us: float, unfused_us: float, unfused_kernels: int,

@@ -13,7 +13,7 @@ import onnx
 from pypto_offline.fusion.classify import FLOAT_DTYPES, HALF_DTYPES
 from pypto_offline.fusion.records import RegionOp
 from pypto_offline.registry.attributes import register_table
-from pypto_offline.registry.ops import OPS, definition
+from pypto_offline.registry.ops import definition
 from pypto_offline.pypto_kernels import activations
 from pypto_offline.pypto_kernels.activations import literal as float_literal
 from pypto_offline.pypto_kernels.codegen.layout import (broadcast_to, compute_shape,
@@ -78,7 +78,7 @@ def _activation(w: Writer, op: RegionOp) -> None:
     (``activations.py``), in fp32 where the builder asks for it."""
     dtype = w.dtype(op.outputs[0])
     build = activations.BUILDERS[op.op_type]
-    compute = onnx.TensorProto.FLOAT if OPS[op.op_type].fp32_for_half else dtype
+    compute = onnx.TensorProto.FLOAT if definition(op.op_type).fp32_for_half else dtype
 
     out = op.outputs[0]
     shape = elementwise_shape(w, out, op.inputs[0])
