@@ -13,18 +13,15 @@ from types import MappingProxyType
 from typing import Any, Callable, Iterable, Mapping
 
 from pypto_offline.registry.ops import OPS, PROGRAM_ONLY_OPS
+from pypto_offline.registry.ops import op_names as op_names_of
 
 _TABLES: dict[str, dict[str, Any]] = {}
-
-
-def _op_names(op_names: str | Iterable[str]) -> list[str]:
-    return op_names.split() if isinstance(op_names, str) else sorted(op_names)
 
 
 def register(attribute: str, op_names: str | Iterable[str]) -> Callable[[Any], Any]:
     """``@register(attribute, "Pad Slice")`` on a function (or ``register(...)(value)``):
     its value of ``attribute`` for each op named (space-separated, or an iterable)."""
-    names = _op_names(op_names)
+    names = sorted(op_names_of(op_names))
 
     def put(value: Any) -> Any:
         table = _TABLES.setdefault(attribute, {})

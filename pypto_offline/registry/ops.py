@@ -11,30 +11,15 @@ says (its normaliser, encoder, lowering...) the stage registers with the op
 TVM's op patterns (kElemWise, kBroadcast, kInjective, kCommReduce, kOutEWiseFusable, kOpaque)
 are the model for the kinds; what each kind may share a region with is in docs/regions.md.
 
-Adding an op (docs/architecture.md, "Adding an op", walks through each step on ReduceL1):
-
-1. Its ``OpDef`` in ``OPS`` below: its kind, how many inputs are data, and the fields that are
-   not their default (``OpDef`` says what each means).
-2. Its normaliser in ``importer/canonical.py`` if it has parameters (an elementwise op without
-   parameters gets the generic one; the Reduce* ops of ``REDUCE_OPS`` share one).
-3. Its encoding per opset in ``importer/encoding.py`` (``ENCODERS``: its encoder, or
-   ``_ATTRIBUTE_OPS`` where its attributes are its parameters at every opset; an op with
-   neither is an error, not a default).
-4. Its lowering in ``pypto_kernels/codegen`` (a PyPTO call in ``UNARY`` or ``BINARY``, a
-   builder in ``pypto_kernels/activations.py``, a row reduction in ``reduction.REDUCTIONS``, or
-   a function of its own), and ``lowers=True``; else ``why_not`` says why it has none.
-5. Where a field asks for behaviour: ``view`` names a transform of ``fusion/views.TRANSFORMS``
-   (and ``fusion/rules.MOVES_NOTHING_WHEN`` says when it moves nothing); ``decomposed`` needs
-   the rewrite rule that writes it as others (``fusion/rules.py``); ``fp32_for_half`` needs a
-   builder (only builders compute in another precision); a ``commutative`` comparison is its
-   own mirror in ``codegen.COMPARISONS``.
-6. Its tests: ``tests/test_op_registry.py`` fails on anything left out, and
-   ``tests/test_backend_conformance.py`` takes ONNX's backend cases of it; a test of its own
-   compiles it with PyPTO and checks it against onnxruntime.
+Adding an op: its ``OpDef`` in ``OPS`` below, then what no field says, registered with it
+by its stage (the normaliser, the encoder, the lowering); docs/architecture.md, "Adding an op",
+walks through each step on ReduceL1, and ``tests/test_op_registry.py`` fails on anything left
+out.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from math import prod
 from types import MappingProxyType
 from typing import Collection
@@ -281,13 +266,21 @@ def stride_one_span(shape, strides) -> list[int]:
 ONNX_DOMAINS = ("", "ai.onnx")
 
 
+@lru_cache(maxsize=None)
+def _split(names: str) -> frozenset[str]:
+    return frozenset(names.split())
+
+
+def op_names(op_types: str | Collection[str]) -> Collection[str]:
+    """Op names given as one string (names separated by spaces) or as a collection."""
+    return _split(op_types) if isinstance(op_types, str) else op_types
+
+
 def is_op(node, op_types: str | Collection[str]) -> bool:
     """Whether ``node`` (an ONNX NodeProto, an imported node, a region's program op) is one of
-    ``op_types`` (a name, names separated by spaces, or a set) of ONNX's own domain: what a
-    pattern asks of an op it names. A program op has no domain: it is ONNX's or the program's
-    (``PROGRAM_ONLY_OPS``)."""
-    names = op_types.split() if isinstance(op_types, str) else op_types
-    return node.op_type in names and getattr(node, "domain", "") in ONNX_DOMAINS
+    ``op_types`` (``op_names``) of ONNX's own domain: what a pattern asks of an op it names. A
+    program op has no domain: it is ONNX's or the program's (``PROGRAM_ONLY_OPS``)."""
+    return node.op_type in op_names(op_types) and getattr(node, "domain", "") in ONNX_DOMAINS
 
 
 # What ``definition`` gives for an op the registry lacks: of no kind, every property false
@@ -361,10 +354,7 @@ def lowered_ops() -> frozenset[str]:
     return marked("lowers")
 
 
-VIEW_ONLY_OPS = names(VIEW)
 ELEMENTWISE_OPS = names(ELEMENTWISE, BROADCAST)
-REDUCTION_OPS = names(REDUCTION)
-MATMUL_OPS = names(MATMUL)
 REDUCE_OPS = frozenset(_REDUCE.split())  # the Reduce* ops: axes and keepdims
 POOL_OPS = frozenset(_POOLS.split())
 GLOBAL_POOL_OPS = frozenset(_GLOBAL_POOLS.split())  # over every axis after N and C, kept
@@ -376,5 +366,5 @@ INTEGER_CONTRACTIONS = frozenset({"MatMulInteger", "ConvInteger"})
 PER_ROW_PARAMETER_OPS = frozenset({"InstanceNormalization", "GroupNormalization"})
 BROADCASTING_OPS = names(BROADCAST)
 POINTWISE_OPS = marked("pointwise")
-VIEW_TRANSFORM_OPS = frozenset(name for name, d in OPS.items() if d.view)  # fusion/views.py
+VIEW_TRANSFORM_OPS = marked("view")  # fusion/views.py
 DECOMPOSED_OPS = marked("decomposed")  # a rewrite rule writes them as others (fusion/rules.py)

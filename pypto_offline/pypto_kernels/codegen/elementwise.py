@@ -322,9 +322,10 @@ def _pow(w: Writer, op: RegionOp) -> None:
 
 
 LOWERINGS: dict[str, Callable[[Writer, RegionOp], None]] = {
-    **{op: _unary for op in UNARY}, **{op: _binary for op in BINARY},
+    **{op: _unary for op in UNARY},
+    # Sub and Div take a scalar first their own way
+    **{op: _binary for op in BINARY.keys() - {"Sub", "Div"}}, "Sub": _difference, "Div": _quotient,
     **{op: _compare for op in COMPARISONS}, **{op: _activation for op in activations.BUILDERS},
     "Cast": _cast, "Where": _where, "Reciprocal": _reciprocal, "Clip": _clip, "Pow": _pow,
     "Or": _logical_or, "Mean": _mean, "PRelu": _prelu, "IsNaN": _is_nan, "IsInf": _is_inf,
-    "Sub": _difference, "Div": _quotient,
 }

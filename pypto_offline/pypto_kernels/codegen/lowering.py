@@ -26,7 +26,8 @@ def lowers(op_type: str) -> bool:
     """Whether the generator has a lowering for the op (``registry/ops.py`` marks the same).
     A region's program holds its reshape-likes as one Reshape (``fusion/program.py``), and
     a rewrite rule writes the ``DECOMPOSED`` ops as others (``fusion/rules.py``)."""
-    return definition(op_type).view_only or definition(op_type).decomposed or op_type in LOWERINGS
+    entry = definition(op_type)
+    return entry.view_only or entry.decomposed or op_type in LOWERINGS
 
 
 def lower(w: Writer, op: RegionOp) -> None:
